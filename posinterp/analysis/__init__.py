@@ -1,0 +1,14 @@
+"""Pure metric functions over tensors, with thin TransformerLens hook plumbing."""
+
+from .adjacency import AdjacencyScore, adjacency_by_layer, adjacency_row, adjacency_score
+from .similarity import (
+    compact_real_tokens,
+    cosine_self_similarity,
+    residual_hooks,
+    similarity_by_layer,
+)
+
+__all__ = [
+    "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
+    "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer",
+]

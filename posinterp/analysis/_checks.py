@@ -1,0 +1,49 @@
+"""Input validation shared by the hook plumbing: clear errors before any forward pass."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask"]
+
+
+def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Return ``tokens`` as ``[batch, pos]`` int64, or raise ``ValueError``."""
+    if not isinstance(tokens, torch.Tensor):
+        raise ValueError(f"tokens must be a torch.Tensor of shape [batch, pos], got {type(tokens)}")
+    if tokens.ndim == 1:
+        tokens = tokens[None]
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+    if tokens.shape[1] > model.cfg.n_ctx:
+        raise ValueError(
+            f"tokens has {tokens.shape[1]} positions but the model's n_ctx is {model.cfg.n_ctx}")
+    return tokens.long()
+
+
+def check_attention_mask(mask: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """Return ``mask`` as a ``[batch, pos]`` 0/1 int64 tensor, or raise ``ValueError``.
+
+    Raises:
+        ValueError: if the shape differs from ``shape`` or values are not 0/1.
+    """
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"attention_mask must be a torch.Tensor, got {type(mask)}")
+    if mask.ndim == 1 and len(shape) == 2 and shape[0] == 1:
+        mask = mask[None]
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(
+            f"attention_mask must have shape {tuple(shape)} (= [batch, pos]), "
+            f"got {tuple(mask.shape)}")
+    if not torch.isin(mask, torch.tensor([0, 1], device=mask.device)).all():
+        raise ValueError("attention_mask must contain only 0 (padding) and 1 (real token)")
+    return mask.long()
+
+
+def lengths_from_mask(mask: torch.Tensor | None, batch: int, pos: int) -> torch.Tensor:
+    """Number of real tokens per sequence, ``[batch]`` int64."""
+    if mask is None:
+        return torch.full((batch,), pos, dtype=torch.long)
+    return mask.sum(-1).long()

@@ -1,0 +1,91 @@
+"""Atomic file output and run metadata.
+
+Every result posinterp writes goes through these helpers, so an interrupted run never
+leaves half a file behind: data go to a temporary file in the same folder, which is
+then renamed over the target (``os.replace`` is atomic on POSIX and Windows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "atomic_dir", "versions"]
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path that is renamed onto ``path`` when the block succeeds.
+
+    Use it for writers that insist on a filename (``safetensors``, ``torch.save``,
+    ``DataFrame.to_csv``). If the block raises, the temporary file is removed and
+    ``path`` keeps its previous content.
+
+    Raises:
+        OSError: if the parent folder cannot be created or the rename fails.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically and return the path."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically and return the path."""
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary folder that is renamed onto ``path`` when the block succeeds.
+
+    A checkpoint is several files; building it in a sibling folder and renaming the
+    folder means a reader sees either the whole checkpoint or none of it.
+
+    Raises:
+        FileExistsError: if ``path`` already exists (checkpoints are never overwritten).
+    """
+    path = Path(path)
+    if path.exists():
+        raise FileExistsError(f"refusing to overwrite existing folder {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the packages that change numbers, for result metadata."""
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformer_lens", "numpy", "scipy", "pandas", "posinterp"):
+        try:
+            mod = __import__(name)
+            out[name] = str(getattr(mod, "__version__", "unknown"))
+        except ImportError:  # pragma: no cover - all are dependencies
+            out[name] = "missing"
+    return out

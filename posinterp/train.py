@@ -1,0 +1,317 @@
+"""Training toy models on the synthetic tasks: answer-only loss, exact match, resumable.
+
+A run is fully determined by (model config, task config, train config): weights come
+from the model seed, batches from a generator seeded by ``TrainConfig.seed`` whose
+state is checkpointed, so a resumed run continues to exactly the parameters of an
+uninterrupted one.
+
+Checkpoints are folders ``step_0000500/`` holding ``model.safetensors``, ``config.json``
+and ``trainer_state.pt`` (optimizer, scheduler, RNG, history), each written in a
+temporary folder and renamed, so a crash never leaves a half checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from .io import atomic_dir, versions
+from .models.toy import ToyModelConfig, build_model
+from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
+
+__all__ = [
+    "TrainConfig", "TrainResult", "answer_loss", "exact_match", "latest_checkpoint",
+    "load_checkpoint", "train",
+]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization settings (AdamW, linear warmup then cosine decay to ``min_lr_ratio``).
+
+    Training stops at ``max_steps`` or at the first evaluation whose exact-match
+    accuracy reaches ``target_accuracy`` (None: never early).
+
+    Raises:
+        ValueError: for non-positive sizes/steps/learning rate or a target outside (0, 1].
+    """
+
+    max_steps: int = 3000
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+    n_eval: int = 1000
+    target_accuracy: float | None = 0.9
+    checkpoint_every: int = 250
+    keep_checkpoints: int = 2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "batch_size", "eval_every", "n_eval", "checkpoint_every",
+                     "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"target_accuracy must be in (0, 1] or None, got {self.target_accuracy}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Outcome of :func:`train`.
+
+    Attributes:
+        model: the trained model.
+        history: tidy DataFrame ``step, metric, value`` (``train_loss`` every step,
+            ``test_accuracy`` and ``test_loss`` at every evaluation).
+        steps: optimizer steps taken in total.
+        reached_target: whether an evaluation reached ``target_accuracy``.
+    """
+
+    model: object
+    history: pd.DataFrame
+    steps: int
+    reached_target: bool
+
+    @property
+    def final_accuracy(self) -> float:
+        acc = self.history[self.history.metric == "test_accuracy"]
+        return float(acc.value.iloc[-1]) if len(acc) else float("nan")
+
+
+def answer_loss(
+    logits: Float[Tensor, "batch pos d_vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    answer_mask: Int[Tensor, "batch pos"],
+) -> Float[Tensor, ""]:
+    """Mean cross-entropy (nats per answer token) over answer tokens and EOS only.
+
+    Position t predicts token t+1, so the loss uses ``logits[:, :-1]`` against
+    ``tokens[:, 1:]`` where ``answer_mask[:, 1:]`` is 1.
+
+    Raises:
+        ValueError: if the batch has no answer token.
+    """
+    target_mask = answer_mask[:, 1:].bool()
+    if not target_mask.any():
+        raise ValueError("answer_mask selects no answer token")
+    return F.cross_entropy(logits[:, :-1][target_mask], tokens[:, 1:][target_mask])
+
+
+def exact_match(
+    logits: Float[Tensor, "batch pos d_vocab"],
+    tokens: Int[Tensor, "batch pos"],
+    answer_mask: Int[Tensor, "batch pos"],
+) -> Float[Tensor, "batch"]:
+    """1.0 where every answer token and the EOS is the argmax prediction, else 0.0.
+
+    With teacher forcing this equals greedy decoding's exact match: greedy decoding
+    reproduces the answer iff each step's argmax is the next answer token.
+    """
+    target_mask = answer_mask[:, 1:].bool()
+    correct = (logits[:, :-1].argmax(-1) == tokens[:, 1:]) | ~target_mask
+    return correct.all(-1).float()
+
+
+@torch.no_grad()
+def evaluate(model, split: TaskSplit, n: int | None = None, batch_size: int = 500) -> dict:
+    """Exact-match accuracy and answer loss on the first ``n`` samples of ``split``."""
+    n = len(split) if n is None else min(n, len(split))
+    was_training = model.training
+    model.eval()
+    hits, loss_sum, n_tok = 0.0, 0.0, 0
+    for start in range(0, n, batch_size):
+        sl = slice(start, min(n, start + batch_size))
+        toks, attn, ans = split.tokens[sl], split.attention_mask[sl], split.answer_mask[sl]
+        logits = model(toks, attention_mask=attn)
+        hits += exact_match(logits, toks, ans).sum().item()
+        k = int(ans[:, 1:].sum())
+        loss_sum += answer_loss(logits, toks, ans).item() * k
+        n_tok += k
+    model.train(was_training)
+    return {"test_accuracy": hits / n, "test_loss": loss_sum / n_tok}
+
+
+def _lr_lambda(cfg: TrainConfig):
+    def f(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return f
+
+
+def _configs_dict(model_cfg: ToyModelConfig, task_cfg: TaskConfig, train_cfg: TrainConfig) -> dict:
+    return {"model": model_cfg.to_dict(), "task": task_cfg.to_dict(), "train": train_cfg.to_dict()}
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    """The complete checkpoint folder with the highest step, or None."""
+    d = Path(checkpoint_dir)
+    if not d.is_dir():
+        return None
+    done = sorted(p for p in d.glob("step_*") if (p / "trainer_state.pt").exists())
+    return done[-1] if done else None
+
+
+def load_checkpoint(path: str | Path):
+    """Load a checkpoint folder written by :func:`train`.
+
+    Returns:
+        ``(model, configs)`` where ``configs`` is the dict of ``config.json`` (model,
+        task and train configs, versions).
+
+    Raises:
+        FileNotFoundError: if ``model.safetensors`` or ``config.json`` is missing.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    for name in ("model.safetensors", "config.json"):
+        if not (path / name).exists():
+            raise FileNotFoundError(f"checkpoint {path} lacks {name}")
+    configs = json.loads((path / "config.json").read_text())
+    model = build_model(ToyModelConfig.from_dict(configs["model"]))
+    model.load_state_dict(load_file(path / "model.safetensors"), strict=True)
+    return model, configs
+
+
+def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, configs,
+          keep: int) -> None:
+    from safetensors.torch import save_file
+
+    target = ckpt_dir / f"step_{step:07d}"
+    if target.exists():
+        return
+    with atomic_dir(target) as tmp:
+        # state_dict holds NoPE's zero W_pos buffer too; safetensors wants contiguous tensors.
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                  tmp / "model.safetensors")
+        (tmp / "config.json").write_text(
+            json.dumps({**configs, "step": step, "versions": versions()}, indent=2))
+        torch.save({"step": step, "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "rng": gen.get_state(),
+                    "history": history}, tmp / "trainer_state.pt")
+    complete = sorted(p for p in ckpt_dir.glob("step_*") if (p / "trainer_state.pt").exists())
+    for old in complete[:-keep]:
+        shutil.rmtree(old)
+
+
+def train(
+    model_config: ToyModelConfig,
+    data: TaskData,
+    config: TrainConfig = TrainConfig(),
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    model=None,
+) -> TrainResult:
+    """Train a toy model on a synthetic task with answer-only cross-entropy and AdamW.
+
+    Source: the training protocol of Zuo et al. 2024 (arXiv 2501.00073), as read in
+    DESIGN.md §3: loss on answer tokens (and EOS) only, exact-match accuracy on the
+    held-out test split.
+
+    Args:
+        model_config: the architecture; the model is built from it (weights from its seed).
+        data: task data from :func:`posinterp.tasks.make_task_data`.
+        config: optimization settings.
+        checkpoint_dir: where to write ``step_*`` checkpoints; None disables them.
+        resume: continue from the latest complete checkpoint in ``checkpoint_dir``.
+        progress: show a tqdm bar.
+        model: an already-built model for ``model_config`` (e.g. to keep a handle on
+            it); default: built here.
+
+    Returns:
+        :class:`TrainResult`.
+
+    Raises:
+        ValueError: if the task's sequences exceed ``n_ctx`` or a checkpoint to resume
+            was written for different configs.
+    """
+    if data.max_len > model_config.n_ctx:
+        raise ValueError(
+            f"task sequences have up to {data.max_len} tokens but n_ctx is {model_config.n_ctx}")
+    configs = _configs_dict(model_config, data.config, config)
+    model = build_model(model_config) if model is None else model
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
+    gen = torch.Generator().manual_seed(config.seed)
+    history: list[tuple[int, str, float]] = []
+    step = 0
+
+    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    last = latest_checkpoint(ckpt_dir) if (ckpt_dir is not None and resume) else None
+    if last is not None:
+        from safetensors.torch import load_file
+
+        saved = json.loads((last / "config.json").read_text())
+        for key in ("model", "task", "train"):
+            if saved[key] != json.loads(json.dumps(configs[key])):
+                raise ValueError(
+                    f"checkpoint {last} was written with a different {key} config; "
+                    f"use another checkpoint_dir or resume=False.\n saved: {saved[key]}\n"
+                    f" now:   {configs[key]}")
+        model.load_state_dict(load_file(last / "model.safetensors"), strict=True)
+        state = torch.load(last / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        gen.set_state(state["rng"])
+        history = list(state["history"])
+        step = state["step"]
+
+    def reached(hist) -> bool:
+        accs = [v for _, m, v in hist if m == "test_accuracy"]
+        return config.target_accuracy is not None and bool(accs) and accs[-1] >= config.target_accuracy
+
+    train_split = data.train
+    model.train()
+    bar = tqdm(total=config.max_steps, initial=step, disable=not progress, desc="train",
+               dynamic_ncols=True)
+    while step < config.max_steps and not reached(history):
+        idx = torch.randint(len(train_split), (config.batch_size,), generator=gen)
+        attn = train_split.attention_mask[idx]
+        width = int(attn.sum(-1).max())  # drop all-padding columns
+        toks, attn, ans = train_split.tokens[idx, :width], attn[:, :width], \
+            train_split.answer_mask[idx, :width]
+        logits = model(toks, attention_mask=attn)
+        loss = answer_loss(logits, toks, ans)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        history.append((step, "train_loss", loss.item()))
+        if step % config.eval_every == 0 or step == config.max_steps:
+            for metric, value in evaluate(model, data.test, config.n_eval).items():
+                history.append((step, metric, value))
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{history[-2][2]:.3f}")
+        if ckpt_dir is not None and (step % config.checkpoint_every == 0 or reached(history)
+                                     or step == config.max_steps):
+            _save(ckpt_dir, step, model, optimizer, scheduler, gen, history, configs,
+                  config.keep_checkpoints)
+        bar.update(1)
+    bar.close()
+    model.eval()
+    df = pd.DataFrame(history, columns=["step", "metric", "value"])
+    return TrainResult(model=model, history=df, steps=step, reached_target=reached(history))
