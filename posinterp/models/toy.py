@@ -161,18 +161,34 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-def install_alibi(model, slopes: torch.Tensor) -> None:
-    """Set every block's ALiBi bias to ``slopes[h] * (j - i)`` for j <= i, over ``n_ctx``.
-
-    TransformerLens recomputes ``attn.alibi`` only when it is missing or too short, so a
-    bias covering ``n_ctx`` persists.
-    """
-    n_ctx = model.cfg.n_ctx
-    pos = torch.arange(n_ctx)
+def _alibi_bias(slopes: torch.Tensor, n: int) -> torch.Tensor:
+    pos = torch.arange(n)
     distance = (pos[None, :] - pos[:, None]).clamp(max=0).to(torch.float32)  # [query, key]
-    bias = slopes.to(torch.float32)[:, None, None] * distance  # [head, query, key]
+    return slopes.to(torch.float32)[:, None, None] * distance  # [head, query, key]
+
+
+def install_alibi(model, slopes: torch.Tensor) -> None:
+    """Make every block use ALiBi bias ``slopes[h] * (j - i)`` (j <= i), sized per call.
+
+    TransformerLens 3.9 slices its cached bias as ``alibi[:, -query_ctx:, :key_ctx]``,
+    which is only right when the cache is exactly ``key_ctx`` long; a longer cache adds
+    a per-row constant to ``hook_attn_scores`` (harmless after softmax, wrong in the
+    pre-softmax scores users read). A forward pre-hook (a torch hook, untouched by
+    ``reset_hooks``) sets the bias to the exact key length before each call.
+    """
+    full = _alibi_bias(slopes, model.cfg.n_ctx).to(model.cfg.device)
+
+    def set_bias(module, args, kwargs):
+        key_input = kwargs["key_input"] if "key_input" in kwargs else args[1]
+        key_ctx = key_input.shape[1]
+        past = kwargs.get("past_kv_cache_entry")
+        if past is not None and getattr(past, "past_keys", None) is not None:
+            key_ctx += past.past_keys.shape[1]
+        module.alibi = full[:, :key_ctx, :key_ctx]
+
     for block in model.blocks:
-        block.attn.alibi = bias.clone().to(model.cfg.device)
+        block.attn.register_forward_pre_hook(set_bias, with_kwargs=True)
+        block.attn.alibi = full
 
 
 @torch.no_grad()

@@ -1,0 +1,210 @@
+"""The main job: watch the adjacency pattern of a NoPE model at init and after training.
+
+Builds the ``small`` NoPE model, scores adjacency by layer at init, trains it on
+reversal until 90% exact match on held-out samples, scores again, and writes a
+self-contained HTML report (Zuo et al. 2024, arXiv 2501.00073; DESIGN.md §2, §7).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from ..analysis import adjacency_by_layer, similarity_by_layer
+from ..io import atomic_path, atomic_write_json, versions
+from ..models import build_model, preset
+from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
+from ..train import TrainConfig, train
+from ..viz import Report, adjacency_plot, attention_view, history_plot, similarity_grid
+
+__all__ = ["DemoConfig", "DemoResult", "run_demo"]
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Settings of ``posinterp demo``.
+
+    ``digits`` is the fixed length of the strings to reverse: DESIGN.md §7 measured
+    6 digits at ~500 steps (``--quick``) and 8 digits at ~1,100 steps (default) for the
+    4-layer, 192-wide NoPE model on 2 CPU cores.
+    """
+
+    quick: bool = False
+    digits: int | None = None
+    preset: str = "small"
+    seed: int = 0
+    max_steps: int | None = None
+    target_accuracy: float = 0.9
+    n_analysis: int = 64
+    init_seeds: int = 5
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.digits is None:
+            object.__setattr__(self, "digits", 6 if self.quick else 8)
+        if self.max_steps is None:
+            object.__setattr__(self, "max_steps", 1500 if self.quick else 3000)
+        if not 5 <= self.digits <= 16:
+            raise ValueError(f"digits must be in 5..16 (enough distinct strings), got {self.digits}")
+        if self.n_analysis < 1 or self.init_seeds < 1:
+            raise ValueError("n_analysis and init_seeds must be >= 1")
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    table: pd.DataFrame
+    adjacency: pd.DataFrame
+    report_path: Path
+    accuracy: float
+    steps: int
+    reached_target: bool
+
+
+def _random_tokens(n: int, length: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    toks = torch.randint(4, CHAR_VOCAB.size, (n, length), generator=gen)
+    toks[:, 0] = CHAR_VOCAB.bos_id
+    return toks
+
+
+def _adjacency(model, inputs: dict, state: str, seed: int) -> pd.DataFrame:
+    frames = []
+    for name, (toks, mask) in inputs.items():
+        df = adjacency_by_layer(model, toks, attention_mask=mask)
+        frames.append(df.assign(state=state, input=name, seed=seed))
+    return pd.concat(frames, ignore_index=True)
+
+
+def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp-demo",
+             progress: bool = True) -> DemoResult:
+    """Run the demo and write ``report.html``, ``adjacency.csv``, ``history.csv`` to ``out_dir``.
+
+    Resumable: training checkpoints live in ``out_dir/checkpoints``; a rerun with the
+    same config continues from the latest one.
+
+    Returns:
+        :class:`DemoResult` with the per-layer table (init vs trained).
+
+    Raises:
+        ValueError: for invalid config values or a checkpoint folder from another config.
+    """
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    d = config.digits
+    data = make_task_data(TaskConfig("reversal", min_digits=d, max_digits=d, seed=config.seed))
+    model_cfg = preset(config.preset, pe="nope", seed=config.seed)
+    train_cfg = TrainConfig(
+        max_steps=config.max_steps, target_accuracy=config.target_accuracy,
+        eval_every=50 if config.quick else 100, warmup_steps=50, seed=config.seed)
+
+    test = data.test
+    n = min(config.n_analysis, len(test))
+    inputs = {
+        "random tokens": (_random_tokens(n, data.max_len, seed=10_000 + config.seed), None),
+        "task samples": (test.tokens[:n], test.attention_mask[:n]),
+    }
+    log = print if progress else (lambda *a, **k: None)
+    log(f"[posinterp] adjacency at init ({model_cfg.n_layers} layers, d_model "
+        f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
+    model = build_model(model_cfg)
+    frames = [_adjacency(model, inputs, "init", config.seed)]
+    # The embedding score depends on the tokens and W_E: average init seeds too (DESIGN §2).
+    for s in range(1, config.init_seeds):
+        m = build_model(preset(config.preset, pe="nope", seed=config.seed + s))
+        frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
+                                 config.seed + s))
+    sample_toks = test.tokens[:1, : int(test.attention_mask[0].sum())]
+    init_sims = similarity_by_layer(model, sample_toks)
+
+    log(f"[posinterp] training on {d}-digit reversal until {config.target_accuracy:.0%} "
+        f"exact match (at most {config.max_steps} steps)")
+    result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
+                   progress=progress, model=model)
+    model = result.model
+    from ..train import evaluate
+
+    final = evaluate(model, test)  # the whole held-out split, not the training-time subset
+    frames.append(_adjacency(model, inputs, "trained", config.seed))
+    adjacency = pd.concat(frames, ignore_index=True).assign(model=f"{config.preset}-nope")
+    trained_sims = similarity_by_layer(model, sample_toks)
+
+    table = _table(adjacency, config.seed)
+    with atomic_path(out / "adjacency.csv") as tmp:
+        adjacency.to_csv(tmp, index=False)
+    with atomic_path(out / "history.csv") as tmp:
+        result.history.to_csv(tmp, index=False)
+    meta = {"demo": asdict(config), "model": model_cfg.to_dict(), "task": data.config.to_dict(),
+            "train": train_cfg.to_dict(), "steps": result.steps,
+            "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
+            "n_test": len(test), "versions": versions(), "seconds": round(time.time() - t0, 1)}
+    atomic_write_json(out / "run.json", meta)
+
+    report = _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
+                     init_sims, trained_sims, len(test))
+    path = report.save(out / "report.html")
+    return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
+                      result.reached_target)
+
+
+def _table(adjacency: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """Wide view: one row per hook, columns per (state, input)."""
+    a = adjacency[adjacency.metric == "adjacency_score"]
+    main = a[a.seed == seed]
+    wide = main.pivot_table(index=["hook", "layer"], columns=["state", "input"], values="value",
+                            sort=False)
+    wide.columns = [f"{s} / {i}" for s, i in wide.columns]
+    seeds = a[(a.state == "init") & (a.input == "random tokens")]
+    agg = seeds.groupby("hook", sort=False).value.agg(["mean", "std", "count"])
+    wide["init / random, mean over seeds"] = agg["mean"].reindex(wide.index.get_level_values(0)).values
+    wide["sd"] = agg["std"].reindex(wide.index.get_level_values(0)).values
+    return wide.reset_index()
+
+
+def _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
+            init_sims, trained_sims, n_test) -> Report:
+    d = config.digits
+    rep = Report("posinterp demo: position emerges in a NoPE transformer")
+    rep.paragraph(
+        "A causal transformer without positional encodings (NoPE) still knows position: "
+        "after the first causal attention layer, nearby tokens' residual vectors are more "
+        "cosine-similar than distant ones (Zuo, Guerzhoy & Guerzhoy 2024, arXiv 2501.00073). "
+        "The adjacency score is the probability, over pairs i < j < k, that token k is more "
+        "similar to the nearer token j than to i (ties count 1/2); 0.5 is chance.")
+    rep.paragraph(
+        f"Model: {model_cfg.n_layers} layers, d_model {model_cfg.d_model}, {model_cfg.n_heads} "
+        f"heads, NoPE, init N({model_cfg.init_mean}, {model_cfg.init_std}), seed {config.seed}. "
+        f"Task: reversal of fixed-length {d}-digit strings (e.g. rev(12345678)=87654321), "
+        f"{'--quick: 6 digits' if config.quick else 'default: 8 digits'}, as measured "
+        "feasible on 2 CPU cores (DESIGN.md §7). Adjacency is measured on "
+        f"{config.n_analysis} random-token sequences and {config.n_analysis} held-out task "
+        "samples.", note=True)
+    status = "reached" if result.reached_target else "did NOT reach"
+    rep.heading("Accuracy")
+    rep.paragraph(
+        f"Training {status} {config.target_accuracy:.0%} exact match (on a 1,000-sample "
+        f"subset) after {result.steps} steps. Exact-match accuracy on all {n_test:,} "
+        f"held-out samples: {final['test_accuracy']:.3f}.")
+    rep.figure(history_plot(result.history, config.target_accuracy), "training curve")
+    rep.heading("Adjacency score by layer (init vs trained)")
+    rep.table(table)
+    rep.figure(adjacency_plot(adjacency[adjacency.seed == config.seed].assign(
+        curve=lambda x: x.state + " / " + x.input), by="curve"), "adjacency by hook")
+    labels = {h: h.replace("blocks.", "L").replace(".hook_", " ") for h in init_sims}
+    for state, sims in (("init", init_sims), ("trained", trained_sims)):
+        rep.heading(f"Cosine self-similarity on one test sample ({state})", level=3)
+        rep.figure(similarity_grid({labels[h]: s[0] for h, s in sims.items()},
+                                   title=state), f"similarity heatmaps, {state}")
+    rep.heading("Attention patterns of every head (trained model, one test sample)")
+    _, cache = model.run_with_cache(sample_toks, names_filter=lambda n: n.endswith("hook_pattern"))
+    str_tokens = model.to_str_tokens(sample_toks[0])
+    for layer in range(model.cfg.n_layers):
+        rep.circuits(attention_view(str_tokens, cache[f"blocks.{layer}.attn.hook_pattern"][0]),
+                     caption=f"layer {layer}")
+    return rep

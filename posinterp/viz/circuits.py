@@ -1,0 +1,75 @@
+"""circuitsvis attention views for offline HTML reports.
+
+``circuitsvis``'s ``RenderedHTML.local_src`` embeds its whole 1.3 MB JavaScript bundle in
+every view, and ``str()`` of a view is a CDN page that renders nothing offline. We split
+``local_src`` into the bundle and the render call, so a report inlines the bundle once
+and then holds one small render call per view (DESIGN.md §6).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+
+__all__ = ["CircuitsView", "attention_view"]
+
+_RENDER = "CircuitsVis.render("
+
+
+@dataclass(frozen=True)
+class CircuitsView:
+    """One circuitsvis view: the shared ``bundle`` JS and this view's ``div`` + render call."""
+
+    bundle: str
+    element_id: str
+    render_call: str
+
+    def html(self) -> str:
+        """The view's markup, to be placed after the bundle's ``<script>`` in a page."""
+        return (f'<div id="{self.element_id}" style="margin: 15px 0;"></div>\n'
+                f"<script>\n{self.render_call}\n</script>")
+
+
+def split_local_src(local_src: str) -> CircuitsView:
+    """Split circuitsvis's ``local_src`` into bundle, element id and render call.
+
+    Raises:
+        RuntimeError: if circuitsvis's output no longer has the expected layout.
+    """
+    m_id = re.search(r'<div id="([^"]+)"', local_src)
+    open_tag = re.search(r"<script[^>]*>", local_src)
+    cut = local_src.rfind(_RENDER)
+    close = local_src.rfind("</script>")
+    if not (m_id and open_tag and cut > open_tag.end() and close > cut):
+        raise RuntimeError("unexpected circuitsvis local_src layout; cannot inline its bundle")
+    return CircuitsView(
+        bundle=local_src[open_tag.end():cut].strip(),
+        element_id=m_id.group(1),
+        render_call=local_src[cut:close].strip(),
+    )
+
+
+def attention_view(
+    str_tokens: list[str], pattern: Float[torch.Tensor, "n_heads query key"]
+) -> CircuitsView:
+    """circuitsvis ``attention_patterns`` view of one layer's heads on one sequence.
+
+    Args:
+        str_tokens: the ``pos`` token strings (e.g. ``model.to_str_tokens(tokens)``).
+        pattern: ``cache["blocks.{l}.attn.hook_pattern"][b]``, probabilities in [0, 1].
+
+    Raises:
+        ValueError: if the pattern is not ``[n_heads, pos, pos]`` with ``pos = len(str_tokens)``.
+    """
+    import circuitsvis as cv
+
+    n = len(str_tokens)
+    if pattern.ndim != 3 or tuple(pattern.shape[1:]) != (n, n):
+        raise ValueError(
+            f"pattern must have shape [n_heads, {n}, {n}] for {n} tokens, got {tuple(pattern.shape)}")
+    rendered = cv.attention.attention_patterns(
+        tokens=list(str_tokens), attention=pattern.detach().float().cpu())
+    return split_local_src(rendered.local_src)

@@ -1,0 +1,86 @@
+"""Self-contained HTML reports: inline PNG figures, tables, circuitsvis views, no network.
+
+The circuitsvis bundle is inlined once per report in a classic ``<script>`` (so its
+``CircuitsVis`` global is visible to every view's render call); figures are base64 PNGs.
+Nothing in a report has a ``src`` or ``href`` that leaves the file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ..io import atomic_write_text
+from .circuits import CircuitsView
+
+__all__ = ["Report"]
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
+table { border-collapse: collapse; font-size: 0.9em; }
+td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f3f3f3; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.5em 1em; }
+img { max-width: 100%; }
+"""
+
+
+@dataclass
+class Report:
+    """An HTML report assembled section by section and written atomically."""
+
+    title: str
+    _parts: list[str] = field(default_factory=list)
+    _bundle: str | None = None
+
+    def heading(self, text: str, level: int = 2) -> Report:
+        self._parts.append(f"<h{level}>{html.escape(text)}</h{level}>")
+        return self
+
+    def paragraph(self, text: str, note: bool = False) -> Report:
+        cls = ' class="note"' if note else ""
+        self._parts.append(f"<p{cls}>{html.escape(text)}</p>")
+        return self
+
+    def table(self, df: pd.DataFrame, float_format: str = "{:.3f}") -> Report:
+        self._parts.append(df.to_html(index=False, float_format=float_format.format,
+                                      na_rep="", border=0))
+        return self
+
+    def figure(self, fig, caption: str = "") -> Report:
+        """Embed a matplotlib figure as an inline PNG and close it."""
+        import matplotlib.pyplot as plt
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        data = base64.b64encode(buf.getvalue()).decode("ascii")
+        cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+        self._parts.append(f'<figure><img alt="{html.escape(caption)}" '
+                           f'src="data:image/png;base64,{data}">{cap}</figure>')
+        return self
+
+    def circuits(self, view: CircuitsView, caption: str = "") -> Report:
+        """Add a circuitsvis view; the first one brings the bundle, later ones reuse it."""
+        if self._bundle is None:
+            self._bundle = view.bundle
+            self._parts.append(f"<script>\n{view.bundle}\n</script>")
+        if caption:
+            self._parts.append(f"<h4>{html.escape(caption)}</h4>")
+        self._parts.append(view.html())
+        return self
+
+    def html(self) -> str:
+        body = "\n".join(self._parts)
+        return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+                f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head>\n"
+                f"<body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>\n")
+
+    def save(self, path: str | Path) -> Path:
+        """Write the report atomically; returns the path."""
+        return atomic_write_text(path, self.html())

@@ -1,0 +1,139 @@
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from posinterp.analysis import adjacency_by_layer, adjacency_row, adjacency_score
+from tests.helpers import random_tokens, tiny_model
+
+
+def brute_force_row(v, strict=False):
+    """The literal O(k^2) pair loop of DESIGN.md §2, independent of the fast path."""
+    k = len(v)
+    total = 0.0
+    for i, j in itertools.combinations(range(k), 2):
+        total += float(v[i] < v[j]) + (0.0 if strict else 0.5 * float(v[i] == v[j]))
+    return total / math.comb(k, 2)
+
+
+def brute_force_matrix(c, strict=False):
+    n = c.shape[0]
+    return float(np.mean([brute_force_row(c[k, :k], strict) for k in range(2, n)]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=2, max_size=40), st.booleans())
+def test_row_matches_brute_force_with_ties(values, strict):
+    v = np.array(values, dtype=float)
+    expected = brute_force_row(v, strict)
+    assert adjacency_row(v, "strict" if strict else "half") == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_matrix_matches_brute_force_on_random_matrices(strict):
+    gen = torch.Generator().manual_seed(0)
+    sims = torch.randint(0, 6, (3, 25, 25), generator=gen).double() / 5  # many ties
+    res = adjacency_score(sims, ties="strict" if strict else "half")
+    for b in range(3):
+        assert res.per_sequence[b].item() == pytest.approx(
+            brute_force_matrix(sims[b].numpy(), strict), abs=1e-12)
+    assert res.score == pytest.approx(res.per_sequence.mean().item())
+
+
+def test_constructed_matrices_of_known_score():
+    n = 12
+    i = torch.arange(n, dtype=torch.float64)
+    nearer_is_closer = -(i[:, None] - i[None, :]).abs()  # C_kj increases with j < k
+    assert adjacency_score(nearer_is_closer).score == 1.0
+    assert adjacency_score(-nearer_is_closer).score == 0.0
+    assert adjacency_score(torch.ones(n, n)).score == 0.5
+    assert adjacency_score(torch.ones(n, n), ties="strict").score == 0.0
+    # One step pattern per row: values 0 for j < k-1 and 1 for j = k-1. Among C(k,2)
+    # pairs, (k-1) are increasing and the rest tie: P_k = ((k-1) + (C(k,2)-(k-1))/2)/C(k,2).
+    step = torch.zeros(n, n, dtype=torch.float64)
+    for k in range(1, n):
+        step[k, k - 1] = 1.0
+    res = adjacency_score(step)
+    for k in range(2, n):
+        c = math.comb(k, 2)
+        assert res.per_row[0, k].item() == pytest.approx(((k - 1) + (c - (k - 1)) / 2) / c)
+    assert torch.isnan(res.per_row[0, :2]).all()
+
+
+def test_equals_kendall_tau_a_identity():
+    """P_k = (1 + tau_a) / 2 on tie-free rows, with tau_a from scipy (tau_b = tau_a there)."""
+    from scipy.stats import kendalltau
+
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=30)
+    tau = kendalltau(np.arange(30), v).statistic
+    assert adjacency_row(v) == pytest.approx((1 + tau) / 2, abs=1e-12)
+
+
+def test_lengths_restrict_rows():
+    gen = torch.Generator().manual_seed(2)
+    sims = torch.rand(2, 10, 10, generator=gen, dtype=torch.float64)
+    res = adjacency_score(sims, lengths=torch.tensor([10, 6]))
+    assert res.per_sequence[1].item() == pytest.approx(brute_force_matrix(sims[1, :6, :6].numpy()))
+    assert torch.isnan(res.per_row[1, 6:]).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(similarity=torch.rand(4, 5)), "shape"),
+        (dict(similarity=torch.rand(1, 2, 2)), "at least 3 real tokens"),
+        (dict(similarity=torch.rand(2, 5, 5), lengths=torch.tensor([5, 2])), "at least 3"),
+        (dict(similarity=torch.rand(2, 5, 5), lengths=torch.tensor([5])), "lengths"),
+        (dict(similarity=torch.rand(5, 5), ties="bogus"), "ties"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        adjacency_score(**kwargs)
+
+
+@pytest.mark.parametrize("pe", ["nope", "absolute", "rotary", "alibi"])
+def test_left_padding_leaves_scores_unchanged(pe):
+    model = tiny_model(pe)
+    toks = random_tokens(model, 3, 12, seed=3)
+    lengths = [12, 9, 6]
+    padded = torch.zeros(3, 12, dtype=torch.long)
+    mask = torch.zeros(3, 12, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        padded[b, 12 - n:] = toks[b, :n]
+        mask[b, 12 - n:] = 1
+    df = adjacency_by_layer(model, padded, attention_mask=mask, per_position=True)
+    # Reference: each sequence alone, unpadded.
+    for hook in df.hook.unique():
+        got = df[(df.hook == hook) & (df.metric == "adjacency_score")].value.item()
+        want = np.mean([
+            adjacency_by_layer(model, toks[b:b + 1, :n]).set_index("hook").value[hook]
+            for b, n in enumerate(lengths)])
+        assert got == pytest.approx(want, abs=1e-6), hook
+
+
+def test_by_layer_table_shape_and_labels():
+    model = tiny_model("nope")
+    df = adjacency_by_layer(model, random_tokens(model, 2, 10))
+    assert list(df.columns) == ["hook", "layer", "head", "position", "metric", "value",
+                                "n_sequences"]
+    assert df.layer.tolist() == [-1, 0, 0, 1, 1]
+    assert df.hook.tolist()[:3] == ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid",
+                                    "blocks.0.hook_resid_post"]
+    assert df.value.between(0, 1).all() and (df.n_sequences == 2).all()
+
+
+def test_by_layer_bad_input():
+    model = tiny_model("nope")
+    toks = random_tokens(model, 2, 10)
+    with pytest.raises(ValueError, match="attention_mask must have shape"):
+        adjacency_by_layer(model, toks, attention_mask=torch.ones(2, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="n_ctx"):
+        adjacency_by_layer(model, random_tokens(model, 1, model.cfg.n_ctx + 1))
+    with pytest.raises(ValueError, match="at least 3 real tokens"):
+        adjacency_by_layer(model, toks[:, :2])

@@ -1,0 +1,44 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posinterp.analysis import cosine_self_similarity, similarity_by_layer
+from tests.helpers import random_tokens, tiny_model
+
+
+def test_matches_torch_cosine_similarity_including_zero_vector():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 7, 5, generator=gen, dtype=torch.float64)
+    x[1, 3] = 0.0
+    got = cosine_self_similarity(x)
+    want = F.cosine_similarity(x[:, :, None, :], x[:, None, :, :], dim=-1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert got[1, 3].abs().max() == 0
+
+
+def test_mask_compacts_real_tokens_to_the_front():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 6, 4, generator=gen)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1]])
+    got = cosine_self_similarity(x, mask)
+    torch.testing.assert_close(got[0, :4, :4], cosine_self_similarity(x[:, 2:])[0])
+    assert torch.isnan(got[0, 4:]).all() and torch.isnan(got[0, :, 4:]).all()
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="resid must have shape"):
+        cosine_self_similarity(torch.zeros(5))
+    with pytest.raises(ValueError, match="attention_mask must have shape"):
+        cosine_self_similarity(torch.zeros(2, 4, 3), torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="only 0"):
+        cosine_self_similarity(torch.zeros(1, 4, 3), torch.full((1, 4), 2))
+
+
+def test_by_layer_does_not_touch_user_hooks():
+    model = tiny_model("absolute")
+    fired = []
+    model.add_hook("blocks.0.hook_resid_mid", lambda act, hook: fired.append(1))
+    sims = similarity_by_layer(model, random_tokens(model, 1, 8))
+    assert len(sims) == 5 and all(s.shape == (1, 8, 8) for s in sims.values())
+    assert fired == [1]
+    model.reset_hooks()

@@ -1,0 +1,29 @@
+import json
+
+from posinterp.cli import main
+from posinterp.experiments import DemoConfig, run_demo
+from tests.viz.test_report import external_refs
+
+
+def test_demo_pipeline_on_tiny_model_and_resume(tmp_path):
+    cfg = DemoConfig(preset="tiny", digits=5, max_steps=4, n_analysis=4, init_seeds=2)
+    res = run_demo(cfg, tmp_path, progress=False)
+    for name in ("report.html", "adjacency.csv", "history.csv", "run.json"):
+        assert (tmp_path / name).exists()
+    html = res.report_path.read_text()
+    assert html.count("var CircuitsVis=") == 1 and external_refs(html) == []
+    assert html.count("CircuitsVis.render(") == 2  # one view per layer of the tiny model
+    assert res.table.shape[0] == 5 and res.steps == 4
+    assert {"init / random tokens", "trained / task samples"} <= set(res.table.columns)
+    assert res.adjacency.value.between(0, 1).all()
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["model"]["pe"] == "nope" and meta["task"]["min_digits"] == 5
+    # A rerun resumes from the final checkpoint instead of training again.
+    again = run_demo(cfg, tmp_path, progress=False)
+    assert again.steps == 4
+    assert again.adjacency.equals(res.adjacency)
+
+
+def test_cli_rejects_bad_digits(capsys):
+    assert main(["demo", "--digits", "3", "--out", "unused"]) == 2
+    assert "digits must be in 5..16" in capsys.readouterr().err
