@@ -20,6 +20,12 @@ from typing import Any
 __all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "atomic_dir", "versions"]
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path that is renamed onto ``path`` when the block succeeds.
@@ -35,6 +41,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would surprise users
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -71,6 +78,7 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         raise FileExistsError(f"refusing to overwrite existing folder {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
         os.replace(tmp, path)

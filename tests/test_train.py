@@ -2,8 +2,14 @@ import pytest
 import torch
 
 from posinterp.models import preset
-from posinterp.train import TrainConfig, answer_loss, exact_match, latest_checkpoint, \
-    load_checkpoint, train
+from posinterp.train import (
+    TrainConfig,
+    answer_loss,
+    exact_match,
+    latest_checkpoint,
+    load_checkpoint,
+    train,
+)
 from tests.helpers import tiny_task
 
 
@@ -38,7 +44,7 @@ def test_resume_reproduces_uninterrupted_parameters(tmp_path, pe):
     resumed = train(mc, data, _cfg(), checkpoint_dir=tmp_path, progress=False)
     assert resumed.steps == 12
     for (name, a), (_, b) in zip(full.model.state_dict().items(),
-                                 resumed.model.state_dict().items()):
+                                 resumed.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert resumed.history.equals(full.history)
 

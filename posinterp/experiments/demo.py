@@ -110,7 +110,7 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
         "random tokens": (_random_tokens(n, data.max_len, seed=10_000 + config.seed), None),
         "task samples": (test.tokens[:n], test.attention_mask[:n]),
     }
-    log = print if progress else (lambda *a, **k: None)
+    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     log(f"[posinterp] adjacency at init ({model_cfg.n_layers} layers, d_model "
         f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
     model = build_model(model_cfg)

@@ -194,12 +194,12 @@ class TaskData:
 
 def _encode(inputs: list[str], answers: list[str], vocab: CharVocab) -> TaskSplit:
     seqs = [[vocab.bos_id, *vocab.encode(i), *vocab.encode(a), vocab.eos_id]
-            for i, a in zip(inputs, answers)]
+            for i, a in zip(inputs, answers, strict=True)]
     length = max(len(s) for s in seqs)
     tokens = torch.full((len(seqs), length), vocab.pad_id, dtype=torch.long)
     attn = torch.zeros_like(tokens)
     ans = torch.zeros_like(tokens)
-    for r, (s, inp) in enumerate(zip(seqs, inputs)):
+    for r, (s, inp) in enumerate(zip(seqs, inputs, strict=True)):
         tokens[r, : len(s)] = torch.tensor(s)
         attn[r, : len(s)] = 1
         ans[r, 1 + len(inp): len(s)] = 1

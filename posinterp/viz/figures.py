@@ -36,7 +36,7 @@ def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int =
     for ax in axes.flat[n:]:
         ax.axis("off")
     im = None
-    for ax, (label, mat) in zip(axes.flat, sims.items()):
+    for ax, (label, mat) in zip(axes.flat, sims.items(), strict=False):
         if mat.ndim != 2 or mat.shape[0] != mat.shape[1]:
             raise ValueError(f"matrix {label!r} must be [pos, pos], got {tuple(mat.shape)}")
         im = ax.imshow(mat.float().cpu().numpy(), vmin=-1, vmax=1, cmap="RdBu_r")

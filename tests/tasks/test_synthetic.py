@@ -3,7 +3,7 @@ import re
 import pytest
 import torch
 
-from posinterp.tasks import TASKS, CHAR_VOCAB, TaskConfig, build_tokenizer, make_task_data
+from posinterp.tasks import CHAR_VOCAB, TASKS, TaskConfig, build_tokenizer, make_task_data
 from tests.helpers import tiny_task
 
 
@@ -33,7 +33,7 @@ def independent_answer(task, inp):
 def test_answers_rederived_independently(task):
     data = tiny_task(task, n=300)
     for split in (data.train, data.test):
-        for inp, ans in zip(split.inputs, split.answers):
+        for inp, ans in zip(split.inputs, split.answers, strict=True):
             assert ans == independent_answer(task, inp)
 
 
