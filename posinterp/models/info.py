@@ -1,0 +1,100 @@
+"""What a loaded model's positions are: the scheme registry and :class:`ModelInfo`.
+
+A TransformerLens config cannot tell NoPE from learned absolute positions and does not
+say where weights came from, so every loader returns a ``ModelInfo`` alongside the
+model; analyses record it with their results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["ARCHITECTURE_SCHEMES", "ModelInfo", "scheme_for_architecture"]
+
+# HF architecture -> positional scheme. A registry, not an if/elif chain: add a row to
+# support a new family.
+ARCHITECTURE_SCHEMES: dict[str, str] = {
+    "GPT2LMHeadModel": "absolute",
+    "OPTForCausalLM": "absolute",
+    "GPTNeoForCausalLM": "absolute",
+    "BertModel": "absolute",
+    "BertForMaskedLM": "absolute",
+    "GPTNeoXForCausalLM": "rotary",
+    "LlamaForCausalLM": "rotary",
+    "MistralForCausalLM": "rotary",
+    "Qwen2ForCausalLM": "rotary",
+    "GPTJForCausalLM": "rotary",
+    "PhiForCausalLM": "rotary",
+    "GemmaForCausalLM": "rotary",
+    "BloomForCausalLM": "alibi",
+}
+
+
+def scheme_for_architecture(architecture: str) -> str:
+    """Positional scheme (``absolute``/``rotary``/``alibi``) of an HF architecture name.
+
+    Raises:
+        ValueError: for an architecture not in :data:`ARCHITECTURE_SCHEMES`.
+    """
+    if architecture not in ARCHITECTURE_SCHEMES:
+        raise ValueError(
+            f"architecture {architecture!r} has no known positional scheme; known: "
+            f"{sorted(ARCHITECTURE_SCHEMES)} (add it to ARCHITECTURE_SCHEMES)")
+    return ARCHITECTURE_SCHEMES[architecture]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Provenance and positional facts of a loaded model.
+
+    Attributes:
+        spec: what the user asked for (hub name, path, ``zoo:...``).
+        source: ``hub``, ``local-hf``, ``llama2c``, ``toy`` or ``zoo``.
+        architecture: HF architecture name (or ``posinterp-toy``, ``llama2c``).
+        pe: ``nope``, ``absolute``, ``rotary`` or ``alibi``.
+        causal: False for bidirectional encoders (BERT).
+        n_heads, n_kv_heads, d_head: attention shape (``n_kv_heads < n_heads`` is GQA).
+        rotary_dim, rotary_adjacent_pairs, rotary_base: RoPE details (None otherwise);
+            ``rotary_adjacent_pairs`` True pairs dims (2i, 2i+1) (llama2.c/GPT-J),
+            False pairs (i, i + rotary_dim/2) (GPT-NeoX/HF Llama).
+        alibi_slopes: per-head ALiBi slopes actually used, or None.
+        processing: weight-processing flags (fold_ln, center_writing_weights, ...).
+        weights: where the weights came from (path or hub id) and, for files, sha256.
+    """
+
+    spec: str
+    source: str
+    architecture: str
+    pe: str
+    causal: bool
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    rotary_dim: int | None = None
+    rotary_adjacent_pairs: bool | None = None
+    rotary_base: float | None = None
+    alibi_slopes: tuple[float, ...] | None = None
+    processing: dict = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_model(cls, model, *, spec: str, source: str, pe: str, architecture: str | None = None,
+                   causal: bool = True, alibi_slopes=None, processing: dict | None = None,
+                   weights: dict | None = None) -> ModelInfo:
+        """Fill the attention/rotary fields from ``model.cfg``."""
+        cfg = model.cfg
+        rotary = pe == "rotary"
+        return cls(
+            spec=spec, source=source,
+            architecture=architecture or str(cfg.original_architecture),
+            pe=pe, causal=causal, n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_key_value_heads or cfg.n_heads, d_head=cfg.d_head,
+            rotary_dim=cfg.rotary_dim if rotary else None,
+            rotary_adjacent_pairs=bool(cfg.rotary_adjacent_pairs) if rotary else None,
+            rotary_base=float(cfg.rotary_base) if rotary else None,
+            alibi_slopes=tuple(float(s) for s in alibi_slopes) if alibi_slopes is not None else None,
+            processing=dict(processing or {}), weights=dict(weights or {}),
+        )

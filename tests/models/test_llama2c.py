@@ -1,0 +1,72 @@
+"""stories260K (a real trained llama2.c model) against an independent numpy forward."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from posinterp.models import load_model
+from tests.models import llama2c_reference as ref
+
+STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K.bin"
+needs_stories = pytest.mark.skipif(
+    not STORIES.is_file(), reason=f"{STORIES} not present (the shared test models are only on "
+    "the developers' machines)")
+
+
+@pytest.fixture(scope="module")
+def stories():
+    model, info = load_model(STORIES)
+    cfg, weights = ref.read(STORIES)
+    return model, info, cfg, weights
+
+
+@needs_stories
+def test_info(stories):
+    model, info, _, _ = stories
+    assert info.source == "llama2c" and info.pe == "rotary"
+    assert (info.n_heads, info.n_kv_heads, info.d_head, info.rotary_dim) == (8, 4, 8, 8)
+    assert info.rotary_adjacent_pairs is True and info.rotary_base == 10000
+    assert info.processing["fold_ln"] is False and len(info.weights["sha256"]) == 64
+
+
+@needs_stories
+def test_logits_match_independent_reference(stories):
+    model, _, cfg, weights = stories
+    rng = np.random.default_rng(0)
+    toks = [1, *rng.integers(3, 512, 23).tolist()]
+    want = ref.forward_tokens(cfg, weights, toks)
+    with torch.no_grad():
+        got = model(torch.tensor([toks]))[0].double().numpy()
+    assert np.abs(got - want).max() < 1e-4
+
+
+@needs_stories
+def test_greedy_continuation_from_bos_matches_reference(stories):
+    model, _, cfg, weights = stories
+    n_new = 64
+    want = ref.greedy(cfg, weights, n_new)
+    toks = torch.tensor([[1]])
+    with torch.no_grad():
+        for _ in range(n_new):
+            toks = torch.cat([toks, model(toks)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert toks[0].tolist() == want
+
+
+@needs_stories
+def test_truncated_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "truncated.bin"
+    bad.write_bytes(STORIES.read_bytes()[:100_000])
+    with pytest.raises(ValueError, match=r"truncated\.bin: file has 100000 bytes but its header"):
+        load_model(bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["truncated.bin"]
+
+
+def test_missing_and_garbage_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model(tmp_path / "nope.bin")
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="not a valid llama2.c"):
+        load_model(junk)

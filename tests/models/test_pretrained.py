@@ -1,0 +1,163 @@
+"""Offline loading of tiny HF checkpoints built on the fly, checked against HF itself."""
+
+import socket
+
+import pytest
+import torch
+
+from posinterp.models import ARCHITECTURE_SCHEMES, load_model, scheme_for_architecture
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 97
+
+
+def _configs():
+    return {
+        # Folder names contain family substrings on purpose: TL 3.9 guesses from the path.
+        "gpt2-absolute": transformers.GPT2Config(
+            n_layer=2, n_head=4, n_embd=32, n_positions=64, n_ctx=64, vocab_size=VOCAB),
+        "neox-rotary-pct-0.25": transformers.GPTNeoXConfig(
+            num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+            rotary_pct=0.25, max_position_embeddings=64, vocab_size=VOCAB),
+        "llama-gqa": transformers.LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=64, vocab_size=VOCAB),
+        "bloom-12-heads": transformers.BloomConfig(
+            n_layer=2, n_head=12, hidden_size=48, vocab_size=VOCAB),
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    torch.manual_seed(0)
+    out = {}
+    for name, cfg in _configs().items():
+        hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        hf.save_pretrained(root / name)
+        out[name] = (root / name, hf)
+    return out
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """HF_HUB_OFFLINE=1 and every socket connection refused: a network call fails loudly."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+EXPECTED = {"gpt2-absolute": ("absolute", None, 4), "neox-rotary-pct-0.25": ("rotary", 2, 4),
+            "llama-gqa": ("rotary", 8, 2), "bloom-12-heads": ("alibi", None, 12)}
+
+
+def _hf_logits(name, hf, toks, mask=None):
+    kw = {}
+    if mask is not None:
+        kw["attention_mask"] = mask
+        if not name.startswith("bloom"):
+            # HF GPT-2 (and friends) do not derive positions from the mask (DESIGN.md §6).
+            kw["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return hf(toks, **kw).logits
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_logits_match_hf_unpadded_and_left_padded(checkpoints, no_network, name):
+    folder, hf = checkpoints[name]
+    # Raw weights (no folding/centering) so logits, not just log-probs, are comparable.
+    model, info = load_model(folder, fold_ln=False, center_writing_weights=False,
+                             center_unembed=False, fold_value_biases=False)
+    assert (info.pe, info.rotary_dim, info.n_kv_heads) == EXPECTED[name]
+    assert info.source == "local-hf" and info.processing["fold_ln"] is False
+    gen = torch.Generator().manual_seed(1)
+    toks = torch.randint(0, VOCAB, (3, 12), generator=gen)
+    with torch.no_grad():
+        got = model(toks)
+    assert (got - _hf_logits(name, hf, toks)).abs().max() < 1e-4
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[1, :4] = 0
+    mask[2, :7] = 0
+    with torch.no_grad():
+        got = model(toks, attention_mask=mask)
+    diff = (got - _hf_logits(name, hf, toks, mask)).abs()[mask.bool()]
+    assert diff.max() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["gpt2-absolute", "bloom-12-heads"])
+def test_default_processing_preserves_log_probs(checkpoints, no_network, name):
+    folder, hf = checkpoints[name]
+    model, info = load_model(folder)
+    assert info.processing == dict(fold_ln=True, center_writing_weights=True,
+                                   center_unembed=True, fold_value_biases=True)
+    toks = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = model(toks).log_softmax(-1)
+    assert (got - _hf_logits(name, hf, toks).log_softmax(-1)).abs().max() < 1e-4
+
+
+def test_bloom_slopes_are_hf_not_tl(checkpoints, no_network):
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    model, info = load_model(checkpoints["bloom-12-heads"][0])
+    hf = build_alibi_tensor(torch.ones(1, 3), 12, torch.float32)[:, 0, 1]
+    torch.testing.assert_close(torch.tensor(info.alibi_slopes, dtype=torch.float32), hf)
+
+
+def test_missing_and_corrupt_local_checkpoints(tmp_path, checkpoints, no_network):
+    with pytest.raises(FileNotFoundError, match="config.json is missing"):
+        load_model(tmp_path)
+    with pytest.raises(FileNotFoundError, match="neither a checkpoint folder"):
+        load_model(tmp_path / "does-not-exist")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_model(bad)
+    (bad / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(FileNotFoundError, match="has no weights"):
+        load_model(bad)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    truncated = tmp_path / "trunc"
+    src = checkpoints["gpt2-absolute"][0]
+    truncated.mkdir()
+    (truncated / "config.json").write_bytes((src / "config.json").read_bytes())
+    (truncated / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes()[:500])
+    with pytest.raises(ValueError, match="could not read the weights"):
+        load_model(truncated)
+    after = sorted(p.name for p in tmp_path.rglob("*"))
+    assert set(after) - set(before) == {"trunc", "config.json", "model.safetensors"} - set(before)
+
+
+def test_scheme_registry():
+    assert scheme_for_architecture("GPT2LMHeadModel") == "absolute"
+    assert scheme_for_architecture("GPTNeoXForCausalLM") == "rotary"
+    assert scheme_for_architecture("BloomForCausalLM") == "alibi"
+    assert set(ARCHITECTURE_SCHEMES.values()) <= {"absolute", "rotary", "alibi"}
+    with pytest.raises(ValueError, match="no known positional scheme"):
+        scheme_for_architecture("MambaForCausalLM")
+
+
+def test_hub_names_are_delegated_to_transformerlens(monkeypatch):
+    """No network here: check the thin delegation with a stand-in from_pretrained."""
+    from transformer_lens import HookedTransformer
+
+    from tests.helpers import tiny_model
+
+    calls = {}
+
+    def fake_from_pretrained(name, **kwargs):
+        calls[name] = kwargs
+        m = tiny_model("alibi", n_heads=6, d_model=36)
+        m.cfg.original_architecture = "BloomForCausalLM"
+        return m
+
+    monkeypatch.setattr(HookedTransformer, "from_pretrained", staticmethod(fake_from_pretrained))
+    model, info = load_model("bigscience/bloom-560m", fold_ln=False)
+    assert calls["bigscience/bloom-560m"]["fold_ln"] is False
+    assert info.source == "hub" and info.pe == "alibi" and len(info.alibi_slopes) == 6
