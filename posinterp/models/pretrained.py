@@ -92,7 +92,8 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
                         model_name=folder.name, original_architecture=architecture)
         cfg = HookedTransformerConfig.from_dict(cfg_dict)
         try:
-            hf_model = transformers.AutoModelForCausalLM.from_pretrained(str(link), local_files_only=True, dtype=dtype)
+            hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(link), local_files_only=True, dtype=dtype)
         except Exception as err:  # safetensors, torch and HF each raise their own types
             raise ValueError(f"could not read the weights in {folder}: "
                              f"{type(err).__name__}: {err}") from None
