@@ -15,17 +15,29 @@ from .analysis import (
     adjacency_row,
     adjacency_score,
     cosine_self_similarity,
+    previous_token_score,
+    previous_token_scores,
+    random_tokens,
     residual_hooks,
     similarity_by_layer,
 )
-from .models import PRESETS, ToyModelConfig, alibi_slopes, build_model, preset
+from .models import (
+    PRESETS,
+    ModelInfo,
+    ToyModelConfig,
+    alibi_slopes,
+    build_model,
+    load_model,
+    preset,
+)
 from .tasks import TASKS, TaskConfig, build_tokenizer, make_task_data, task_answer
 from .train import TrainConfig, TrainResult, load_checkpoint, train
 
 __all__ = [
     "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
     "cosine_self_similarity", "residual_hooks", "similarity_by_layer",
-    "PRESETS", "ToyModelConfig", "alibi_slopes", "build_model", "preset",
+    "previous_token_score", "previous_token_scores", "random_tokens",
+    "PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model", "load_model", "preset",
     "TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer",
     "TrainConfig", "TrainResult", "load_checkpoint", "train",
     "__version__",

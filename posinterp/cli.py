@@ -26,6 +26,32 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_train(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .experiments.zoo import ZooConfig, train_zoo, zoo_home
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
+    df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress)
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        print(df.to_string(index=False))
+    print(f"zoo: {args.home or zoo_home()}")
+    return 0
+
+
+def _zoo_list(args: argparse.Namespace) -> int:
+    from .experiments.zoo import list_zoo, zoo_home
+
+    df = list_zoo(args.home)
+    print(df.to_string(index=False) if len(df) else "the zoo is empty")
+    print(f"zoo: {args.home or zoo_home()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -42,6 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="posinterp-demo", help="output folder (resumable)")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=_demo)
+
+    z = sub.add_parser("zoo", help="small byte-level LMs identical except for positions")
+    zsub = z.add_subparsers(dest="zoo_command", required=True)
+    zt = zsub.add_parser("train", help="train (or resume) the zoo: one model per scheme and seed")
+    zt.add_argument("--seeds", type=int, default=1, help="seeds per scheme (fingerprint "
+                    "statistics need >= 3)")
+    zt.add_argument("--schemes", nargs="+", default=["nope", "absolute", "rotary", "alibi"])
+    zt.add_argument("--max-steps", type=int, default=2000, help="steps per model (~10 min on "
+                    "2 cores at the default)")
+    zt.add_argument("--home", default=None, help="zoo folder (default $POSINTERP_HOME/zoo)")
+    zt.add_argument("--threads", type=int, default=None)
+    zt.add_argument("--no-progress", action="store_true")
+    zt.set_defaults(func=_zoo_train)
+    zl = zsub.add_parser("list", help="show the zoo's models")
+    zl.add_argument("--home", default=None)
+    zl.set_defaults(func=_zoo_list)
     return p
 
 

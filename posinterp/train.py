@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,12 +26,12 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .io import atomic_dir, versions
+from .io import atomic_dir, atomic_path, versions
 from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
 
 __all__ = [
-    "TrainConfig", "TrainResult", "answer_loss", "exact_match", "latest_checkpoint",
+    "TrainConfig", "TrainResult", "answer_loss", "exact_match", "fit", "latest_checkpoint",
     "load_checkpoint", "train",
 ]
 
@@ -252,6 +253,67 @@ def train(
             f"task sequences have up to {data.max_len} tokens but n_ctx is {model_config.n_ctx}")
     configs = _configs_dict(model_config, data.config, config)
     model = build_model(model_config) if model is None else model
+    train_split = data.train
+
+    def next_batch(gen: torch.Generator):
+        idx = torch.randint(len(train_split), (config.batch_size,), generator=gen)
+        attn = train_split.attention_mask[idx]
+        width = int(attn.sum(-1).max())  # drop all-padding columns
+        return (train_split.tokens[idx, :width], attn[:, :width],
+                train_split.answer_mask[idx, :width])
+
+    def loss_fn(model, batch):
+        toks, attn, ans = batch
+        return answer_loss(model(toks, attention_mask=attn), toks, ans)
+
+    history, step = fit(
+        model, next_batch, loss_fn, lambda m: evaluate(m, data.test, config.n_eval), config,
+        configs, checkpoint_dir=checkpoint_dir, resume=resume, progress=progress)
+    return TrainResult(model=model, history=history, steps=step,
+                       reached_target=_reached(history.itertuples(index=False), config))
+
+
+def _reached(history, config: TrainConfig) -> bool:
+    if config.target_accuracy is None:
+        return False
+    accs = [v for _, m, v in history if m == "test_accuracy"]
+    return bool(accs) and accs[-1] >= config.target_accuracy
+
+
+def fit(
+    model,
+    next_batch: Callable[[torch.Generator], object],
+    loss_fn: Callable[[object, object], Tensor],
+    evaluate_fn: Callable[[object], dict[str, float]],
+    config: TrainConfig,
+    configs: dict,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    snapshot_steps: Sequence[int] = (),
+    desc: str = "train",
+) -> tuple[pd.DataFrame, int]:
+    """The training loop shared by task training and the zoo: AdamW, resumable, seeded.
+
+    Args:
+        model: the model to train in place.
+        next_batch: draws a batch from the seeded generator (its state is checkpointed,
+            so a resumed run sees the same batches).
+        loss_fn: ``(model, batch) -> scalar loss``.
+        evaluate_fn: ``model -> {metric: value}``, run every ``config.eval_every`` steps.
+        config: optimization settings; stops early at ``target_accuracy`` on the
+            ``test_accuracy`` metric when set.
+        configs: JSON-able dict recorded in every checkpoint and compared on resume.
+        checkpoint_dir: where ``step_*`` folders go (None: no checkpoints).
+        snapshot_steps: steps (0 = init) at which weights alone are also kept, under
+            ``checkpoint_dir/snapshots/step_XXXXXXX.safetensors``, for training dynamics.
+
+    Returns:
+        ``(history, steps)``: tidy ``step, metric, value`` DataFrame and steps taken.
+
+    Raises:
+        ValueError: if a checkpoint to resume was written with different ``configs``.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
@@ -265,12 +327,13 @@ def train(
         from safetensors.torch import load_file
 
         saved = json.loads((last / "config.json").read_text())
-        for key in ("model", "task", "train"):
-            if saved[key] != json.loads(json.dumps(configs[key])):
+        now = json.loads(json.dumps(configs))
+        for key in now:
+            if saved.get(key) != now[key]:
                 raise ValueError(
                     f"checkpoint {last} was written with a different {key} config; "
-                    f"use another checkpoint_dir or resume=False.\n saved: {saved[key]}\n"
-                    f" now:   {configs[key]}")
+                    f"use another checkpoint_dir or resume=False.\n saved: {saved.get(key)}\n"
+                    f" now:   {now[key]}")
         model.load_state_dict(load_file(last / "model.safetensors"), strict=True)
         state = torch.load(last / "trainer_state.pt", weights_only=False)
         optimizer.load_state_dict(state["optimizer"])
@@ -279,22 +342,19 @@ def train(
         history = list(state["history"])
         step = state["step"]
 
-    def reached(hist) -> bool:
-        accs = [v for _, m, v in hist if m == "test_accuracy"]
-        return config.target_accuracy is not None and bool(accs) and accs[-1] >= config.target_accuracy
+    snapshots = set(snapshot_steps)
 
-    train_split = data.train
+    def snapshot(at: int) -> None:
+        if ckpt_dir is not None and at in snapshots:
+            _save_weights(ckpt_dir / "snapshots" / f"step_{at:07d}.safetensors", model)
+
+    if step == 0:
+        snapshot(0)
     model.train()
-    bar = tqdm(total=config.max_steps, initial=step, disable=not progress, desc="train",
+    bar = tqdm(total=config.max_steps, initial=step, disable=not progress, desc=desc,
                dynamic_ncols=True)
-    while step < config.max_steps and not reached(history):
-        idx = torch.randint(len(train_split), (config.batch_size,), generator=gen)
-        attn = train_split.attention_mask[idx]
-        width = int(attn.sum(-1).max())  # drop all-padding columns
-        toks, attn, ans = train_split.tokens[idx, :width], attn[:, :width], \
-            train_split.answer_mask[idx, :width]
-        logits = model(toks, attention_mask=attn)
-        loss = answer_loss(logits, toks, ans)
+    while step < config.max_steps and not _reached(history, config):
+        loss = loss_fn(model, next_batch(gen))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
@@ -303,15 +363,26 @@ def train(
         step += 1
         history.append((step, "train_loss", loss.item()))
         if step % config.eval_every == 0 or step == config.max_steps:
-            for metric, value in evaluate(model, data.test, config.n_eval).items():
-                history.append((step, metric, value))
-            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{history[-2][2]:.3f}")
-        if ckpt_dir is not None and (step % config.checkpoint_every == 0 or reached(history)
-                                     or step == config.max_steps):
+            metrics = evaluate_fn(model)
+            history.extend((step, k, v) for k, v in metrics.items())
+            bar.set_postfix(loss=f"{loss.item():.3f}",
+                            **{k: f"{v:.3f}" for k, v in metrics.items()})
+            model.train()
+        snapshot(step)
+        if ckpt_dir is not None and (step % config.checkpoint_every == 0
+                                     or _reached(history, config) or step == config.max_steps):
             _save(ckpt_dir, step, model, optimizer, scheduler, gen, history, configs,
                   config.keep_checkpoints)
         bar.update(1)
     bar.close()
     model.eval()
-    df = pd.DataFrame(history, columns=["step", "metric", "value"])
-    return TrainResult(model=model, history=df, steps=step, reached_target=reached(history))
+    return pd.DataFrame(history, columns=["step", "metric", "value"]), step
+
+
+def _save_weights(path: Path, model) -> None:
+    from safetensors.torch import save_file
+
+    if path.exists():
+        return
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp)

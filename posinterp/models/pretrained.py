@@ -134,13 +134,26 @@ def _load_llama2c(path: Path, processing: dict):
         processing=processing, weights=extra["weights"])
 
 
+def _load_zoo(spec: str):
+    from ..experiments.zoo import load_zoo_model
+
+    model, card = load_zoo_model(spec)
+    return model, ModelInfo.from_model(
+        model, spec=spec, source="zoo", pe=card["pe"], architecture="posinterp-toy",
+        alibi_slopes=alibi_slopes(model.cfg.n_heads).tolist() if card["pe"] == "alibi" else None,
+        processing={"fold_ln": False, "center_writing_weights": False, "center_unembed": False,
+                    "fold_value_biases": False},
+        weights={"path": card["weights"], "corpus": card["corpus"]["fingerprint"]})
+
+
 def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
                center_writing_weights: bool | None = None, center_unembed: bool | None = None,
                fold_value_biases: bool | None = None, dtype=None, **hub_kwargs):
     """Load a pretrained model as a ``HookedTransformer`` and describe its positions.
 
     Args:
-        spec: a hub name, a local HF checkpoint folder, or a llama2.c ``.bin`` file.
+        spec: a hub name, a local HF checkpoint folder, a llama2.c ``.bin`` file, or a
+            zoo model ``zoo:<pe>[:<seed>][@<step>]`` (weights as trained, unprocessed).
         fold_ln, center_writing_weights, center_unembed, fold_value_biases: TransformerLens's
             weight processing. Defaults: TL's (all True) for HF models; all False for
             llama2.c files, whose raw weights are what run.c uses. They change
@@ -160,6 +173,8 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
     import torch
 
     dtype = dtype or torch.float32
+    if str(spec).startswith("zoo:"):
+        return _load_zoo(str(spec))
     path = Path(spec)
     is_llama2c = path.suffix == ".bin" and not path.is_dir()
     defaults = {k: (not is_llama2c) for k in _PROCESSING_DEFAULTS}

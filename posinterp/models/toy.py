@@ -16,12 +16,13 @@ ours (DESIGN.md §6):
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import torch
 
-from ..tasks.tokenizer import CHAR_VOCAB
+from ..tasks.tokenizer import BYTE_VOCAB_SIZE, CHAR_VOCAB
 
 __all__ = [
     "PE_SCHEMES", "PRESETS", "ToyModelConfig", "alibi_slopes", "build_model", "init_weights",
@@ -37,13 +38,16 @@ PE_SCHEMES: dict[str, str] = {
     "alibi": "alibi",
 }
 NORMALIZATIONS = ("LN", "RMS", None)
+TOKENIZERS: dict[str | None, int] = {"char": CHAR_VOCAB.size, "byte": BYTE_VOCAB_SIZE, None: 0}
 
 
 @dataclass(frozen=True)
 class ToyModelConfig:
     """Architecture and initialization of a toy decoder-only transformer.
 
-    ``d_head`` defaults to ``d_model // n_heads`` and ``d_mlp`` to ``4 * d_model``.
+    ``d_head`` defaults to ``d_model // n_heads`` and ``d_mlp`` to ``4 * d_model``;
+    ``d_vocab`` to the size of ``tokenizer`` (``char``: the task alphabet, ``byte``: 256),
+    which must be given when ``tokenizer`` is None.
     Every weight matrix and embedding is drawn from N(init_mean, init_std); biases are 0
     and normalization weights 1 (DESIGN.md §2, "Initialization ablation"). The default
     std 0.02 is nanoGPT's, not TransformerLens's 0.8/sqrt(d_model).
@@ -61,7 +65,8 @@ class ToyModelConfig:
     d_head: int | None = None
     d_mlp: int | None = None
     n_ctx: int = 64
-    d_vocab: int = CHAR_VOCAB.size
+    tokenizer: Literal["char", "byte"] | None = "char"
+    d_vocab: int | None = None
     normalization: Literal["LN", "RMS"] | None = "LN"
     act_fn: str = "gelu"
     attn_only: bool = False
@@ -71,6 +76,15 @@ class ToyModelConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {list(TOKENIZERS)}, got {self.tokenizer!r}")
+        if self.d_vocab is None:
+            if self.tokenizer is None:
+                raise ValueError("d_vocab is required when tokenizer is None")
+            object.__setattr__(self, "d_vocab", TOKENIZERS[self.tokenizer])
+        elif self.tokenizer is not None and self.d_vocab != TOKENIZERS[self.tokenizer]:
+            raise ValueError(f"d_vocab={self.d_vocab} does not match tokenizer {self.tokenizer!r} "
+                             f"({TOKENIZERS[self.tokenizer]} ids); set tokenizer=None for a custom vocab")
         if self.pe not in PE_SCHEMES:
             raise ValueError(f"pe must be one of {sorted(PE_SCHEMES)}, got {self.pe!r}")
         if self.normalization not in NORMALIZATIONS:
@@ -195,13 +209,14 @@ def install_alibi(model, slopes: torch.Tensor) -> None:
 def init_weights(model, mean: float = 0.0, std: float = 0.02, seed: int = 0) -> None:
     """Draw every ``W_*`` parameter from N(mean, std); biases 0; norm weights 1.
 
-    Parameters are visited in ``named_parameters`` order with one seeded generator, so
-    the same seed gives the same weights. DESIGN.md §2 ("Initialization ablation").
+    Each parameter has its own generator, seeded from ``seed`` and the parameter's name,
+    so models that differ only in their positional scheme (an extra ``W_pos``, say) get
+    identical weights everywhere else. DESIGN.md §2 ("Initialization ablation").
     """
-    gen = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if leaf.startswith("W_"):
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std + mean)
         elif leaf == "w":  # LayerNorm / RMSNorm weight
             p.fill_(1.0)
@@ -222,8 +237,7 @@ def build_model(config: ToyModelConfig, tokenizer=None):
 
     Args:
         config: the architecture.
-        tokenizer: a HF tokenizer; default: the local character tokenizer of the tasks
-            (only when ``config.d_vocab`` equals its size, otherwise none).
+        tokenizer: a HF tokenizer; default: the local one named by ``config.tokenizer``.
 
     Returns:
         transformer_lens.HookedTransformer with ``model.posinterp_config = config``.
@@ -234,7 +248,7 @@ def build_model(config: ToyModelConfig, tokenizer=None):
     """
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-    from ..tasks.tokenizer import build_tokenizer
+    from ..tasks.tokenizer import build_byte_tokenizer, build_tokenizer
 
     cfg = HookedTransformerConfig(
         n_layers=config.n_layers,
@@ -256,8 +270,8 @@ def build_model(config: ToyModelConfig, tokenizer=None):
         device="cpu",
         model_name=f"posinterp-toy-{config.pe}",
     )
-    if tokenizer is None and config.d_vocab == CHAR_VOCAB.size:
-        tokenizer = build_tokenizer()
+    if tokenizer is None and config.tokenizer is not None:
+        tokenizer = {"char": build_tokenizer, "byte": build_byte_tokenizer}[config.tokenizer]()
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
     init_weights(model, config.init_mean, config.init_std, config.seed)
     if config.pe in ("nope", "alibi"):

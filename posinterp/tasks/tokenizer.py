@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["CharVocab", "CHAR_VOCAB", "build_tokenizer"]
+__all__ = ["CharVocab", "CHAR_VOCAB", "BYTE_VOCAB_SIZE", "build_byte_tokenizer", "build_tokenizer"]
+
+BYTE_VOCAB_SIZE = 256
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
@@ -111,3 +113,37 @@ def build_tokenizer(vocab: CharVocab = CHAR_VOCAB):
         add_bos_token=True,
         padding_side="right",
     )
+
+
+def build_byte_tokenizer():
+    """A ``PreTrainedTokenizerFast`` whose token id is the UTF-8 byte value (``d_vocab`` 256).
+
+    Byte-level like GPT-2's alphabet but without merges, built offline. It has no BOS
+    (the zoo trains on windows of a byte stream); ``decode`` inverts ``encode`` exactly.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
+    byte_to_char = _gpt2_bytes_to_unicode()
+    assert set(byte_to_char.values()) == set(alphabet)
+    vocab = {byte_to_char[b]: b for b in range(BYTE_VOCAB_SIZE)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=core, name_or_path="posinterp-bytes")
+
+
+def _gpt2_bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (Radford et al. 2019, encoder.py)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))

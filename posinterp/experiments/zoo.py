@@ -1,0 +1,236 @@
+"""The zoo: small byte-level LMs identical except for their positional scheme.
+
+Pretrained models differ in data, size and tokenizer as well as in positions; the
+clean comparison trains them ourselves. Each zoo model is a toy ``HookedTransformer``
+(:func:`posinterp.build_model`) with one ``pe`` in {nope, absolute, rotary, alibi}, the
+same initialization of every shared weight, the same data (the standard-library
+corpus), the same batch order (from the seed) and the same step budget.
+
+Layout under ``$POSINTERP_HOME/zoo`` (default ``~/.cache/posinterp/zoo``)::
+
+    rotary-seed0/
+        checkpoints/step_0002000/...     resumable training state (latest 2 kept)
+        checkpoints/snapshots/step_*.safetensors   ~10 log-spaced weight snapshots
+        card.json                        written last: the model is complete
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..analysis.heads import previous_token_scores, random_tokens
+from ..io import atomic_write_json, versions
+from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
+from ..tasks.corpus import ByteCorpus, stdlib_corpus
+from ..train import TrainConfig, fit, latest_checkpoint
+
+__all__ = ["ZooConfig", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
+
+
+def zoo_home() -> Path:
+    """``$POSINTERP_HOME/zoo``, default ``~/.cache/posinterp/zoo``."""
+    return Path(os.environ.get("POSINTERP_HOME", Path.home() / ".cache" / "posinterp")) / "zoo"
+
+
+@dataclass(frozen=True)
+class ZooConfig:
+    """Architecture and budget shared by every zoo model (only ``pe`` and seed vary).
+
+    The default (4 layers, d_model 128, 2,000 steps of 32 x 128 bytes) takes about
+    10 minutes per model on 2 CPU cores.
+
+    Raises:
+        ValueError: for an unknown scheme or non-positive sizes.
+    """
+
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_ctx: int = 128
+    batch_size: int = 32
+    max_steps: int = 2000
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    eval_every: int = 200
+    n_val_windows: int = 64
+    n_snapshots: int = 10
+    schemes: tuple[str, ...] = field(default=tuple(PE_SCHEMES))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "schemes", tuple(self.schemes))
+        bad = [s for s in self.schemes if s not in PE_SCHEMES]
+        if bad:
+            raise ValueError(f"schemes must be among {sorted(PE_SCHEMES)}, got {bad}")
+        for name in ("n_layers", "d_model", "n_heads", "n_ctx", "batch_size", "max_steps",
+                     "n_val_windows", "n_snapshots"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def model_config(self, pe: str, seed: int) -> ToyModelConfig:
+        return ToyModelConfig(pe=pe, n_layers=self.n_layers, d_model=self.d_model,
+                              n_heads=self.n_heads, n_ctx=self.n_ctx, tokenizer="byte", seed=seed)
+
+    def train_config(self, seed: int) -> TrainConfig:
+        return TrainConfig(max_steps=self.max_steps, batch_size=self.batch_size, lr=self.lr,
+                           warmup_steps=self.warmup_steps, eval_every=self.eval_every,
+                           target_accuracy=None, checkpoint_every=250, seed=seed)
+
+    def snapshot_steps(self) -> list[int]:
+        """0 (init) plus ``n_snapshots`` log-spaced steps up to ``max_steps``."""
+        steps = np.unique(np.geomspace(1, self.max_steps, self.n_snapshots).round().astype(int))
+        return [0, *steps.tolist()]
+
+
+def _val_starts(corpus: ByteCorpus, cfg: ZooConfig) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(12345)
+    return torch.randint(len(corpus.val) - cfg.n_ctx, (cfg.n_val_windows,), generator=gen)
+
+
+@torch.no_grad()
+def _val_loss(model, corpus: ByteCorpus, cfg: ZooConfig) -> dict[str, float]:
+    model.eval()
+    toks = corpus.windows("val", _val_starts(corpus, cfg), cfg.n_ctx)
+    return {"val_loss": model(toks, return_type="loss").item()}
+
+
+def _strongest_previous_token_heads(model, corpus: ByteCorpus, cfg: ZooConfig) -> dict:
+    """Top head by the previous-token score on random bytes and on validation text."""
+    out = {}
+    inputs = {"random_tokens": random_tokens(model, 16, cfg.n_ctx, seed=0, bos=False),
+              "natural_text": corpus.windows("val", _val_starts(corpus, cfg)[:16], cfg.n_ctx)}
+    for name, toks in inputs.items():
+        df = previous_token_scores(model, toks)
+        top = df.loc[df.value.idxmax()]
+        out[name] = {"layer": int(top.layer), "head": int(top["head"]), "score": float(top.value)}
+    out["bos"] = "no BOS: windows of a byte stream; every query i >= 1 counts"
+    return out
+
+
+def _model_dir(home: Path, pe: str, seed: int) -> Path:
+    return home / f"{pe}-seed{seed}"
+
+
+def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path | None = None,
+              progress: bool = True, corpus: ByteCorpus | None = None) -> pd.DataFrame:
+    """Train (or resume, or skip when done) every (scheme, seed) of the zoo.
+
+    Each model is an independent cell: its folder is addressed by ``pe`` and seed, a
+    finished one (with ``card.json``) is skipped, an unfinished one resumes from its
+    last checkpoint.
+
+    Returns:
+        One row per model: ``pe, seed, val_loss, steps`` and the strongest
+        previous-token head on random bytes and on natural text.
+
+    Raises:
+        ValueError: for ``seeds < 1`` or a folder trained with another config.
+    """
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    home = Path(home) if home is not None else zoo_home()
+    corpus = corpus or stdlib_corpus()
+    rows = []
+    for seed in range(seeds):
+        for pe in config.schemes:
+            card = _train_one(config, pe, seed, home, corpus, progress)
+            rows.append({"pe": pe, "seed": seed, "val_loss": card["val_loss"], "steps": card["steps"],
+                         **{f"{k}_top": f"L{v['layer']}H{v['head']} {v['score']:.3f}"
+                            for k, v in card["previous_token_heads"].items() if k != "bos"}})
+    return pd.DataFrame(rows)
+
+
+def _train_one(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCorpus,
+               progress: bool) -> dict:
+    folder = _model_dir(home, pe, seed)
+    card_path = folder / "card.json"
+    if card_path.exists():
+        return json.loads(card_path.read_text())
+    model_cfg, train_cfg = config.model_config(pe, seed), config.train_config(seed)
+    model = build_model(model_cfg)
+    n_train = len(corpus.train) - config.n_ctx
+
+    def next_batch(gen):
+        starts = torch.randint(n_train, (config.batch_size,), generator=gen)
+        return corpus.windows("train", starts, config.n_ctx)
+
+    configs = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "zoo": asdict(config),
+               "corpus": corpus.fingerprint}
+    history, steps = fit(
+        model, next_batch, lambda m, toks: m(toks, return_type="loss"),
+        lambda m: _val_loss(m, corpus, config), train_cfg, configs,
+        checkpoint_dir=folder / "checkpoints", progress=progress,
+        snapshot_steps=config.snapshot_steps(), desc=f"zoo {pe} seed {seed}")
+    card = {
+        "pe": pe, "seed": seed, "steps": steps, "val_loss": _val_loss(model, corpus, config)["val_loss"],
+        "val_loss_unit": "nats per byte", "model": model_cfg.to_dict(), "train": train_cfg.to_dict(),
+        "zoo": asdict(config), "snapshot_steps": config.snapshot_steps(),
+        "corpus": {"fingerprint": corpus.fingerprint, **corpus.info},
+        "previous_token_heads": _strongest_previous_token_heads(model, corpus, config),
+        "history": history[history.metric == "val_loss"][["step", "value"]].values.tolist(),
+        "versions": versions(),
+    }
+    atomic_write_json(card_path, card)
+    return card
+
+
+def list_zoo(home: str | Path | None = None) -> pd.DataFrame:
+    """What the zoo holds: one row per model folder, finished or not."""
+    home = Path(home) if home is not None else zoo_home()
+    rows = []
+    for folder in sorted(home.glob("*-seed*")) if home.is_dir() else []:
+        card = folder / "card.json"
+        if card.exists():
+            c = json.loads(card.read_text())
+            rows.append({"name": folder.name, "pe": c["pe"], "seed": c["seed"], "status": "done",
+                         "steps": c["steps"], "val_loss": c["val_loss"]})
+        else:
+            last = latest_checkpoint(folder / "checkpoints")
+            step = int(last.name.split("_")[1]) if last else 0
+            pe, seed = folder.name.rsplit("-seed", 1)
+            rows.append({"name": folder.name, "pe": pe, "seed": int(seed), "status": "partial",
+                         "steps": step, "val_loss": float("nan")})
+    return pd.DataFrame(rows, columns=["name", "pe", "seed", "status", "steps", "val_loss"])
+
+
+def load_zoo_model(spec: str, home: str | Path | None = None):
+    """Load ``zoo:<pe>[:<seed>][@<step>]`` (default seed 0, final weights).
+
+    Returns:
+        ``(model, card)``.
+
+    Raises:
+        ValueError: for a malformed spec or unknown scheme.
+        FileNotFoundError: if that model (or snapshot) has not been trained.
+    """
+    from safetensors.torch import load_file
+
+    body = spec.removeprefix("zoo:")
+    body, _, step = body.partition("@")
+    pe, _, seed = body.partition(":")
+    if pe not in PE_SCHEMES or (seed and not seed.isdigit()) or (step and not step.isdigit()):
+        raise ValueError(f"zoo spec must look like 'zoo:<pe>[:<seed>][@<step>]' with pe in "
+                         f"{sorted(PE_SCHEMES)}, got {spec!r}")
+    home = Path(home) if home is not None else zoo_home()
+    folder = _model_dir(home, pe, int(seed or 0))
+    card_path = folder / "card.json"
+    if not card_path.exists():
+        raise FileNotFoundError(f"{folder} holds no finished zoo model (no card.json); "
+                                "run `posinterp zoo train` first")
+    card = json.loads(card_path.read_text())
+    model = build_model(ToyModelConfig.from_dict(card["model"]))
+    if step:
+        weights = folder / "checkpoints" / "snapshots" / f"step_{int(step):07d}.safetensors"
+        if not weights.exists():
+            raise FileNotFoundError(f"no snapshot {weights}; snapshots: {card['snapshot_steps']}")
+    else:
+        weights = latest_checkpoint(folder / "checkpoints") / "model.safetensors"
+    model.load_state_dict(load_file(weights), strict=True)
+    model.eval()
+    return model, {**card, "weights": str(weights)}
