@@ -142,7 +142,7 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
             card = _train_one(config, pe, seed, home, corpus, progress)
             rows.append({"pe": pe, "seed": seed, "val_loss": card["val_loss"], "steps": card["steps"],
                          **{f"{k}_top": f"L{v['layer']}H{v['head']} {v['score']:.3f}"
-                            for k, v in card["previous_token_heads"].items() if k != "bos"}})
+                            for k, v in sorted(card["previous_token_heads"].items()) if k != "bos"}})
     return pd.DataFrame(rows)
 
 

@@ -1,0 +1,82 @@
+import json
+
+import pytest
+import torch
+
+from posinterp.experiments.zoo import ZooConfig, list_zoo, load_zoo_model, train_zoo
+from posinterp.models import build_model, load_model
+from posinterp.tasks.corpus import stdlib_corpus
+from posinterp.tasks.tokenizer import build_byte_tokenizer
+
+TINY = ZooConfig(n_layers=1, d_model=16, n_heads=2, n_ctx=16, batch_size=4, max_steps=6,
+                 eval_every=3, n_val_windows=4, n_snapshots=3, schemes=("rotary", "absolute"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lib")
+    for i in range(30):
+        (root / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x * {i}  # module {i}\n" * 20)
+    (root / "test").mkdir()
+    (root / "test" / "skipped.py").write_text("never read\n")
+    return stdlib_corpus(root)
+
+
+def test_corpus_split_is_by_file_and_fingerprinted(corpus, tmp_path):
+    assert corpus.info["n_files"] == 30 and 0 < corpus.info["n_val_files"] < 30
+    assert b"never read" not in bytes(corpus.train.numpy())
+    again = stdlib_corpus(corpus.info["root"])
+    assert again.fingerprint == corpus.fingerprint and torch.equal(again.val, corpus.val)
+    w = corpus.windows("train", torch.tensor([0, 5]), 8)
+    assert w.shape == (2, 8) and w.dtype == torch.long
+    assert bytes(w[0].tolist()) == bytes(corpus.train[:8].tolist())
+
+
+def test_byte_tokenizer_round_trip():
+    tok = build_byte_tokenizer()
+    text = "déf f(x):\n\treturn x  # € ✓"
+    ids = tok(text)["input_ids"]
+    assert ids == list(text.encode()) and tok.decode(ids) == text
+
+
+def test_schemes_share_every_other_weight_at_init():
+    models = {pe: build_model(TINY.model_config(pe, seed=3)) for pe in TINY.schemes + ("nope",)}
+    ref = dict(models["rotary"].named_parameters())
+    for pe, m in models.items():
+        for name, p in m.named_parameters():
+            if name in ref:
+                assert torch.equal(p, ref[name]), (pe, name)
+
+
+def test_train_list_load_and_skip(tmp_path, corpus):
+    df = train_zoo(TINY, seeds=1, home=tmp_path, progress=False, corpus=corpus)
+    assert list(df.pe) == ["rotary", "absolute"] and (df.steps == 6).all()
+    listed = list_zoo(tmp_path)
+    assert set(listed.status) == {"done"} and len(listed) == 2
+    card = json.loads((tmp_path / "rotary-seed0" / "card.json").read_text())
+    assert card["corpus"]["fingerprint"] == corpus.fingerprint
+    assert card["snapshot_steps"] == [0, 1, 2, 6]
+    assert set(card["previous_token_heads"]) >= {"random_tokens", "natural_text"}
+    # Finished cells are skipped: a second call trains nothing and returns the same.
+    again = train_zoo(TINY, seeds=1, home=tmp_path, progress=False, corpus=corpus)
+    assert again.equals(df)
+    model, card2 = load_zoo_model("zoo:rotary", home=tmp_path)
+    init, _ = load_zoo_model("zoo:rotary:0@0", home=tmp_path)
+    fresh = build_model(TINY.model_config("rotary", 0))
+    torch.testing.assert_close(init.W_Q, fresh.W_Q)
+    assert not torch.equal(model.W_Q, fresh.W_Q)
+
+
+def test_load_model_zoo_spec(tmp_path, corpus, monkeypatch):
+    train_zoo(ZooConfig(**{**TINY.__dict__, "schemes": ("alibi",)}), home=tmp_path / "zoo",
+              progress=False, corpus=corpus)
+    monkeypatch.setenv("POSINTERP_HOME", str(tmp_path))
+    model, info = load_model("zoo:alibi")
+    assert info.source == "zoo" and info.pe == "alibi" and len(info.alibi_slopes) == 2
+
+
+@pytest.mark.parametrize("spec, err", [("zoo:sinusoidal", ValueError), ("zoo:rotary:x", ValueError),
+                                       ("zoo:rotary:7", FileNotFoundError)])
+def test_bad_zoo_specs(tmp_path, spec, err):
+    with pytest.raises(err):
+        load_zoo_model(spec, home=tmp_path)
