@@ -1,0 +1,303 @@
+"""QK-circuit spectra of attention heads and their rotational measures (DESIGN.md §2).
+
+For head h, the bilinear form is M = W_Q W_K^T (d_model x d_model), so with no biases
+the content score is c_ij = x_i M x_j^T / attn_scale. Its nonzero eigenvalues are those
+of the small form B = W_K^T W_Q (d_head x d_head), computed in float64 with
+TransformerLens's ``FactoredMatrix`` (never W_Q^T W_K = B^T, whose eigen-channels
+differ).
+
+**Rotary heads.** Key j and query i are rotated by R(j), R(i), so the score is
+x_i W_Q R(i - j) W_K^T x_j^T: the form depends on the offset Δ = j - i,
+M(Δ) = W_Q R(-Δ) W_K^T, where R rotates the first ``rotary_dim`` dims of a head in
+pairs (adjacent or split-half, as the model's ``rotary_adjacent_pairs`` says) and leaves
+the rest alone. The fingerprint claim concerns Δ = 0, the raw W_Q W_K^T; Δ = -1 is the
+previous token. Results always carry their ``offset`` (NA for non-rotary heads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Complex, Float
+from scipy import stats
+from torch import Tensor
+
+__all__ = [
+    "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
+    "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
+]
+
+DEFAULT_EPS = 1e-8
+MEASURES = ("rotational_mass", "phase", "antisymmetric_energy")
+
+
+# --- pure functions over weights -----------------------------------------------------------
+
+def eigenvalues(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "... d_model d_head"]
+                ) -> Complex[Tensor, "... d_head"]:
+    """Eigenvalues of B = W_K^T W_Q (the nonzero spectrum of M = W_Q W_K^T), float64.
+
+    Sorted by decreasing modulus. fp16/bf16/fp32 inputs are upcast to float64 first.
+    Source: DESIGN.md §2 ("QK circuit of head h"); ``FactoredMatrix.eigenvalues``.
+
+    Raises:
+        ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
+    """
+    from transformer_lens import FactoredMatrix
+
+    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
+        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
+                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
+    lam = FactoredMatrix(W_Q.detach().double(), W_K.detach().double().mT).eigenvalues
+    order = torch.argsort(lam.abs(), dim=-1, descending=True, stable=True)
+    return torch.gather(lam, -1, order)
+
+
+def antisymmetric_energy(W_Q: Float[Tensor, "... d_model d_head"],
+                         W_K: Float[Tensor, "... d_model d_head"]) -> Float[Tensor, "..."]:
+    """a(M) = ||(M - M^T)/2||_F^2 / ||M||_F^2 without forming M (unitless, [0, 1]).
+
+    Exact identity: a = (1 - tr(B^2) / tr(W_Q^T W_Q W_K^T W_K)) / 2 with B = W_K^T W_Q.
+    0 for symmetric M, 1 for antisymmetric M, 0 (not NaN) for M = 0. Invariant under
+    orthogonal changes of basis but not spectral. Source: DESIGN.md §2.
+    """
+    q, k = W_Q.detach().double(), W_K.detach().double()
+    B = k.mT @ q
+    tr_b2 = (B * B.mT).sum((-1, -2))
+    norm2 = ((q.mT @ q) * (k.mT @ k)).sum((-1, -2))  # tr(Q^T Q K^T K), both symmetric
+    safe = torch.where(norm2 > 0, norm2, torch.ones_like(norm2))
+    return torch.where(norm2 > 0, 0.5 * (1 - tr_b2 / safe), torch.zeros_like(norm2))
+
+
+def rotational_measures(lam: Complex[Tensor, "... n"], k_e: int | None = None,
+                        eps: float = DEFAULT_EPS) -> dict[str, Tensor]:
+    """Rotational mass R and phase Φ of eigenvalues sorted by decreasing modulus.
+
+    Over the top ``k_e`` eigenvalues (all by default; a conjugate pair cut by the
+    boundary is kept whole): λ is complex when |Im λ| > eps · max|λ|;
+    R = Σ|λ| 1[complex] / Σ|λ|; Φ = Σ|λ| |sin arg λ| / Σ|λ|; ``n_complex_pairs`` counts
+    each conjugate pair once. All are 0 for an all-zero spectrum. Source: DESIGN.md §2.
+
+    Raises:
+        ValueError: if ``k_e < 1``.
+    """
+    if k_e is not None and k_e < 1:
+        raise ValueError(f"k_e must be >= 1 or None, got {k_e}")
+    lam = lam.to(torch.complex128)
+    mod = lam.abs()
+    top = mod.amax(-1, keepdim=True)
+    is_complex = lam.imag.abs() > eps * top
+    n = lam.shape[-1]
+    keep = torch.ones_like(mod, dtype=torch.bool)
+    if k_e is not None and k_e < n:
+        keep = torch.arange(n) < k_e
+        keep = keep.expand_as(mod).clone()
+        # Keep a conjugate pair whole: include index k_e if it is the partner of k_e - 1.
+        partner = is_complex[..., k_e] & (
+            (lam[..., k_e] - lam[..., k_e - 1].conj()).abs() <= 1e-9 * top[..., 0].clamp_min(1e-300))
+        keep[..., k_e] |= partner
+    w = torch.where(keep, mod, 0.0)
+    total = w.sum(-1)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    zero = torch.zeros_like(total)
+    rot = torch.where(total > 0, (w * is_complex).sum(-1) / safe, zero)
+    phase = torch.where(total > 0, (w * torch.sin(lam.angle()).abs()).sum(-1) / safe, zero)
+    pairs = ((is_complex & keep).sum(-1) / 2).floor()
+    return {"rotational_mass": rot, "phase": phase, "n_complex_pairs": pairs}
+
+
+def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float = 10000.0,
+                  adjacent_pairs: bool = False) -> Float[Tensor, "d_head d_head"]:
+    """R(t): the row-vector rotation RoPE applies at position t (float64).
+
+    ``x R(t)`` rotates pair p of the first ``rotary_dim`` dims by t · base^(-2p/rotary_dim);
+    pairs are (2p, 2p+1) if ``adjacent_pairs`` else (p, p + rotary_dim/2), as in
+    TransformerLens (GPT-J vs GPT-NeoX); other dims are unchanged. R(s) R(t) = R(s+t).
+    Source: Su et al. 2021 (RoFormer), eq. 13-15.
+
+    Raises:
+        ValueError: for an odd ``rotary_dim`` or one larger than ``d_head``.
+    """
+    if rotary_dim % 2 or not 0 < rotary_dim <= d_head:
+        raise ValueError(f"rotary_dim must be even and in (0, d_head={d_head}], got {rotary_dim}")
+    half = rotary_dim // 2
+    R = torch.eye(d_head, dtype=torch.float64)
+    for p in range(half):
+        theta = angle_steps / base ** (p / half)
+        a, b = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
+        c, s = math.cos(theta), math.sin(theta)
+        # new_a = a c - b s, new_b = b c + a s  (TransformerLens's x cos + rotate(x) sin)
+        R[a, a], R[b, a], R[a, b], R[b, b] = c, -s, s, c
+    return R
+
+
+# --- model plumbing --------------------------------------------------------------------------
+
+def _check_model(model) -> None:
+    for attr in ("cfg", "blocks"):
+        if not hasattr(model, attr):
+            raise ValueError(f"model has no {attr!r}: qk_spectrum needs a TransformerLens model "
+                             "(HookedTransformer or compatible)")
+    if not hasattr(model.blocks[0].attn, "W_Q"):
+        raise ValueError("model's attention has no W_Q; cannot form QK circuits")
+
+
+def _select(name: str, chosen, n: int) -> list[int]:
+    if chosen is None:
+        return list(range(n))
+    chosen = [chosen] if isinstance(chosen, int) else list(chosen)
+    bad = [c for c in chosen if not (isinstance(c, int | np.integer) and 0 <= c < n)]
+    if bad:
+        raise ValueError(f"{name} must be integers in [0, {n - 1}], got {bad}")
+    return [int(c) for c in chosen]
+
+
+def is_rotary(model) -> bool:
+    return model.cfg.positional_embedding_type == "rotary"
+
+
+def qk_weights(model, layer: int, offset: int | None = None
+               ) -> tuple[Float[Tensor, "n_heads d_model d_head"], Float[Tensor, "n_heads d_model d_head"]]:
+    """(W_Q, W_K') in float64 for every head of ``layer``, with M(Δ) = W_Q W_K'^T.
+
+    W_K is expanded over grouped-query heads. For rotary heads and an ``offset`` Δ,
+    W_K' = W_K R(-Δ)^T, so M(Δ) = W_Q R(-Δ) W_K^T; Δ = None or 0 gives the raw W_K.
+
+    Raises:
+        ValueError: for an ``offset`` on a non-rotary model, or RoPE scaling variants
+            (NTK-by-parts, YaRN) whose rotation this function does not model.
+    """
+    attn = model.blocks[layer].attn
+    W_Q, W_K = attn.W_Q.detach().double(), attn.W_K.detach().double()
+    if offset is None or offset == 0:
+        return W_Q, W_K
+    if not is_rotary(model):
+        raise ValueError(f"offset={offset} applies only to rotary heads; this model's "
+                         f"positional_embedding_type is {model.cfg.positional_embedding_type!r}")
+    cfg = model.cfg
+    if getattr(cfg, "use_NTK_by_parts_rope", False) or getattr(cfg, "use_yarn_rope", False):
+        raise ValueError("RoPE scaling (NTK-by-parts / YaRN) is not modelled by qk_weights")
+    R = rotary_matrix(cfg.d_head, cfg.rotary_dim, -offset, cfg.rotary_base,
+                      bool(cfg.rotary_adjacent_pairs))
+    return W_Q, W_K @ R.T
+
+
+def _offsets(model, offset) -> list[int | None]:
+    if offset is not None:
+        if not is_rotary(model):
+            raise ValueError(f"offset applies only to rotary heads; this model's "
+                             f"positional_embedding_type is {model.cfg.positional_embedding_type!r}")
+        return [int(offset)]
+    return [0, -1] if is_rotary(model) else [None]
+
+
+def qk_spectrum(model, layers: int | Sequence[int] | None = None,
+                heads: int | Sequence[int] | None = None, offset: int | None = None) -> pd.DataFrame:
+    """Eigenvalues of every selected head's QK circuit, one row per eigenvalue.
+
+    Computed on the d_head x d_head form B = W_K^T W_Q in float64 (any weight dtype), with
+    grouped-query K shared as the model shares it. For rotary models the default reports
+    both offset 0 (the raw W_Q W_K^T, the fingerprint's object) and offset -1 (previous
+    token); ``offset`` picks one. Source: DESIGN.md §2.
+
+    Returns:
+        DataFrame with columns ``hook, layer, head, offset, rank, real, imag, abs``
+        (``offset`` NA for non-rotary heads; ``rank`` 0 = largest |λ|).
+
+    Raises:
+        ValueError: layers/heads out of range, a model without ``W_Q``, or ``offset`` on
+            a non-rotary model.
+    """
+    _check_model(model)
+    layer_ids = _select("layers", layers, model.cfg.n_layers)
+    head_ids = _select("heads", heads, model.cfg.n_heads)
+    frames = []
+    for off in _offsets(model, offset):
+        for layer in layer_ids:
+            W_Q, W_K = qk_weights(model, layer, off)
+            lam = eigenvalues(W_Q[head_ids], W_K[head_ids])  # [heads, d_head]
+            n = lam.shape[-1]
+            frames.append(pd.DataFrame({
+                "hook": f"blocks.{layer}.attn", "layer": layer,
+                "head": np.repeat(head_ids, n), "offset": off,
+                "rank": np.tile(np.arange(n), len(head_ids)),
+                "real": lam.real.flatten().numpy(), "imag": lam.imag.flatten().numpy(),
+                "abs": lam.abs().flatten().numpy()}))
+    df = pd.concat(frames, ignore_index=True)
+    return df.astype({"offset": "Int64"})
+
+
+def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
+                      k_e: int | None = None, eps: float = DEFAULT_EPS) -> pd.DataFrame:
+    """Rotational mass, phase and antisymmetric energy of every selected head.
+
+    Returns:
+        Tidy DataFrame ``hook, layer, head, position, offset, metric, value`` with
+        ``metric`` in ``rotational_mass``, ``phase``, ``antisymmetric_energy``,
+        ``n_complex_pairs``.
+
+    Raises:
+        ValueError: as :func:`qk_spectrum`, or ``k_e < 1``.
+    """
+    _check_model(model)
+    layer_ids = _select("layers", layers, model.cfg.n_layers)
+    head_ids = _select("heads", heads, model.cfg.n_heads)
+    rows = []
+    for off in _offsets(model, offset):
+        for layer in layer_ids:
+            W_Q, W_K = qk_weights(model, layer, off)
+            W_Q, W_K = W_Q[head_ids], W_K[head_ids]
+            meas = rotational_measures(eigenvalues(W_Q, W_K), k_e, eps)
+            meas["antisymmetric_energy"] = antisymmetric_energy(W_Q, W_K)
+            for metric, values in meas.items():
+                for head, v in zip(head_ids, values.tolist(), strict=True):
+                    rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head,
+                                     position=pd.NA, offset=off, metric=metric, value=float(v)))
+    return pd.DataFrame(rows).astype({"offset": "Int64", "position": "Int64"})
+
+
+def ginibre_null(d_model: int, d_head: int, n_heads: int = 1000, std: float = 0.02,
+                 k_e: int | None = None, eps: float = DEFAULT_EPS, seed: int = 0) -> pd.DataFrame:
+    """Measures of random heads: W_Q, W_K with i.i.d. N(0, std^2) entries (product-Ginibre B).
+
+    At initialization B = W_K^T W_Q is a product of Gaussian matrices; about 89% of a
+    64 x 64 Ginibre matrix's eigenvalues are already complex, so trained heads are
+    compared with this null, not with zero (DESIGN.md §2; Ginibre 1965).
+
+    Returns:
+        Wide DataFrame, one row per simulated head, columns = measure names.
+
+    Raises:
+        ValueError: for non-positive sizes.
+    """
+    if min(d_model, d_head, n_heads) < 1:
+        raise ValueError("d_model, d_head and n_heads must be >= 1")
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for start in range(0, n_heads, 256):
+        n = min(256, n_heads - start)
+        q = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
+        k = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
+        m = rotational_measures(eigenvalues(q, k), k_e, eps)
+        m["antisymmetric_energy"] = antisymmetric_energy(q, k)
+        out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
+    return pd.concat(out, ignore_index=True)
+
+
+def null_percentiles(measures: pd.DataFrame, null: pd.DataFrame) -> pd.DataFrame:
+    """Each head's percentile (0-100) within the null, per measure (``metric`` rows).
+
+    Uses ``scipy.stats.percentileofscore(kind="mean")``; adds rows with metric
+    ``<measure>_null_percentile``.
+    """
+    rows = []
+    for metric in MEASURES:
+        sub = measures[measures.metric == metric]
+        ref = null[metric].to_numpy()
+        pct = stats.percentileofscore(ref, sub.value.to_numpy(), kind="mean")
+        rows.append(sub.assign(metric=f"{metric}_null_percentile", value=np.atleast_1d(pct)))
+    return pd.concat(rows, ignore_index=True)

@@ -1,0 +1,167 @@
+import numpy as np
+import pytest
+import torch
+
+from posinterp.analysis.spectral import (
+    antisymmetric_energy,
+    eigenvalues,
+    ginibre_null,
+    null_percentiles,
+    qk_spectrum,
+    qk_weights,
+    rotational_measures,
+    spectral_measures,
+)
+from posinterp.models import ToyModelConfig, build_model
+from tests.helpers import tiny_model
+
+
+def test_eigenvalues_equal_dense_numpy_on_random_heads():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        q, k = rng.normal(size=(2, 24, 6))
+        dense = np.linalg.eigvals(q @ k.T)  # 24 x 24, rank 6
+        dense = dense[np.argsort(-np.abs(dense))][:6]
+        got = eigenvalues(torch.from_numpy(q), torch.from_numpy(k)).numpy()
+        np.testing.assert_allclose(np.sort_complex(got), np.sort_complex(dense), atol=1e-9)
+
+
+def test_leading_dims_and_low_precision_are_upcast():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 3, 16, 4, generator=gen)
+    k = torch.randn(1, 3, 16, 4, generator=gen)
+    lam = eigenvalues(q, k)
+    assert lam.shape == (1, 3, 4) and lam.dtype == torch.complex128
+    lam16 = eigenvalues(q.bfloat16(), k.bfloat16())
+    assert lam16.dtype == torch.complex128
+    ref = eigenvalues(q.bfloat16().double(), k.bfloat16().double())
+    torch.testing.assert_close(lam16, ref)
+
+
+def test_antisymmetric_energy_closed_forms():
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(20, 5, generator=gen, dtype=torch.float64)
+    x = torch.randn(5, 5, generator=gen, dtype=torch.float64)
+    sym, skew = x + x.T, x - x.T
+    # M = W_Q X^T W_Q^T with W_K = W_Q X: symmetric X -> symmetric M, skew X -> skew M.
+    assert antisymmetric_energy(q, q @ sym).item() == pytest.approx(0, abs=1e-12)
+    assert antisymmetric_energy(q, q @ skew).item() == pytest.approx(1, abs=1e-12)
+    k = torch.randn(20, 5, generator=gen, dtype=torch.float64)
+    M = q @ k.T
+    dense = (((M - M.T) / 2) ** 2).sum() / (M ** 2).sum()
+    assert antisymmetric_energy(q, k).item() == pytest.approx(dense.item(), rel=1e-10)
+
+
+def test_nilpotent_and_zero_heads():
+    # M = [[0, 1], [0, 0]]: eigenvalues 0, 0 but a = 0.5 (a is not spectral).
+    q = torch.tensor([[1.0], [0.0]], dtype=torch.float64)
+    k = torch.tensor([[0.0], [1.0]], dtype=torch.float64)
+    assert antisymmetric_energy(q, k).item() == pytest.approx(0.5)
+    m = rotational_measures(eigenvalues(q, k))
+    assert m["rotational_mass"].item() == 0 and m["phase"].item() == 0
+    z = torch.zeros(8, 3, dtype=torch.float64)
+    assert antisymmetric_energy(z, z).item() == 0
+    mz = rotational_measures(eigenvalues(z, z))
+    assert all(not torch.isnan(v).any() and (v == 0).all() for v in mz.values())
+
+
+def test_rotational_measures_on_known_spectra():
+    lam = torch.tensor([2 + 0j, 1 + 1j, 1 - 1j, 0.5 + 0j], dtype=torch.complex128)
+    m = rotational_measures(lam)
+    total = 2 + 2 * 2 ** 0.5 + 0.5
+    assert m["rotational_mass"].item() == pytest.approx(2 * 2 ** 0.5 / total)
+    assert m["phase"].item() == pytest.approx(2 * 2 ** 0.5 * (2 ** -0.5) / total)
+    assert m["n_complex_pairs"].item() == 1
+    # k_e = 2 cuts the pair (1+i, 1-i): the pair stays whole.
+    m2 = rotational_measures(lam, k_e=2)
+    assert m2["rotational_mass"].item() == pytest.approx(2 * 2 ** 0.5 / (2 + 2 * 2 ** 0.5))
+    with pytest.raises(ValueError, match="k_e"):
+        rotational_measures(lam, k_e=0)
+
+
+def _rotary_model(adjacent: bool, rotary_dim: int):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=32, n_heads=4, d_head=8, n_ctx=16, d_vocab=50, act_fn="gelu",
+        normalization_type="LN", positional_embedding_type="rotary", rotary_dim=rotary_dim,
+        rotary_adjacent_pairs=adjacent, seed=0, init_weights=True)
+    model = HookedTransformer(cfg)
+    for name, p in model.named_parameters():  # no biases: scores are pure x M x^T
+        if name.split(".")[-1].startswith("b_"):
+            torch.nn.init.zeros_(p)
+    return model
+
+
+@pytest.mark.parametrize("adjacent, rotary_dim", [(False, 8), (True, 8), (False, 4)])
+def test_scores_predicted_from_m_offset_equal_model_scores(adjacent, rotary_dim):
+    model = _rotary_model(adjacent, rotary_dim)
+    toks = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(toks)
+    x = cache["blocks.0.ln1.hook_normalized"][0].double()  # [pos, d_model]
+    scores = cache["blocks.0.attn.hook_attn_scores"][0].double()  # [head, q, k]
+    for i in range(10):
+        for j in range(i + 1):
+            W_Q, W_K = qk_weights(model, 0, offset=j - i)
+            M = W_Q @ W_K.mT  # [head, d_model, d_model]
+            pred = torch.einsum("d,hde,e->h", x[i], M, x[j]) / model.cfg.attn_scale
+            torch.testing.assert_close(pred, scores[:, i, j], rtol=1e-4, atol=1e-5)
+
+
+def test_rotary_offsets_reported_and_labelled():
+    model = tiny_model("rotary")
+    df = qk_spectrum(model)
+    assert set(df.offset.unique()) == {0, -1}
+    assert len(df) == 2 * model.cfg.n_layers * model.cfg.n_heads * model.cfg.d_head
+    plain = qk_spectrum(tiny_model("absolute"))
+    assert plain.offset.isna().all()
+    with pytest.raises(ValueError, match="only to rotary"):
+        qk_spectrum(tiny_model("absolute"), offset=-1)
+
+
+def test_grouped_query_heads_share_k():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2,
+                                  d_head=4, n_ctx=8, d_vocab=10, act_fn="silu",
+                                  normalization_type="RMS", positional_embedding_type="rotary",
+                                  rotary_dim=4, seed=0)
+    model = HookedTransformer(cfg)
+    W_Q, W_K = qk_weights(model, 0)
+    assert torch.equal(W_K[0], W_K[1]) and torch.equal(W_K[2], W_K[3])
+    torch.testing.assert_close(W_K[1], model.blocks[0].attn._W_K[0].double())
+
+
+def test_bad_selections_and_models():
+    model = tiny_model("nope")
+    with pytest.raises(ValueError, match="layers must be integers"):
+        qk_spectrum(model, layers=[5])
+    with pytest.raises(ValueError, match="heads must be integers"):
+        qk_spectrum(model, heads=[-1])
+    with pytest.raises(ValueError, match="TransformerLens model"):
+        qk_spectrum(torch.nn.Linear(2, 2))
+
+
+def test_null_calibration_at_init_with_128_heads():
+    """At init every head is a draw from the null: >= 90% inside its central 95% band.
+
+    With 128 heads the chance of failing by bad luck is ~0.5%; with 8 heads a "pass"
+    would mean little (DESIGN.md §2)."""
+    cfg = ToyModelConfig(pe="nope", n_layers=4, d_model=64, n_heads=32, d_head=16, seed=11)
+    model = build_model(cfg)
+    meas = spectral_measures(model)
+    null = ginibre_null(64, 16, n_heads=2000, std=cfg.init_std, seed=3)
+    pct = null_percentiles(meas, null)
+    for metric, g in pct.groupby("metric"):
+        assert len(g) == 128
+        inside = g.value.between(2.5, 97.5).mean()
+        assert inside >= 0.9, (metric, inside)
+
+
+def test_measures_table_is_tidy():
+    model = tiny_model("alibi")
+    df = spectral_measures(model, layers=[1], heads=[0, 2])
+    assert set(df.metric) == {"rotational_mass", "phase", "antisymmetric_energy",
+                              "n_complex_pairs"}
+    assert set(df["head"]) == {0, 2} and set(df.layer) == {1}
+    assert df[df.metric != "n_complex_pairs"].value.between(0, 1).all()
