@@ -47,3 +47,19 @@ def lengths_from_mask(mask: torch.Tensor | None, batch: int, pos: int) -> torch.
     if mask is None:
         return torch.full((batch,), pos, dtype=torch.long)
     return mask.sum(-1).long()
+
+
+def run_cached(model, tokens: torch.Tensor, mask: torch.Tensor | None, names_filter):
+    """``run_with_cache`` across model kinds: the one place that knows their differences.
+
+    TransformerLens's ``HookedEncoder`` (BERT) takes ``one_zero_attention_mask`` and no
+    ``return_type=None``; ``HookedTransformer`` takes ``attention_mask``.
+    """
+    bidirectional = getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+    kwargs = {"names_filter": names_filter}
+    if mask is not None:
+        kwargs["one_zero_attention_mask" if bidirectional else "attention_mask"] = mask
+    if not bidirectional:
+        kwargs["return_type"] = None
+    _, cache = model.run_with_cache(tokens, **kwargs)
+    return cache

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
 from .similarity import compact_real_tokens
 
 __all__ = ["previous_token_score", "previous_token_scores", "random_tokens"]
@@ -105,8 +105,7 @@ def previous_token_scores(
     """
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
-    _, cache = model.run_with_cache(tokens, attention_mask=mask, return_type=None,
-                                    names_filter=lambda n: n.endswith("attn.hook_pattern"))
+    cache = run_cached(model, tokens, mask, lambda n: n.endswith("attn.hook_pattern"))
     rows = []
     for layer in range(model.cfg.n_layers):
         hook = f"blocks.{layer}.attn.hook_pattern"

@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._checks import check_attention_mask, check_tokens
+from ._checks import check_attention_mask, check_tokens, run_cached
 
 __all__ = ["compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer"]
 
@@ -102,6 +102,5 @@ def similarity_by_layer(
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
     names = {name for name, _ in residual_hooks(model)}
-    _, cache = model.run_with_cache(
-        tokens, attention_mask=mask, names_filter=lambda n: n in names, return_type=None)
+    cache = run_cached(model, tokens, mask, lambda n: n in names)
     return {name: cosine_self_similarity(cache[name], mask) for name, _ in residual_hooks(model)}
