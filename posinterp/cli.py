@@ -52,6 +52,21 @@ def _zoo_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spectrum(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .experiments.spectrum import run_spectrum
+
+    res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
+                       progress=not args.no_progress)
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        if len(res.tests):
+            print(res.tests.drop(columns="note").to_string(index=False))
+            print(res.tests.note.iloc[0])
+    print(f"report: {res.report_path.resolve()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -84,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     zl = zsub.add_parser("list", help="show the zoo's models")
     zl.add_argument("--home", default=None)
     zl.set_defaults(func=_zoo_list)
+
+    sp = sub.add_parser("spectrum", help="QK-circuit spectra, previous-token heads and "
+                        "RoPE-vs-other fingerprint statistics for one or more models")
+    sp.add_argument("specs", nargs="+", help="hub names, HF folders, .bin files, zoo:<pe>[:<seed>], "
+                    "all-MiniLM-L6-v2")
+    sp.add_argument("--out", default="posinterp-spectrum")
+    sp.add_argument("--top-k", type=int, default=5, help="K: top-k previous-token heads")
+    sp.add_argument("--dynamics", action="store_true", help="also analyse zoo snapshots")
+    sp.add_argument("--no-progress", action="store_true")
+    sp.set_defaults(func=_spectrum)
     return p
 
 
@@ -91,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
 

@@ -1,8 +1,15 @@
 """Visualizations: circuitsvis head views, static figures and offline HTML reports."""
 
 from .circuits import CircuitsView, attention_view
-from .figures import adjacency_plot, history_plot, similarity_grid
+from .figures import (
+    adjacency_plot,
+    dynamics_plot,
+    eigenvalue_planes,
+    fingerprint_plot,
+    history_plot,
+    similarity_grid,
+)
 from .report import Report
 
-__all__ = ["CircuitsView", "Report", "adjacency_plot", "attention_view", "history_plot",
-           "similarity_grid"]
+__all__ = ["CircuitsView", "Report", "adjacency_plot", "attention_view", "dynamics_plot",
+           "eigenvalue_planes", "fingerprint_plot", "history_plot", "similarity_grid"]

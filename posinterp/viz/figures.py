@@ -96,3 +96,89 @@ def history_plot(history: pd.DataFrame, target: float | None = None):
     fig.legend(loc="upper center", fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
+
+
+def eigenvalue_planes(spectrum: pd.DataFrame, scores: pd.DataFrame | None = None,
+                      title: str = "", max_layers: int = 12, max_heads: int = 16):
+    """Each head's QK eigenvalues in the complex plane, a layers x heads grid.
+
+    Args:
+        spectrum: rows of :func:`posinterp.analysis.spectral.qk_spectrum` for one offset.
+        scores: optional ``layer, head, previous_token_score``; colours each panel's
+            points (viridis, 0-1) and prints the score in the corner.
+        max_layers, max_heads: larger models are cut, with a note in the title.
+
+    Raises:
+        ValueError: if ``spectrum`` mixes offsets or is empty.
+    """
+    if spectrum.empty:
+        raise ValueError("spectrum is empty")
+    if spectrum.offset.nunique(dropna=False) > 1:
+        raise ValueError("spectrum mixes offsets; select one offset per figure")
+    layers = sorted(spectrum.layer.unique())
+    heads = sorted(spectrum["head"].unique())
+    cut = len(layers) > max_layers or len(heads) > max_heads
+    layers, heads = layers[:max_layers], heads[:max_heads]
+    score = {} if scores is None else {(r.layer, r.head): r.previous_token_score
+                                       for r in scores.itertuples()}
+    cmap = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(len(layers), len(heads), figsize=(1.5 * len(heads), 1.5 * len(layers)),
+                             squeeze=False)
+    for i, layer in enumerate(layers):
+        for j, head in enumerate(heads):
+            ax = axes[i, j]
+            d = spectrum[(spectrum.layer == layer) & (spectrum["head"] == head)]
+            s = score.get((layer, head))
+            ax.scatter(d.real, d.imag, s=6, color=cmap(s) if s is not None else "C0")
+            ax.axhline(0, color="grey", lw=0.4)
+            ax.axvline(0, color="grey", lw=0.4)
+            lim = max(d["abs"].max(), 1e-12) * 1.1
+            ax.set_xlim(-lim, lim)
+            ax.set_ylim(-lim, lim)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if s is not None:
+                ax.text(0.03, 0.97, f"{s:.2f}", transform=ax.transAxes, fontsize=6, va="top")
+            if i == 0:
+                ax.set_title(f"H{head}", fontsize=7)
+            if j == 0:
+                ax.set_ylabel(f"L{layer}", fontsize=7)
+    off = spectrum.offset.iloc[0]
+    label = "offset NA (not rotary)" if pd.isna(off) else f"offset Δ = {int(off)}"
+    fig.suptitle(f"{title} eigenvalues of W_K^T W_Q, {label}"
+                 + (" (grid cut)" if cut else "") + ("; colour = previous-token score"
+                                                     if scores is not None else ""), fontsize=8)
+    return fig
+
+
+def fingerprint_plot(table: pd.DataFrame):
+    """Mean measure of the top-k previous-token heads against k, one line per model."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    colors = {"rope": "C3", "other": "C0", None: "grey"}
+    for model, g in table.groupby("model", sort=False):
+        group = g.group.iloc[0] if g.group.notna().any() else None
+        ax.plot(g.k, g.value, marker="o", color=colors[group], alpha=0.8,
+                label=f"{model} ({g.pe.iloc[0]})")
+    ax.set_xlabel("top-k previous-token heads")
+    ax.set_ylabel(f"mean {table.metric.iloc[0]}")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def dynamics_plot(dynamics: pd.DataFrame, measure: str = "rotational_mass", title: str = ""):
+    """A measure and the previous-token score of every head against training step."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for (layer, head), g in dynamics.groupby(["layer", "head"]):
+        g = g.sort_values("step")
+        x = g.step.clip(lower=0.5)  # log axis: step 0 (init) drawn at 0.5
+        a1.plot(x, g[measure], lw=0.8, alpha=0.7)
+        a2.plot(x, g.previous_token_score, lw=0.8, alpha=0.7, label=f"L{layer}H{head}")
+    for ax, lab in ((a1, measure), (a2, "previous-token score")):
+        ax.set_xscale("log")
+        ax.set_xlabel("step (init at 0.5)")
+        ax.set_ylabel(lab)
+    a2.legend(fontsize=5, ncol=2)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

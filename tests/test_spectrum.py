@@ -1,0 +1,30 @@
+import pandas as pd
+
+from posinterp.cli import main
+from posinterp.experiments.spectrum import run_spectrum
+from posinterp.experiments.zoo import ZooConfig, train_zoo
+from tests.test_zoo import TINY, corpus  # noqa: F401  (fixture)
+from tests.viz.test_report import external_refs
+
+
+def test_spectrum_on_a_tiny_zoo(tmp_path, corpus, monkeypatch):  # noqa: F811
+    cfg = ZooConfig(**{**TINY.__dict__, "schemes": ("rotary", "absolute")})
+    train_zoo(cfg, seeds=2, home=tmp_path / "zoo", progress=False, corpus=corpus)
+    monkeypatch.setenv("POSINTERP_HOME", str(tmp_path))
+    specs = ["zoo:rotary:0", "zoo:rotary:1", "zoo:absolute:0", "zoo:absolute:1"]
+    res = run_spectrum(specs, tmp_path / "out", K=2, dynamics=True, progress=False)
+    for name in ("heads.csv", "spectrum.csv", "fingerprint.csv", "fingerprint_test.csv",
+                 "dynamics.csv", "run.json", "report.html"):
+        assert (tmp_path / "out" / name).exists(), name
+    assert list(res.tests.k) == [1, 2]
+    assert (res.tests.min_possible_p == 1 / 6).all()  # 2 vs 2 models: 1 / C(4, 2)
+    assert res.tests.p_permutation.between(1 / 6, 1).all()
+    dyn = pd.read_csv(tmp_path / "out" / "dynamics.csv")
+    assert set(dyn.step) == {0, 1, 2, 6}
+    html = res.report_path.read_text()
+    assert external_refs(html) == [] and "offset" in html
+
+
+def test_spectrum_cli_bad_spec(capsys, tmp_path):
+    assert main(["spectrum", str(tmp_path / "missing.bin"), "--out", str(tmp_path)]) == 2
+    assert "does not exist" in capsys.readouterr().err
