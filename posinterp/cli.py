@@ -36,7 +36,8 @@ def _zoo_train(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
-    df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress)
+    df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
+                   first_seed=args.first_seed)
     with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
         print(df.to_string(index=False))
     print(f"zoo: {args.home or zoo_home()}")
@@ -89,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     zt = zsub.add_parser("train", help="train (or resume) the zoo: one model per scheme and seed")
     zt.add_argument("--seeds", type=int, default=1, help="seeds per scheme (fingerprint "
                     "statistics need >= 3)")
+    zt.add_argument("--first-seed", type=int, default=0, help="train seeds first-seed .. "
+                    "first-seed + seeds - 1 (lets several processes share the zoo)")
     zt.add_argument("--schemes", nargs="+", default=["nope", "absolute", "rotary", "alibi"])
     zt.add_argument("--max-steps", type=int, default=2000, help="steps per model (~10 min on "
                     "2 cores at the default)")

@@ -80,3 +80,12 @@ def test_load_model_zoo_spec(tmp_path, corpus, monkeypatch):
 def test_bad_zoo_specs(tmp_path, spec, err):
     with pytest.raises(err):
         load_zoo_model(spec, home=tmp_path)
+
+
+def test_first_seed_selects_the_seed_range(tmp_path, corpus):
+    cfg = ZooConfig(**{**TINY.__dict__, "schemes": ("nope",), "max_steps": 2})
+    df = train_zoo(cfg, seeds=2, first_seed=3, home=tmp_path, progress=False, corpus=corpus)
+    assert df.seed.tolist() == [3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nope-seed3", "nope-seed4"]
+    with pytest.raises(ValueError, match="first_seed"):
+        train_zoo(cfg, first_seed=-1, home=tmp_path, corpus=corpus)

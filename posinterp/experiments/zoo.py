@@ -118,12 +118,14 @@ def _model_dir(home: Path, pe: str, seed: int) -> Path:
 
 
 def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path | None = None,
-              progress: bool = True, corpus: ByteCorpus | None = None) -> pd.DataFrame:
+              progress: bool = True, corpus: ByteCorpus | None = None,
+              first_seed: int = 0) -> pd.DataFrame:
     """Train (or resume, or skip when done) every (scheme, seed) of the zoo.
 
     Each model is an independent cell: its folder is addressed by ``pe`` and seed, a
     finished one (with ``card.json``) is skipped, an unfinished one resumes from its
-    last checkpoint.
+    last checkpoint. Seeds ``first_seed .. first_seed + seeds - 1`` are trained, so
+    several processes can share the work (one seed range each).
 
     Returns:
         One row per model: ``pe, seed, val_loss, steps`` and the strongest
@@ -132,12 +134,12 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
     Raises:
         ValueError: for ``seeds < 1`` or a folder trained with another config.
     """
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    if seeds < 1 or first_seed < 0:
+        raise ValueError(f"need seeds >= 1 and first_seed >= 0, got {seeds}, {first_seed}")
     home = Path(home) if home is not None else zoo_home()
     corpus = corpus or stdlib_corpus()
     rows = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         for pe in config.schemes:
             card = _train_one(config, pe, seed, home, corpus, progress)
             rows.append({"pe": pe, "seed": seed, "val_loss": card["val_loss"], "steps": card["steps"],
