@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``posinterp`` command; returns the exit status (2 on bad input)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

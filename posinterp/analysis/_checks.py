@@ -8,7 +8,11 @@ __all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask"]
 
 
 def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
-    """Return ``tokens`` as ``[batch, pos]`` int64, or raise ``ValueError``."""
+    """Return ``tokens`` as ``[batch, pos]`` int64.
+
+    Raises:
+        ValueError: for a non-tensor, a wrong rank, or more positions than ``n_ctx``.
+    """
     if not isinstance(tokens, torch.Tensor):
         raise ValueError(f"tokens must be a torch.Tensor of shape [batch, pos], got {type(tokens)}")
     if tokens.ndim == 1:

@@ -172,10 +172,13 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
             zoo model ``zoo:<pe>[:<seed>][@<step>]`` (weights as trained, unprocessed), or
             ``"all-MiniLM-L6-v2"`` (a bidirectional BERT encoder, served offline from the
             ``minilm`` extra; returned as a ``HookedEncoder`` with ``info.causal`` False).
-        fold_ln, center_writing_weights, center_unembed, fold_value_biases: TransformerLens's
-            weight processing. Defaults: TL's (all True) for HF models; all False for
-            llama2.c files, whose raw weights are what run.c uses. They change
-            M = W_Q W_K^T, so they are recorded in ``ModelInfo.processing``.
+        fold_ln: TransformerLens weight processing, like the three below. Defaults: TL's
+            (all True) for HF models; all False for llama2.c files, whose raw weights are
+            what run.c uses. They change M = W_Q W_K^T, so they are recorded in
+            ``ModelInfo.processing``.
+        center_writing_weights: see ``fold_ln``.
+        center_unembed: see ``fold_ln``.
+        fold_value_biases: see ``fold_ln``.
         dtype: torch dtype of the weights (default float32).
         hub_kwargs: passed to ``HookedTransformer.from_pretrained`` for hub names.
 

@@ -8,6 +8,7 @@ and then holds one small render call per view (DESIGN.md §6).
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 
@@ -26,10 +27,12 @@ class CircuitsView:
     bundle: str
     element_id: str
     render_call: str
+    note: str = ""
 
     def html(self) -> str:
         """The view's markup, to be placed after the bundle's ``<script>`` in a page."""
-        return (f'<div id="{self.element_id}" style="margin: 15px 0;"></div>\n'
+        note = f'<p class="note">{html.escape(self.note)}</p>\n' if self.note else ""
+        return (f'{note}<div id="{self.element_id}" style="margin: 15px 0;"></div>\n'
                 f"<script>\n{self.render_call}\n</script>")
 
 
@@ -53,13 +56,17 @@ def split_local_src(local_src: str) -> CircuitsView:
 
 
 def attention_view(
-    str_tokens: list[str], pattern: Float[torch.Tensor, "n_heads query key"]
+    str_tokens: list[str], pattern: Float[torch.Tensor, "n_heads query key"],
+    max_tokens: int = 128,
 ) -> CircuitsView:
     """circuitsvis ``attention_patterns`` view of one layer's heads on one sequence.
 
     Args:
         str_tokens: the ``pos`` token strings (e.g. ``model.to_str_tokens(tokens)``).
         pattern: ``cache["blocks.{l}.attn.hook_pattern"][b]``, probabilities in [0, 1].
+        max_tokens: longer sequences are cut to their first ``max_tokens`` positions
+            (a causal pattern's top-left block is exact) with a visible note, since a
+            browser freezes on very large views.
 
     Raises:
         ValueError: if the pattern is not ``[n_heads, pos, pos]`` with ``pos = len(str_tokens)``.
@@ -70,6 +77,11 @@ def attention_view(
     if pattern.ndim != 3 or tuple(pattern.shape[1:]) != (n, n):
         raise ValueError(
             f"pattern must have shape [n_heads, {n}, {n}] for {n} tokens, got {tuple(pattern.shape)}")
+    note = ""
+    if n > max_tokens:
+        note = f"Showing the first {max_tokens} of {n} positions (cut for the browser)."
+        str_tokens, pattern = str_tokens[:max_tokens], pattern[:, :max_tokens, :max_tokens]
     rendered = cv.attention.attention_patterns(
         tokens=list(str_tokens), attention=pattern.detach().float().cpu())
-    return split_local_src(rendered.local_src)
+    view = split_local_src(rendered.local_src)
+    return CircuitsView(view.bundle, view.element_id, view.render_call, note)

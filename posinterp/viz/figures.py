@@ -106,7 +106,8 @@ def eigenvalue_planes(spectrum: pd.DataFrame, scores: pd.DataFrame | None = None
         spectrum: rows of :func:`posinterp.analysis.spectral.qk_spectrum` for one offset.
         scores: optional ``layer, head, previous_token_score``; colours each panel's
             points (viridis, 0-1) and prints the score in the corner.
-        max_layers, max_heads: larger models are cut, with a note in the title.
+        max_layers: larger models are cut, with a note in the title.
+        max_heads: likewise for heads.
 
     Raises:
         ValueError: if ``spectrum`` mixes offsets or is empty.

@@ -41,3 +41,10 @@ def test_attention_view_shape_check():
 def test_split_rejects_unknown_layout():
     with pytest.raises(RuntimeError, match="layout"):
         split_local_src("<div>nothing here</div>")
+
+
+def test_long_sequences_are_cut_with_a_note():
+    pattern = torch.softmax(torch.randn(2, 300, 300), -1)
+    view = attention_view([str(i) for i in range(300)], pattern, max_tokens=50)
+    assert "first 50 of 300" in view.html()
+    assert view.render_call.count('"49"') == 1 and '"50"' not in view.render_call
