@@ -1,15 +1,31 @@
 """Pure metric functions over tensors, with thin TransformerLens hook plumbing."""
 
 from .adjacency import AdjacencyScore, adjacency_by_layer, adjacency_row, adjacency_score
+from .fingerprint import fingerprint_table, fingerprint_test, head_dynamics, head_table
 from .heads import previous_token_score, previous_token_scores, random_tokens
+from .probing import ProbeConfig, fit_probe, position_features, probe_positions
 from .similarity import (
     compact_real_tokens,
     cosine_self_similarity,
     residual_hooks,
     similarity_by_layer,
 )
+from .spectral import (
+    antisymmetric_energy,
+    eigenvalues,
+    ginibre_null,
+    null_percentiles,
+    qk_spectrum,
+    rotational_measures,
+    spectral_measures,
+)
+from .variance import position_variance, variance_by_layer
 
 __all__ = [
+    "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
+    "ProbeConfig", "fit_probe", "position_features", "probe_positions",
+    "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
+    "rotational_measures", "spectral_measures", "position_variance", "variance_by_layer",
     "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
     "previous_token_score", "previous_token_scores", "random_tokens",
     "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer",

@@ -1,0 +1,226 @@
+"""Position probes: can a small MLP read a token's position from given features?
+
+Zuo et al. 2024 (arXiv 2501.00073) compare cosine-similarity features with embedding
+variance (Chi et al. 2023). Features per real token k (DESIGN.md §2, "Position probe"):
+
+* ``cosine``: the window C_{k,k-1}, ..., C_{k,k-w} (diagonal excluded), zeros before the
+  start, plus the validity mask of those offsets. Never the whole row padded to n_ctx:
+  its padding length alone encodes k.
+* ``mask_only``: the validity mask alone, the control the cosine probe must beat (it
+  reveals min(k, w) and nothing else).
+* ``variance``: the variance over d_model of the residual (and attention output).
+* ``raw``: the residual vector.
+
+The probe is a 4-layer MLP with MSE loss and early stopping on a validation split;
+splits are by sequence. Scores: NRMSE = RMSE / (max position - min position) and
+Pearson r, on held-out sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from scipy import stats
+from torch import Tensor
+
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
+from .similarity import compact_real_tokens, cosine_self_similarity
+
+__all__ = ["FEATURES", "ProbeConfig", "ProbeResult", "fit_probe", "position_features",
+           "probe_positions", "sequence_split"]
+
+FEATURES = ("cosine", "mask_only", "variance", "raw")
+
+
+def position_features(
+    resid: Float[Tensor, "batch pos d_model"],
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    kind: str = "cosine",
+    window: int = 8,
+    attn_out: Float[Tensor, "batch pos d_model"] | None = None,
+) -> tuple[Float[Tensor, "n feat"], Int[Tensor, "n"], Int[Tensor, "n"]]:
+    """Features, positions and sequence ids of every real token.
+
+    Args:
+        resid: residual stream at one hook.
+        attention_mask: 1 for real tokens (either padding side).
+        kind: one of :data:`FEATURES`.
+        window: w, the number of preceding offsets for ``cosine``/``mask_only``.
+        attn_out: optional attention output at the same layer; ``variance`` then has
+            two columns (residual, attention output).
+
+    Returns:
+        ``(X [n, f] float32, y [n] positions, groups [n] sequence index)``.
+
+    Raises:
+        ValueError: for an unknown ``kind``, ``window < 1`` or malformed inputs.
+    """
+    if kind not in FEATURES:
+        raise ValueError(f"kind must be one of {FEATURES}, got {kind!r}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if resid.ndim != 3:
+        raise ValueError(f"resid must have shape [batch, pos, d_model], got {tuple(resid.shape)}")
+    batch, pos, _ = resid.shape
+    mask = check_attention_mask(attention_mask, (batch, pos))
+    lengths = lengths_from_mask(mask, batch, pos)
+    k = torch.arange(pos)
+    real = k[None, :] < lengths[:, None]  # after compaction, real tokens come first
+    offsets = torch.arange(1, window + 1)
+    valid = (k[:, None] - offsets[None, :] >= 0).float()  # [pos, w]
+    if kind in ("cosine", "mask_only"):
+        feats = valid.expand(batch, pos, window)
+        if kind == "cosine":
+            C = cosine_self_similarity(resid, mask)  # [batch, pos, pos]
+            idx = (k[:, None] - offsets[None, :]).clamp(min=0)  # [pos, w]
+            sims = torch.gather(C, 2, idx.expand(batch, pos, window))
+            sims = torch.where(valid.bool(), sims, 0.0).nan_to_num(0.0)
+            feats = torch.cat([sims, feats], -1)
+    elif kind == "variance":
+        cols = [compact_real_tokens(resid.double(), mask).var(-1, unbiased=False)]
+        if attn_out is not None:
+            cols.append(compact_real_tokens(attn_out.double(), mask).var(-1, unbiased=False))
+        feats = torch.stack(cols, -1)
+    else:
+        feats = compact_real_tokens(resid.double(), mask)
+    groups = torch.arange(batch)[:, None].expand(batch, pos)
+    y = k[None, :].expand(batch, pos)
+    return feats[real].float(), y[real], groups[real]
+
+
+def sequence_split(groups: Int[Tensor, "n"], seed: int = 0, fractions=(0.6, 0.2, 0.2)
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """Boolean train/val/test masks over items, splitting whole sequences.
+
+    Raises:
+        ValueError: with fewer than 3 sequences or fractions that do not sum to 1.
+    """
+    uniq = torch.unique(groups)
+    if len(uniq) < 3:
+        raise ValueError(f"need at least 3 sequences to split by sequence, got {len(uniq)}")
+    if abs(sum(fractions) - 1) > 1e-9:
+        raise ValueError(f"fractions must sum to 1, got {fractions}")
+    perm = uniq[torch.randperm(len(uniq), generator=torch.Generator().manual_seed(seed))]
+    n_tr = max(1, round(fractions[0] * len(uniq)))
+    n_va = max(1, round(fractions[1] * len(uniq)))
+    parts = perm[:n_tr], perm[n_tr:n_tr + n_va], perm[n_tr + n_va:]
+    return tuple(torch.isin(groups, p) for p in parts)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """A 4-layer MLP probe (3 hidden ReLU layers) trained with Adam on MSE."""
+
+    hidden: int = 64
+    lr: float = 3e-3
+    max_epochs: int = 300
+    patience: int = 20
+    batch_size: int = 256
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """Held-out scores: ``nrmse`` (RMSE / position range), ``pearson_r``, ``n_test``."""
+
+    nrmse: float
+    pearson_r: float
+    n_test: int
+    epochs: int
+
+
+def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tensor, "n"],
+              seed: int = 0, config: ProbeConfig = ProbeConfig()) -> ProbeResult:
+    """Fit the position probe on train sequences, stop early on val, score on test.
+
+    Source: Zuo et al. 2024 (arXiv 2501.00073), probing section; DESIGN.md §2.
+
+    Raises:
+        ValueError: for mismatched lengths or fewer than 3 sequences.
+    """
+    if not len(X) == len(y) == len(groups):
+        raise ValueError(f"X, y, groups must have equal length, got {len(X)}, {len(y)}, {len(groups)}")
+    tr, va, te = sequence_split(groups, seed)
+    torch.manual_seed(seed)
+    Xf = X.float()
+    mu, sd = Xf[tr].mean(0), Xf[tr].std(0).clamp_min(1e-6)
+    Xn = (Xf - mu) / sd
+    yf = y.float()
+    y_mu, y_sd = yf[tr].mean(), yf[tr].std().clamp_min(1e-6)
+    yn = (yf - y_mu) / y_sd
+    h = config.hidden
+    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], h), torch.nn.ReLU(),
+                              torch.nn.Linear(h, h), torch.nn.ReLU(),
+                              torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=config.lr)
+    gen = torch.Generator().manual_seed(seed)
+    best, best_state, bad, epoch = float("inf"), None, 0, 0
+    tr_idx = tr.nonzero().flatten()
+    for epoch in range(1, config.max_epochs + 1):  # noqa: B007 (reported below)
+        net.train()
+        for chunk in tr_idx[torch.randperm(len(tr_idx), generator=gen)].split(config.batch_size):
+            loss = torch.nn.functional.mse_loss(net(Xn[chunk]).squeeze(-1), yn[chunk])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        net.eval()
+        with torch.no_grad():
+            val = torch.nn.functional.mse_loss(net(Xn[va]).squeeze(-1), yn[va]).item()
+        if val < best - 1e-6:
+            best, bad = val, 0
+            best_state = {k: v.clone() for k, v in net.state_dict().items()}
+        else:
+            bad += 1
+            if bad >= config.patience:
+                break
+    net.load_state_dict(best_state)
+    with torch.no_grad():
+        pred = (net(Xn[te]).squeeze(-1) * y_sd + y_mu).double().numpy()
+    target = yf[te].double().numpy()
+    rmse = float(np.sqrt(np.mean((pred - target) ** 2)))
+    span = float(yf.max() - yf.min()) or 1.0
+    r = float(stats.pearsonr(pred, target).statistic) if np.std(pred) > 0 else 0.0
+    return ProbeResult(nrmse=rmse / span, pearson_r=r, n_test=int(te.sum()), epochs=epoch)
+
+
+@torch.no_grad()
+def _activations(model, tokens, mask, layer):
+    resid = f"blocks.{layer}.hook_resid_post" if layer >= 0 else "blocks.0.hook_resid_pre"
+    names = {resid} | ({f"blocks.{layer}.hook_attn_out"} if layer >= 0 else set())
+    cache = run_cached(model, tokens, mask, lambda n: n in names)
+    return cache[resid], (cache[f"blocks.{layer}.hook_attn_out"] if layer >= 0 else None), resid
+
+
+def probe_positions(model, tokens: Int[Tensor, "batch pos"],
+                    attention_mask: Int[Tensor, "batch pos"] | None = None,
+                    layers: list[int] | None = None, features=FEATURES, window: int = 8,
+                    seeds=(0, 1, 2), config: ProbeConfig = ProbeConfig()) -> pd.DataFrame:
+    """Probe position from each feature set at each layer's ``resid_post``, over seeds.
+
+    Works on any TransformerLens model. Layer -1 is the embedding.
+
+    Returns:
+        Tidy DataFrame ``hook, layer, head, position, metric, value, feature, seed``
+        with ``metric`` in ``nrmse``, ``pearson_r``.
+
+    Raises:
+        ValueError: for an unknown feature or fewer than 3 sequences.
+    """
+    tokens = check_tokens(model, tokens)
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    layers = list(range(model.cfg.n_layers)) if layers is None else layers
+    rows = []
+    for layer in layers:
+        resid, attn_out, hook = _activations(model, tokens, mask, layer)
+        for feature in features:
+            X, y, groups = position_features(resid, mask, feature, window, attn_out)
+            for seed in seeds:
+                res = fit_probe(X, y, groups, seed, config)
+                for metric in ("nrmse", "pearson_r"):
+                    rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
+                                     metric=metric, value=getattr(res, metric),
+                                     feature=feature, seed=seed))
+    return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64"})

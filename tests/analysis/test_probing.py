@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+import torch
+
+from posinterp.analysis.probing import (
+    ProbeConfig,
+    fit_probe,
+    position_features,
+    probe_positions,
+    sequence_split,
+)
+from posinterp.analysis.variance import position_variance, variance_by_layer
+from tests.helpers import random_tokens, tiny_model
+
+FAST = ProbeConfig(hidden=32, max_epochs=150, patience=15)
+N_SEQ, N_POS = 40, 24
+
+
+def _positions():
+    y = torch.arange(N_POS).repeat(N_SEQ)
+    groups = torch.arange(N_SEQ).repeat_interleave(N_POS)
+    return y, groups
+
+
+def test_one_hot_position_is_recovered():
+    y, groups = _positions()
+    X = torch.nn.functional.one_hot(y, N_POS).float()
+    res = fit_probe(X, y, groups, seed=0, config=FAST)
+    assert res.pearson_r > 0.99 and res.nrmse < 0.05
+
+
+def test_noise_stays_at_chance():
+    y, groups = _positions()
+    X = torch.randn(len(y), 8, generator=torch.Generator().manual_seed(0))
+    res = fit_probe(X, y, groups, seed=0, config=FAST)
+    chance = y.float().std(unbiased=False).item() / (N_POS - 1)  # NRMSE of predicting the mean
+    assert abs(res.pearson_r) < 0.25 and res.nrmse > 0.9 * chance
+
+
+def test_mask_only_control_reaches_only_what_the_mask_reveals():
+    """On fixed-length sequences the mask encodes min(k, w) and nothing more: the probe's
+    error is bounded below by the best predictor E[k | min(k, w)] (closed form), and for
+    positions k >= w it cannot beat the mean."""
+    w = 4
+    resid = torch.randn(N_SEQ, N_POS, 16, generator=torch.Generator().manual_seed(1))
+    X, y, groups = position_features(resid, kind="mask_only", window=w)
+    assert X.shape == (N_SEQ * N_POS, w)
+    res = fit_probe(X, y, groups, seed=0, config=FAST)
+    yk = np.arange(N_POS, dtype=float)
+    best = np.where(yk < w, yk, yk[w:].mean())
+    oracle = np.sqrt(np.mean((best - yk) ** 2)) / (N_POS - 1)
+    assert res.nrmse >= oracle - 0.01
+    assert res.nrmse <= oracle + 0.05  # and it does learn what the mask allows
+
+
+def test_split_keeps_each_sequence_in_one_part():
+    _, groups = _positions()
+    tr, va, te = sequence_split(groups, seed=3)
+    assert (tr.int() + va.int() + te.int() == 1).all()
+    for part in (tr, va, te):
+        inside = set(groups[part].tolist())
+        others = set(groups[~part].tolist())
+        assert inside and not inside & others
+
+
+def test_cosine_window_features_match_direct_similarities():
+    resid = torch.randn(2, 6, 5, generator=torch.Generator().manual_seed(2))
+    X, y, groups = position_features(resid, kind="cosine", window=3)
+    assert X.shape == (12, 6)
+    C = torch.nn.functional.cosine_similarity(resid[0, :, None], resid[0, None, :], dim=-1)
+    row = X[4]  # sequence 0, position 4: C[4,3], C[4,2], C[4,1], then mask 1,1,1
+    torch.testing.assert_close(row[:3], torch.stack([C[4, 3], C[4, 2], C[4, 1]]).float())
+    assert row[3:].tolist() == [1, 1, 1]
+    assert X[1].tolist()[1:] == [0, 0, 1, 0, 0]  # position 1: one valid offset
+
+
+def test_left_padding_does_not_change_features():
+    resid = torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(3))
+    padded = torch.cat([torch.randn(1, 3, 4), resid], 1)
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
+    for kind in ("cosine", "variance", "raw"):
+        a, ya, _ = position_features(resid, kind=kind, window=2)
+        b, yb, _ = position_features(padded, mask, kind=kind, window=2)
+        torch.testing.assert_close(a, b)
+        assert torch.equal(ya, yb)
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="kind must be one of"):
+        position_features(torch.zeros(1, 3, 2), kind="sinusoid")
+    with pytest.raises(ValueError, match="at least 3 sequences"):
+        sequence_split(torch.tensor([0, 0, 1]))
+
+
+def test_variance_closed_form_and_model_table():
+    act = torch.tensor([[[1.0, 3.0], [2.0, 2.0], [0.0, 4.0]]])
+    torch.testing.assert_close(position_variance(act), torch.tensor([[1.0, 0.0, 4.0]],
+                                                                    dtype=torch.float64))
+    model = tiny_model("nope")
+    df = variance_by_layer(model, random_tokens(model, 3, 10))
+    assert set(df.layer) == {-1, 0, 1} and (df.value >= 0).all()
+    assert df[df.hook == "blocks.0.hook_attn_out"].position.tolist() == list(range(10))
+
+
+def test_probe_positions_table():
+    model = tiny_model("nope")
+    df = probe_positions(model, random_tokens(model, 9, 12), layers=[0],
+                         features=("cosine", "mask_only"), seeds=(0,),
+                         config=ProbeConfig(hidden=8, max_epochs=5))
+    assert set(df.feature) == {"cosine", "mask_only"} and set(df.metric) == {"nrmse", "pearson_r"}
