@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -68,6 +69,19 @@ def _spectrum(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reproduce(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .experiments.zuo2024 import ReproConfig, run_zuo2024
+
+    cfg = ReproConfig.full() if args.full else ReproConfig()
+    claims = run_zuo2024(cfg, args.out, progress=not args.no_progress)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 90):
+        print(claims[["claim", "our_figure", "holds"]].to_string(index=False))
+    print(f"report: {(Path(args.out) / 'report.html').resolve()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -112,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dynamics", action="store_true", help="also analyse zoo snapshots")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(func=_spectrum)
+
+    rp = sub.add_parser("reproduce", help="rerun a paper's results with posinterp")
+    rp.add_argument("paper", choices=["zuo2024"])
+    mode = rp.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="CPU default (~10-20 min, 2 cores)")
+    mode.add_argument("--full", action="store_true", help="the paper's protocol (GPU-sized)")
+    rp.add_argument("--out", default="posinterp-zuo2024")
+    rp.add_argument("--no-progress", action="store_true")
+    rp.set_defaults(func=_reproduce)
     return p
 
 

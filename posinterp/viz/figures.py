@@ -183,3 +183,24 @@ def dynamics_plot(dynamics: pd.DataFrame, measure: str = "rotational_mass", titl
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def grid_heatmap(df: pd.DataFrame, row: str, col: str, title: str = ""):
+    """Heatmap of ``value`` over two grid columns, annotated (e.g. init mean x std)."""
+    table = df.pivot_table(index=row, columns=col, values="value")
+    fig, ax = plt.subplots(figsize=(1.2 * table.shape[1] + 2, 0.8 * table.shape[0] + 1.5))
+    im = ax.imshow(table.values, vmin=0.3, vmax=1.0, cmap="viridis")
+    ax.set_xticks(range(table.shape[1]))
+    ax.set_xticklabels(table.columns)
+    ax.set_yticks(range(table.shape[0]))
+    ax.set_yticklabels(table.index)
+    ax.set_xlabel(col)
+    ax.set_ylabel(row)
+    for i in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            ax.text(j, i, f"{table.values[i, j]:.2f}", ha="center", va="center", color="w",
+                    fontsize=8)
+    fig.colorbar(im, ax=ax, label="adjacency score")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
