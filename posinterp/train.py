@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ._validate import require_at_least
 from .io import atomic_dir, atomic_path, versions
 from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
@@ -62,10 +63,8 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "eval_every", "n_eval", "checkpoint_every",
-                     "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, ("max_steps", "batch_size", "eval_every", "n_eval",
+                                "checkpoint_every", "keep_checkpoints"))
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:

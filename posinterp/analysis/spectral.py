@@ -195,6 +195,17 @@ def _offsets(model, offset) -> list[int | None]:
     return [0, -1] if is_rotary(model) else [None]
 
 
+def _selected_weights(model, layers, heads, offset):
+    """Yield ``(offset, layer, head_ids, W_Q, W_K')`` for every offset and selected layer."""
+    _check_model(model)
+    layer_ids = _select("layers", layers, model.cfg.n_layers)
+    head_ids = _select("heads", heads, model.cfg.n_heads)
+    for off in _offsets(model, offset):
+        for layer in layer_ids:
+            W_Q, W_K = qk_weights(model, layer, off)
+            yield off, layer, head_ids, W_Q[head_ids], W_K[head_ids]
+
+
 def qk_spectrum(model, layers: int | Sequence[int] | None = None,
                 heads: int | Sequence[int] | None = None, offset: int | None = None) -> pd.DataFrame:
     """Eigenvalues of every selected head's QK circuit, one row per eigenvalue.
@@ -212,21 +223,16 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
         ValueError: layers/heads out of range, a model without ``W_Q``, or ``offset`` on
             a non-rotary model.
     """
-    _check_model(model)
-    layer_ids = _select("layers", layers, model.cfg.n_layers)
-    head_ids = _select("heads", heads, model.cfg.n_heads)
     frames = []
-    for off in _offsets(model, offset):
-        for layer in layer_ids:
-            W_Q, W_K = qk_weights(model, layer, off)
-            lam = eigenvalues(W_Q[head_ids], W_K[head_ids])  # [heads, d_head]
-            n = lam.shape[-1]
-            frames.append(pd.DataFrame({
-                "hook": f"blocks.{layer}.attn", "layer": layer,
-                "head": np.repeat(head_ids, n), "offset": off,
-                "rank": np.tile(np.arange(n), len(head_ids)),
-                "real": lam.real.flatten().numpy(), "imag": lam.imag.flatten().numpy(),
-                "abs": lam.abs().flatten().numpy()}))
+    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset):
+        lam = eigenvalues(W_Q, W_K)  # [heads, d_head]
+        n = lam.shape[-1]
+        frames.append(pd.DataFrame({
+            "hook": f"blocks.{layer}.attn", "layer": layer,
+            "head": np.repeat(head_ids, n), "offset": off,
+            "rank": np.tile(np.arange(n), len(head_ids)),
+            "real": lam.real.flatten().numpy(), "imag": lam.imag.flatten().numpy(),
+            "abs": lam.abs().flatten().numpy()}))
     df = pd.concat(frames, ignore_index=True)
     return df.astype({"offset": "Int64"})
 
@@ -243,20 +249,14 @@ def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
     Raises:
         ValueError: as :func:`qk_spectrum`, or ``k_e < 1``.
     """
-    _check_model(model)
-    layer_ids = _select("layers", layers, model.cfg.n_layers)
-    head_ids = _select("heads", heads, model.cfg.n_heads)
     rows = []
-    for off in _offsets(model, offset):
-        for layer in layer_ids:
-            W_Q, W_K = qk_weights(model, layer, off)
-            W_Q, W_K = W_Q[head_ids], W_K[head_ids]
-            meas = rotational_measures(eigenvalues(W_Q, W_K), k_e, eps)
-            meas["antisymmetric_energy"] = antisymmetric_energy(W_Q, W_K)
-            for metric, values in meas.items():
-                for head, v in zip(head_ids, values.tolist(), strict=True):
-                    rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head,
-                                     position=pd.NA, offset=off, metric=metric, value=float(v)))
+    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset):
+        meas = rotational_measures(eigenvalues(W_Q, W_K), k_e, eps)
+        meas["antisymmetric_energy"] = antisymmetric_energy(W_Q, W_K)
+        for metric, values in meas.items():
+            for head, v in zip(head_ids, values.tolist(), strict=True):
+                rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head,
+                                 position=pd.NA, offset=off, metric=metric, value=float(v)))
     return pd.DataFrame(rows).astype({"offset": "Int64", "position": "Int64"})
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .._validate import require_at_least
 from ..analysis.heads import previous_token_scores, random_tokens
 from ..io import atomic_write_json, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
@@ -68,10 +69,8 @@ class ZooConfig:
         bad = [s for s in self.schemes if s not in PE_SCHEMES]
         if bad:
             raise ValueError(f"schemes must be among {sorted(PE_SCHEMES)}, got {bad}")
-        for name in ("n_layers", "d_model", "n_heads", "n_ctx", "batch_size", "max_steps",
-                     "n_val_windows", "n_snapshots"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, ("n_layers", "d_model", "n_heads", "n_ctx", "batch_size",
+                                "max_steps", "n_val_windows", "n_snapshots"))
 
     def model_config(self, pe: str, seed: int) -> ToyModelConfig:
         return ToyModelConfig(pe=pe, n_layers=self.n_layers, d_model=self.d_model,

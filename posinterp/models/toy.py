@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from .._validate import require_at_least
 from ..tasks.tokenizer import BYTE_VOCAB_SIZE, CHAR_VOCAB
 
 __all__ = [
@@ -90,9 +91,7 @@ class ToyModelConfig:
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
-        for name in ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        require_at_least(self, ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab"))
         if self.d_head is None:
             if self.d_model % self.n_heads:
                 raise ValueError(
