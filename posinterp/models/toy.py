@@ -197,7 +197,8 @@ def install_alibi(model, slopes: torch.Tensor) -> None:
         past = kwargs.get("past_kv_cache_entry")
         if past is not None and getattr(past, "past_keys", None) is not None:
             key_ctx += past.past_keys.shape[1]
-        module.alibi = full[:, :key_ctx, :key_ctx]
+        # .to(): the model may have moved to another device since install_alibi ran.
+        module.alibi = full[:, :key_ctx, :key_ctx].to(key_input.device)
 
     for block in model.blocks:
         block.attn.register_forward_pre_hook(set_bias, with_kwargs=True)
