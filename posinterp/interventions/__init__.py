@@ -1,0 +1,7 @@
+"""Causal interventions on QK circuits: spectral-channel ablation and symmetrization."""
+
+from .channels import CHANNELS, channel_projectors, top_k_projector
+from .qk import KINDS, QKIntervention, intervene, intervention_hooks
+
+__all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_projectors", "intervene",
+           "intervention_hooks", "top_k_projector"]

@@ -1,0 +1,178 @@
+import numpy as np
+import pytest
+import torch
+
+from posinterp.analysis.spectral import qk_weights
+from posinterp.interventions import (
+    CHANNELS,
+    QKIntervention,
+    channel_projectors,
+    intervene,
+    intervention_hooks,
+    top_k_projector,
+)
+from tests.helpers import random_tokens, tiny_model
+
+PES = ["nope", "absolute", "rotary", "alibi"]
+
+
+def _random_B(seed=0, d_model=32, d_head=8):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(d_model, d_head, generator=g, dtype=torch.float64)
+    k = torch.randn(d_model, d_head, generator=g, dtype=torch.float64)
+    return q, k, k.T @ q
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_channels_reconstruct_m_and_carry_their_eigenvalues(seed):
+    q, k, B = _random_B(seed)
+    P = channel_projectors(B)
+    total = sum(P[c] for c in CHANNELS)
+    M = q @ k.T
+    assert (q @ total @ k.T - M).abs().max() < 1e-10 * M.abs().max()  # nothing removed
+    lam = np.linalg.eigvals(B.numpy())
+    for c in CHANNELS:
+        assert (P[c] @ P[c] - P[c]).abs().max() < 1e-10
+        assert (P[c] @ B - B @ P[c]).abs().max() < 1e-10 * B.abs().max()
+        got = np.linalg.eigvals((q @ P[c] @ k.T).numpy())
+        got = np.sort_complex(got[np.abs(got) > 1e-8 * np.abs(lam).max()])
+        if c == "complex":
+            want = lam[np.abs(lam.imag) > 1e-8 * np.abs(lam).max()]
+        else:
+            real = lam[np.abs(lam.imag) <= 1e-8 * np.abs(lam).max()].real
+            want = real[real > 0] if c == "positive_real" else real[real < 0]
+        np.testing.assert_allclose(got, np.sort_complex(want.astype(complex)), atol=1e-8)
+
+
+def test_null_channel_of_a_singular_b():
+    q, k, _ = _random_B(1, d_head=6)
+    k[:, 0] = 0  # B's first row is zero: one zero eigenvalue
+    P = channel_projectors(k.T @ q)
+    assert torch.linalg.matrix_rank(P["null"]).item() == 1
+    torch.testing.assert_close(sum(P.values()), torch.eye(6, dtype=torch.float64))
+
+
+def test_top_k_keeps_conjugate_pairs_whole():
+    B = torch.tensor([[0.0, -2.0, 0.0], [2.0, 0.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    assert torch.linalg.matrix_rank(top_k_projector(B, 1)).item() == 2  # ±2i together
+    with pytest.raises(ValueError, match="k must be"):
+        top_k_projector(B, 0)
+
+
+def _scores_and_content(model, toks, layer=0):
+    _, cache = model.run_with_cache(toks)
+    rot = model.cfg.positional_embedding_type == "rotary"
+    q = cache[f"blocks.{layer}.attn.hook_{'rot_' if rot else ''}q"].double()
+    k = cache[f"blocks.{layer}.attn.hook_{'rot_' if rot else ''}k"].double()
+    content = torch.einsum("bihd,bjhd->bhij", q, k) / model.cfg.attn_scale
+    return cache[f"blocks.{layer}.attn.hook_attn_scores"].double(), content
+
+
+def _hooked_scores(model, toks, iv, layer=0):
+    seen = {}
+    hooks = intervention_hooks(model, iv) + [
+        (f"blocks.{layer}.attn.hook_attn_scores", lambda x, hook: seen.setdefault("s", x))]
+    model.run_with_hooks(toks, fwd_hooks=hooks)
+    return seen["s"].double()
+
+
+@pytest.mark.parametrize("pe", PES)
+@pytest.mark.parametrize("kind", ["symmetric", "antisymmetric"])
+def test_symmetrized_scores_equal_half_sum_plus_unchanged_bias(pe, kind):
+    model = tiny_model(pe)
+    toks = random_tokens(model, 2, 9, seed=4)
+    original, content = _scores_and_content(model, toks)
+    bias = original - content  # ALiBi (or 0) on the allowed entries
+    sign = 1 if kind == "symmetric" else -1
+    want = 0.5 * (content + sign * content.transpose(-1, -2)) + bias
+    got = _hooked_scores(model, toks, QKIntervention(kind, layer=0))
+    lower = torch.ones(9, 9, dtype=torch.bool).tril()
+    torch.testing.assert_close(got[..., lower], want[..., lower], rtol=1e-5, atol=1e-5)
+    assert torch.isneginf(got[..., ~lower]).all()
+
+
+def test_offset_symmetric_rope_matches_weight_space():
+    model = tiny_model("rotary")
+    toks = random_tokens(model, 1, 7, seed=2)
+    _, cache = model.run_with_cache(toks)
+    x = cache["blocks.0.ln1.hook_normalized"][0].double()
+    got = _hooked_scores(model, toks, QKIntervention("symmetric", 0, rope_variant="offset"))[0]
+    for i in range(7):
+        for j in range(i + 1):
+            W_Q, W_K = qk_weights(model, 0, offset=j - i)
+            M = W_Q @ W_K.mT
+            sym = 0.5 * (M + M.mT)
+            want = torch.einsum("d,hde,e->h", x[i], sym, x[j]) / model.cfg.attn_scale
+            torch.testing.assert_close(got[:, i, j], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pe", ["nope", "absolute", "alibi"])
+def test_removing_every_channel_zeroes_the_content_term(pe):
+    model = tiny_model(pe)
+    toks = random_tokens(model, 2, 8, seed=5)
+    original, content = _scores_and_content(model, toks)
+    got = _hooked_scores(model, toks, QKIntervention("remove_all", layer=0))
+    lower = torch.ones(8, 8, dtype=torch.bool).tril()
+    bias = (original - content)[..., lower]
+    torch.testing.assert_close(got[..., lower], bias, rtol=0, atol=1e-5)
+    if pe != "alibi":  # no biases, no ALiBi: uniform attention over the allowed keys
+        _, cache = model.run_with_cache(toks)
+        with intervene(model, QKIntervention("remove_all", layer=0)):
+            _, cache = model.run_with_cache(toks)
+        pattern = cache["blocks.0.attn.hook_pattern"]
+        uniform = lower.double() / lower.sum(-1, keepdim=True)
+        torch.testing.assert_close(pattern.double(), uniform.expand_as(pattern), atol=1e-5, rtol=0)
+
+
+def test_context_manager_restores_exactly_and_keeps_user_hooks():
+    model = tiny_model("rotary")
+    toks = random_tokens(model, 2, 10, seed=6)
+    fired = []
+    model.add_hook("blocks.1.hook_resid_post", lambda x, hook: fired.append(1))
+    before = model(toks)
+    with intervene(model, [QKIntervention("symmetric", 0), QKIntervention("remove_complex", 1)]):
+        during = model(toks)
+    after = model(toks)
+    assert torch.equal(before, after) and not torch.equal(before, during)
+    assert len(fired) == 3  # the user's hook fired before, during and after
+    model.reset_hooks()
+
+
+def test_bad_interventions():
+    model = tiny_model("nope")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        QKIntervention("rotate", 0)
+    with pytest.raises(ValueError, match="keep_top_k needs k"):
+        QKIntervention("keep_top_k", 0)
+    with pytest.raises(ValueError, match="layer must be in"):
+        intervention_hooks(model, QKIntervention("symmetric", 7))
+    with pytest.raises(ValueError, match="heads must be in"):
+        intervention_hooks(model, QKIntervention("remove_complex", 0, heads=(9,)))
+
+
+def test_grouped_query_symmetrization():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2,
+                                  d_head=4, n_ctx=8, d_vocab=10, act_fn="silu",
+                                  normalization_type="RMS", positional_embedding_type="rotary",
+                                  rotary_dim=4, seed=0)
+    model = HookedTransformer(cfg)
+    toks = torch.randint(0, 10, (1, 6), generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(toks)
+    q = cache["blocks.0.attn.hook_rot_q"].double()
+    k = torch.repeat_interleave(cache["blocks.0.attn.hook_rot_k"].double(), 2, dim=2)
+    c = torch.einsum("bihd,bjhd->bhij", q, k) / cfg.attn_scale
+    got = _hooked_scores(model, toks, QKIntervention("symmetric", 0))
+    lower = torch.ones(6, 6, dtype=torch.bool).tril()
+    torch.testing.assert_close(got[..., lower], (0.5 * (c + c.mT))[..., lower], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_symmetrization_refuses_a_kv_cache():
+    model = tiny_model("nope")
+    toks = random_tokens(model, 1, 5, seed=0)
+    with intervene(model, QKIntervention("symmetric", 0)):
+        with pytest.raises(ValueError, match="KV cache"):
+            model.generate(toks, max_new_tokens=2, use_past_kv_cache=True, verbose=False)
+        model.generate(toks, max_new_tokens=2, use_past_kv_cache=False, verbose=False)
