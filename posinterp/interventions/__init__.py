@@ -5,3 +5,7 @@ from .qk import KINDS, QKIntervention, intervene, intervention_hooks
 
 __all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_projectors", "intervene",
            "intervention_hooks", "top_k_projector"]
+
+from .constraints import CONSTRAINTS, TiedKey, constrain_qk, effective_x  # noqa: E402
+
+__all__ += ["CONSTRAINTS", "TiedKey", "constrain_qk", "effective_x"]
