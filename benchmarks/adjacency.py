@@ -1,6 +1,6 @@
 """Time the exact O(n^2 log n) adjacency score against the naive O(n^3) pair count.
 
-Run alone (threads pinned; DESIGN.md §6): ``python benchmarks/adjacency.py``.
+Run alone (threads pinned; docs/models.md): ``python benchmarks/adjacency.py``.
 Prints, for n = 256, 1024 and 2048, both times and their ratio, and checks that both
 give the same score. Targets are ratios within one run, never absolute times.
 """
@@ -17,7 +17,7 @@ from posinterp.analysis import adjacency_score
 
 
 def naive_score(sim: np.ndarray) -> float:
-    """Per-row vectorized pair count: O(k^2) per row, O(n^3) per matrix (DESIGN.md §7)."""
+    """Per-row vectorized pair count: O(k^2) per row, O(n^3) per matrix (docs/concepts.md)."""
     n = sim.shape[0]
     rows = []
     for k in range(2, n):

@@ -6,7 +6,7 @@ are generated one layer at a time, outside the timing. The small-form route
 dense route (eigenvalues of the 4096 x 4096 M = W_Q W_K^T) for ``--dense-heads`` heads,
 and the per-head ratio is printed. Both routes' top eigenvalues are compared.
 
-Run alone, threads pinned (DESIGN.md §6): ``python benchmarks/spectra.py``.
+Run alone, threads pinned (docs/models.md): ``python benchmarks/spectra.py``.
 """
 
 from __future__ import annotations

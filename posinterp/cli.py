@@ -16,7 +16,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     cfg = DemoConfig(quick=args.quick, digits=args.digits, seed=args.seed,
                      max_steps=args.max_steps, threads=args.threads)
-    res = run_demo(cfg, args.out, progress=not args.no_progress)
+    out = args.out or ("posinterp-demo-quick" if args.quick else "posinterp-demo")
+    res = run_demo(cfg, out, progress=not args.no_progress)
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.float_format", "{:.3f}".format):
         print(res.table.to_string(index=False))
@@ -32,7 +33,9 @@ def _zoo_train(args: argparse.Namespace) -> int:
 
     from .experiments.zoo import ZooConfig, train_zoo, zoo_home
 
-    if args.threads:
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
@@ -90,12 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="train a NoPE model on reversal and report its adjacency "
                        "pattern at init and after training (offline, CPU)")
-    d.add_argument("--quick", action="store_true", help="6-digit strings, ~2 minutes")
+    d.add_argument("--quick", action="store_true", help="6-digit strings, ~2-4 minutes")
     d.add_argument("--digits", type=int, default=None, help="string length (default 8, quick 6)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--max-steps", type=int, default=None)
     d.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    d.add_argument("--out", default="posinterp-demo", help="output folder (resumable)")
+    d.add_argument("--out", default=None, help="output folder, resumable (default "
+                   "posinterp-demo, or posinterp-demo-quick with --quick)")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=_demo)
 

@@ -89,11 +89,13 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
 
 def versions() -> dict[str, str]:
     """Versions of Python and of the packages that change numbers, for result metadata."""
+    from importlib import metadata
+
     out = {"python": platform.python_version()}
-    for name in ("torch", "transformer_lens", "numpy", "scipy", "pandas", "posinterp"):
+    for name in ("torch", "transformer-lens", "transformers", "numpy", "scipy", "pandas",
+                 "posinterp"):
         try:
-            mod = __import__(name)
-            out[name] = str(getattr(mod, "__version__", "unknown"))
-        except ImportError:  # pragma: no cover - all are dependencies
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # pragma: no cover - all are dependencies
             out[name] = "missing"
     return out

@@ -227,7 +227,7 @@ def train(
     """Train a toy model on a synthetic task with answer-only cross-entropy and AdamW.
 
     Source: the training protocol of Zuo et al. 2024 (arXiv 2501.00073), as read in
-    DESIGN.md §3: loss on answer tokens (and EOS) only, exact-match accuracy on the
+    docs/concepts.md: loss on answer tokens (and EOS) only, exact-match accuracy on the
     held-out test split.
 
     Args:

@@ -3,5 +3,5 @@ import os
 import torch
 
 # Two torch processes that each use every core slow each other down tens of times
-# (DESIGN.md §6); tests are small, one thread is plenty.
+# (docs/models.md); tests are small, one thread is plenty.
 torch.set_num_threads(int(os.environ.get("POSINTERP_TEST_THREADS", "1")))

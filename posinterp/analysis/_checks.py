@@ -11,7 +11,8 @@ def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
     """Return ``tokens`` as ``[batch, pos]`` int64.
 
     Raises:
-        ValueError: for a non-tensor, a wrong rank, or more positions than ``n_ctx``.
+        ValueError: for a non-tensor, a wrong rank, an empty or non-integer tensor, ids
+            outside ``[0, d_vocab)``, or more positions than ``n_ctx``.
     """
     if not isinstance(tokens, torch.Tensor):
         raise ValueError(f"tokens must be a torch.Tensor of shape [batch, pos], got {type(tokens)}")
@@ -19,6 +20,13 @@ def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
         tokens = tokens[None]
     if tokens.ndim != 2:
         raise ValueError(f"tokens must have shape [batch, pos], got {tuple(tokens.shape)}")
+    if tokens.numel() == 0:
+        raise ValueError(f"tokens is empty (shape {tuple(tokens.shape)}); need batch >= 1, pos >= 1")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens must be integer token ids, got dtype {tokens.dtype}")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= model.cfg.d_vocab:
+        raise ValueError(f"token ids must be in [0, d_vocab={model.cfg.d_vocab}), got "
+                         f"min {int(tokens.min())}, max {int(tokens.max())}")
     if tokens.shape[1] > model.cfg.n_ctx:
         raise ValueError(
             f"tokens has {tokens.shape[1]} positions but the model's n_ctx is {model.cfg.n_ctx}")
@@ -37,11 +45,13 @@ def check_attention_mask(mask: torch.Tensor | None, shape: tuple[int, ...]) -> t
         raise ValueError(f"attention_mask must be a torch.Tensor, got {type(mask)}")
     if mask.ndim == 1 and len(shape) == 2 and shape[0] == 1:
         mask = mask[None]
+    if mask.dtype == torch.bool:
+        mask = mask.long()
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(
             f"attention_mask must have shape {tuple(shape)} (= [batch, pos]), "
             f"got {tuple(mask.shape)}")
-    if not torch.isin(mask, torch.tensor([0, 1], device=mask.device)).all():
+    if not ((mask == 0) | (mask == 1)).all():
         raise ValueError("attention_mask must contain only 0 (padding) and 1 (real token)")
     return mask.long()
 

@@ -1,4 +1,4 @@
-"""The adjacency probability score of Zuo et al. 2024 (arXiv 2501.00073), DESIGN.md §2.
+"""The adjacency probability score of Zuo et al. 2024 (arXiv 2501.00073), docs/concepts.md.
 
 For row k of a cosine-similarity matrix C (0-based positions over real tokens), over
 all pairs 0 <= i < j < k::
@@ -102,7 +102,7 @@ def adjacency_score(
     """Adjacency probability score of cosine-similarity matrices (exact, O(n^2 log n) each).
 
     Source: Zuo, Guerzhoy & Guerzhoy 2024, arXiv 2501.00073 (the adjacency pattern);
-    definition and tie convention as in DESIGN.md §2.
+    definition and tie convention as in docs/concepts.md.
 
     Args:
         similarity: ``[batch, pos, pos]`` (or one ``[pos, pos]``) matrices, real tokens
@@ -162,7 +162,7 @@ def adjacency_by_layer(
     One forward pass caching only the residual hooks of
     :func:`~posinterp.analysis.residual_hooks`. Padding (either side) is dropped through
     ``attention_mask``, so left-padding leaves the real tokens' scores unchanged.
-    Source: Zuo et al. 2024 (arXiv 2501.00073); DESIGN.md §2.
+    Source: Zuo et al. 2024 (arXiv 2501.00073); docs/concepts.md.
 
     Args:
         model: a TransformerLens model (``HookedTransformer`` or compatible).

@@ -3,7 +3,7 @@
 Per model, rank heads by their previous-token score on random tokens, take the mean
 rotational measure (offset 0 for rotary heads) of the top-k heads, k = 1..K, and compare
 RoPE with non-RoPE models at each k with an exact one-sided permutation test, then
-Benjamini-Hochberg across k (DESIGN.md §2, "PE-scheme statistics").
+Benjamini-Hochberg across k (docs/concepts.md, "PE-scheme statistics").
 
 **Power.** With n_R RoPE and n_O other models the smallest reachable p is
 1 / C(n_R + n_O, n_R): 4 vs 3 models give 1/35 = 0.029. Every table says so.

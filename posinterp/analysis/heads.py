@@ -1,6 +1,6 @@
 """Previous-token heads: how much each head attends from token i to token i-1.
 
-Our own score on attention patterns (DESIGN.md §2). TransformerLens's ``detect_head``
+Our own score on attention patterns (docs/concepts.md). TransformerLens's ``detect_head``
 differs: it divides by n (counting row 0, which cannot attend backwards), needs strings
 and a tokenizer, and scores one sequence at a time.
 """
@@ -26,7 +26,7 @@ def previous_token_score(
     """Mean over real query positions i >= ``start`` of A[i, i-1] (a probability, [0, 1]).
 
     Source: the induction/previous-token head literature (Olsson et al. 2022, "In-context
-    learning and induction heads", §2); definition as in DESIGN.md §2.
+    learning and induction heads", §2); definition as in docs/concepts.md.
 
     Args:
         pattern: post-softmax attention, e.g. ``cache["blocks.0.attn.hook_pattern"]``.

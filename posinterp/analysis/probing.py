@@ -1,7 +1,7 @@
 """Position probes: can a small MLP read a token's position from given features?
 
 Zuo et al. 2024 (arXiv 2501.00073) compare cosine-similarity features with embedding
-variance (Chi et al. 2023). Features per real token k (DESIGN.md §2, "Position probe"):
+variance (Chi et al. 2023). Features per real token k (docs/concepts.md, "Position probe"):
 
 * ``cosine``: the window C_{k,k-1}, ..., C_{k,k-w} (diagonal excluded), zeros before the
   start, plus the validity mask of those offsets. Never the whole row padded to n_ctx:
@@ -136,7 +136,7 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
               seed: int = 0, config: ProbeConfig = ProbeConfig()) -> ProbeResult:
     """Fit the position probe on train sequences, stop early on val, score on test.
 
-    Source: Zuo et al. 2024 (arXiv 2501.00073), probing section; DESIGN.md §2.
+    Source: Zuo et al. 2024 (arXiv 2501.00073), probing section; docs/concepts.md.
 
     Raises:
         ValueError: for mismatched lengths or fewer than 3 sequences.

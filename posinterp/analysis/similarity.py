@@ -43,7 +43,7 @@ def cosine_self_similarity(
 
     Computed in float64. Each vector is divided by ``max(|x|, eps)``, the convention of
     ``torch.nn.functional.cosine_similarity``, so a zero vector has similarity 0.
-    Source: Zuo et al. 2024 (arXiv 2501.00073), §3; DESIGN.md §2.
+    Source: Zuo et al. 2024 (arXiv 2501.00073), §3; docs/concepts.md.
 
     Args:
         resid: residual-stream activations, e.g. ``cache["blocks.0.hook_resid_mid"]``;
@@ -71,7 +71,7 @@ def residual_hooks(model) -> list[tuple[str, int]]:
 
     The embedding is ``blocks.0.hook_resid_pre`` (``hook_embed`` + ``hook_pos_embed``);
     ``blocks.{l}.hook_resid_mid`` is "after attention l" and ``hook_resid_post`` "after
-    block l" (DESIGN.md §2). Attention-only models have no ``resid_mid``.
+    block l" (docs/concepts.md). Attention-only models have no ``resid_mid``.
     """
     hooks = [("blocks.0.hook_resid_pre", -1)]
     for layer in range(model.cfg.n_layers):

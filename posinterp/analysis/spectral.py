@@ -1,4 +1,4 @@
-"""QK-circuit spectra of attention heads and their rotational measures (DESIGN.md §2).
+"""QK-circuit spectra of attention heads and their rotational measures (docs/concepts.md).
 
 For head h, the bilinear form is M = W_Q W_K^T (d_model x d_model), so with no biases
 the content score is c_ij = x_i M x_j^T / attn_scale. Its nonzero eigenvalues are those
@@ -42,7 +42,7 @@ def eigenvalues(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "..
     """Eigenvalues of B = W_K^T W_Q (the nonzero spectrum of M = W_Q W_K^T), float64.
 
     Sorted by decreasing modulus. fp16/bf16/fp32 inputs are upcast to float64 first.
-    Source: DESIGN.md §2 ("QK circuit of head h"); ``FactoredMatrix.eigenvalues``.
+    Source: docs/concepts.md ("QK circuit of head h"); ``FactoredMatrix.eigenvalues``.
 
     Raises:
         ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
@@ -63,7 +63,7 @@ def antisymmetric_energy(W_Q: Float[Tensor, "... d_model d_head"],
 
     Exact identity: a = (1 - tr(B^2) / tr(W_Q^T W_Q W_K^T W_K)) / 2 with B = W_K^T W_Q.
     0 for symmetric M, 1 for antisymmetric M, 0 (not NaN) for M = 0. Invariant under
-    orthogonal changes of basis but not spectral. Source: DESIGN.md §2.
+    orthogonal changes of basis but not spectral. Source: docs/concepts.md.
     """
     q, k = W_Q.detach().double(), W_K.detach().double()
     B = k.mT @ q
@@ -80,7 +80,7 @@ def rotational_measures(lam: Complex[Tensor, "... n"], k_e: int | None = None,
     Over the top ``k_e`` eigenvalues (all by default; a conjugate pair cut by the
     boundary is kept whole): λ is complex when |Im λ| > eps · max|λ|;
     R = Σ|λ| 1[complex] / Σ|λ|; Φ = Σ|λ| |sin arg λ| / Σ|λ|; ``n_complex_pairs`` counts
-    each conjugate pair once. All are 0 for an all-zero spectrum. Source: DESIGN.md §2.
+    each conjugate pair once. All are 0 for an all-zero spectrum. Source: docs/concepts.md.
 
     Raises:
         ValueError: if ``k_e < 1``.
@@ -213,7 +213,7 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
     Computed on the d_head x d_head form B = W_K^T W_Q in float64 (any weight dtype), with
     grouped-query K shared as the model shares it. For rotary models the default reports
     both offset 0 (the raw W_Q W_K^T, the fingerprint's object) and offset -1 (previous
-    token); ``offset`` picks one. Source: DESIGN.md §2.
+    token); ``offset`` picks one. Source: docs/concepts.md.
 
     Returns:
         DataFrame with columns ``hook, layer, head, offset, rank, real, imag, abs``
@@ -266,7 +266,7 @@ def ginibre_null(d_model: int, d_head: int, n_heads: int = 1000, std: float = 0.
 
     At initialization B = W_K^T W_Q is a product of Gaussian matrices; about 89% of a
     64 x 64 Ginibre matrix's eigenvalues are already complex, so trained heads are
-    compared with this null, not with zero (DESIGN.md §2; Ginibre 1965).
+    compared with this null, not with zero (docs/concepts.md; Ginibre 1965).
 
     Returns:
         Wide DataFrame, one row per simulated head, columns = measure names.

@@ -2,7 +2,7 @@
 
 Builds the ``small`` NoPE model, scores adjacency by layer at init, trains it on
 reversal until 90% exact match on held-out samples, scores again, and writes a
-self-contained HTML report (Zuo et al. 2024, arXiv 2501.00073; DESIGN.md §2, §7).
+self-contained HTML report (Zuo et al. 2024, arXiv 2501.00073; docs/concepts.md, §7).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 class DemoConfig:
     """Settings of ``posinterp demo``.
 
-    ``digits`` is the fixed length of the strings to reverse: DESIGN.md §7 measured
+    ``digits`` is the fixed length of the strings to reverse: docs/concepts.md measured
     6 digits at ~500 steps (``--quick``) and 8 digits at ~1,100 steps (default) for the
     4-layer, 192-wide NoPE model on 2 CPU cores.
     """
@@ -52,6 +52,8 @@ class DemoConfig:
             raise ValueError(f"digits must be in 5..16 (enough distinct strings), got {self.digits}")
         if self.n_analysis < 1 or self.init_seeds < 1:
             raise ValueError("n_analysis and init_seeds must be >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1 (or omitted for all cores), got {self.threads}")
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
         f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
     model = build_model(model_cfg)
     frames = [_adjacency(model, inputs, "init", config.seed)]
-    # The embedding score depends on the tokens and W_E: average init seeds too (DESIGN §2).
+    # The embedding score depends on the tokens and W_E: average init seeds too (docs/concepts.md).
     for s in range(1, config.init_seeds):
         m = build_model(preset(config.preset, pe="nope", seed=config.seed + s))
         frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
@@ -125,8 +127,14 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
 
     log(f"[posinterp] training on {d}-digit reversal until {config.target_accuracy:.0%} "
         f"exact match (at most {config.max_steps} steps)")
-    result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
-                   progress=progress, model=model)
+    try:
+        result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
+                       progress=progress, model=model)
+    except ValueError as err:
+        if "different" not in str(err):
+            raise
+        raise ValueError(f"{out} holds a demo run with other settings (e.g. --quick vs the "
+                         "default); choose another --out folder or delete this one") from None
     model = result.model
     from ..train import evaluate
 
@@ -182,7 +190,7 @@ def _report(config, model_cfg, model, table, adjacency, result, final, sample_to
         f"heads, NoPE, init N({model_cfg.init_mean}, {model_cfg.init_std}), seed {config.seed}. "
         f"Task: reversal of fixed-length {d}-digit strings (e.g. rev(12345678)=87654321), "
         f"{'--quick: 6 digits' if config.quick else 'default: 8 digits'}, as measured "
-        "feasible on 2 CPU cores (DESIGN.md §7). Adjacency is measured on "
+        "feasible on 2 CPU cores (docs/concepts.md). Adjacency is measured on "
         f"{config.n_analysis} random-token sequences and {config.n_analysis} held-out task "
         "samples.", note=True)
     status = "reached" if result.reached_target else "did NOT reach"

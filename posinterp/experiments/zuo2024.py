@@ -1,6 +1,6 @@
 """``posinterp reproduce zuo2024``: Zuo, Guerzhoy & Guerzhoy (2024), arXiv 2501.00073.
 
-Claims checked (DESIGN.md §1), each with our figure and whether it holds:
+Claims checked (docs/concepts.md), each with our figure and whether it holds:
 
 1. at the token embedding the adjacency score is about 0.5 (chance);
 2. after the first causal attention layer it is 0.8-1.0 at init (std <= 0.02);
@@ -234,7 +234,7 @@ def _claims(init, adjacency, accuracy, dw, grid, probe) -> pd.DataFrame:
          nrmse.get("cosine", 1) < nrmse.get("variance", 0), "mean over layers and seeds"),
         ("cosine probe beats the mask-only control", f"{nrmse.get('cosine', float('nan')):.3f} vs "
          f"{nrmse.get('mask_only', float('nan')):.3f}",
-         nrmse.get("cosine", 1) < nrmse.get("mask_only", 0), "our control (DESIGN.md §2)"),
+         nrmse.get("cosine", 1) < nrmse.get("mask_only", 0), "our control (docs/concepts.md)"),
     ]
     return pd.DataFrame(rows, columns=["claim", "our_figure", "holds", "detail"])
 

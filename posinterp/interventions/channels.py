@@ -1,4 +1,4 @@
-"""Spectral channels of a QK circuit and their projectors (DESIGN.md §2, "Spectral channels").
+"""Spectral channels of a QK circuit and their projectors (docs/concepts.md, "Spectral channels").
 
 For head h, B = W_K^T W_Q (d_head x d_head) carries the nonzero spectrum of
 M = W_Q W_K^T. Its eigenvalues fall into channels: ``positive_real``, ``negative_real``,

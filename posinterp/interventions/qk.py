@@ -1,6 +1,6 @@
 """Inference-time interventions on QK circuits, as TransformerLens hooks.
 
-Kinds (DESIGN.md §2):
+Kinds (docs/concepts.md):
 
 * ``remove_positive_real`` / ``remove_negative_real`` / ``remove_complex`` /
   ``remove_all``: score with q (I - Π_c) k^T, by replacing each selected head's query

@@ -194,6 +194,9 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
     import torch
 
     dtype = dtype or torch.float32
+    if not str(spec).strip():
+        raise ValueError("spec must be a hub name, a checkpoint folder, a .bin file or zoo:<pe>; "
+                         "got an empty string")
     if str(spec).startswith("zoo:"):
         return _load_zoo(str(spec))
     if str(spec) in MINILM_NAMES:

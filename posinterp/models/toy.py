@@ -1,7 +1,7 @@
 """Toy ``HookedTransformer`` models with NoPE, learned absolute, RoPE or ALiBi positions.
 
 One frozen config, one factory. Conventions follow TransformerLens 3.9; two things are
-ours (DESIGN.md §6):
+ours (docs/models.md):
 
 * **NoPE** is invisible in a TransformerLens config (it reads as "standard"). We replace
   ``pos_embed.W_pos`` by a zero *buffer*: it is not a parameter, so no optimizer or
@@ -50,7 +50,7 @@ class ToyModelConfig:
     ``d_vocab`` to the size of ``tokenizer`` (``char``: the task alphabet, ``byte``: 256),
     which must be given when ``tokenizer`` is None.
     Every weight matrix and embedding is drawn from N(init_mean, init_std); biases are 0
-    and normalization weights 1 (DESIGN.md §2, "Initialization ablation"). The default
+    and normalization weights 1 (docs/concepts.md, "Initialization ablation"). The default
     std 0.02 is nanoGPT's, not TransformerLens's 0.8/sqrt(d_model).
 
     Raises:
@@ -131,7 +131,7 @@ class ToyModelConfig:
 PRESETS: dict[str, ToyModelConfig] = {
     # nanoGPT's "baby GPT" (Zuo et al.'s model): 6 layers, 6 heads, 384 wide, ~10.6M params.
     "paper": ToyModelConfig(n_layers=6, d_model=384, n_heads=6),
-    # The CPU demo: narrower than 192 loses the first-layer adjacency at init (DESIGN §2).
+    # The CPU demo: narrower than 192 loses the first-layer adjacency at init (docs/concepts.md).
     "small": ToyModelConfig(n_layers=4, d_model=192, n_heads=6),
     # For tests and smoke runs only: too narrow to show the paper's effect.
     "tiny": ToyModelConfig(n_layers=2, d_model=32, n_heads=4, n_ctx=48),
@@ -211,7 +211,7 @@ def init_weights(model, mean: float = 0.0, std: float = 0.02, seed: int = 0) -> 
 
     Each parameter has its own generator, seeded from ``seed`` and the parameter's name,
     so models that differ only in their positional scheme (an extra ``W_pos``, say) get
-    identical weights everywhere else. DESIGN.md §2 ("Initialization ablation").
+    identical weights everywhere else. docs/concepts.md ("Initialization ablation").
     """
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]

@@ -1,4 +1,4 @@
-"""The four synthetic position tasks of Zuo et al. (arXiv 2501.00073), as read in DESIGN.md §3.
+"""The four synthetic position tasks of Zuo et al. (arXiv 2501.00073), as read in docs/concepts.md.
 
 The paper's exact strings are not public; these formats are our reading:
 
@@ -111,7 +111,7 @@ def _check_task(name: str) -> _TaskSpec:
 
 
 def task_answer(task: str, inp: str) -> str:
-    """The answer string for input ``inp`` of ``task`` (DESIGN.md §3).
+    """The answer string for input ``inp`` of ``task`` (docs/concepts.md).
 
     Raises:
         ValueError: if ``task`` is unknown.
@@ -123,7 +123,7 @@ def task_answer(task: str, inp: str) -> str:
 class TaskConfig:
     """Which task, which lengths, how many samples and which seed.
 
-    ``min_digits``/``max_digits`` default to the task's full range (DESIGN.md §3): operand
+    ``min_digits``/``max_digits`` default to the task's full range (docs/concepts.md): operand
     digits for addition, string digits otherwise. Train and test sets are disjoint sets
     of distinct inputs.
     """

@@ -17,7 +17,7 @@ BYTE_VOCAB_SIZE = 256
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)
-# Every character any task string can contain (DESIGN.md section 3).
+# Every character any task string can contain (docs/concepts.md).
 TASK_CHARS = "0123456789+=(),revwhxod"
 
 

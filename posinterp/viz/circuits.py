@@ -3,7 +3,7 @@
 ``circuitsvis``'s ``RenderedHTML.local_src`` embeds its whole 1.3 MB JavaScript bundle in
 every view, and ``str()`` of a view is a CDN page that renders nothing offline. We split
 ``local_src`` into the bundle and the render call, so a report inlines the bundle once
-and then holds one small render call per view (DESIGN.md §6).
+and then holds one small render call per view (docs/models.md).
 """
 
 from __future__ import annotations

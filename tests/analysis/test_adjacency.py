@@ -12,7 +12,7 @@ from tests.helpers import random_tokens, tiny_model
 
 
 def brute_force_row(v, strict=False):
-    """The literal O(k^2) pair loop of DESIGN.md §2, independent of the fast path."""
+    """The literal O(k^2) pair loop of docs/concepts.md, independent of the fast path."""
     k = len(v)
     total = 0.0
     for i, j in itertools.combinations(range(k), 2):
@@ -137,3 +137,17 @@ def test_by_layer_bad_input():
         adjacency_by_layer(model, random_tokens(model, 1, model.cfg.n_ctx + 1))
     with pytest.raises(ValueError, match="at least 3 real tokens"):
         adjacency_by_layer(model, toks[:, :2])
+
+
+def test_token_and_mask_validation():
+    model = tiny_model("nope")
+    toks = random_tokens(model, 2, 10)
+    ref = adjacency_by_layer(model, toks)
+    bool_mask = adjacency_by_layer(model, toks, attention_mask=torch.ones(2, 10, dtype=torch.bool))
+    assert bool_mask.value.tolist() == ref.value.tolist()
+    with pytest.raises(ValueError, match="integer token ids"):
+        adjacency_by_layer(model, toks.float() + 0.5)
+    with pytest.raises(ValueError, match="d_vocab"):
+        adjacency_by_layer(model, toks + model.cfg.d_vocab)
+    with pytest.raises(ValueError, match="empty"):
+        adjacency_by_layer(model, toks[:0])

@@ -146,7 +146,7 @@ def test_null_calibration_at_init_with_128_heads():
     """At init every head is a draw from the null: >= 90% inside its central 95% band.
 
     With 128 heads the chance of failing by bad luck is ~0.5%; with 8 heads a "pass"
-    would mean little (DESIGN.md §2)."""
+    would mean little (docs/concepts.md)."""
     cfg = ToyModelConfig(pe="nope", n_layers=4, d_model=64, n_heads=32, d_head=16, seed=11)
     model = build_model(cfg)
     meas = spectral_measures(model)

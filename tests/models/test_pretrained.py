@@ -61,7 +61,7 @@ def _hf_logits(name, hf, toks, mask=None):
     if mask is not None:
         kw["attention_mask"] = mask
         if not name.startswith("bloom"):
-            # HF GPT-2 (and friends) do not derive positions from the mask (DESIGN.md §6).
+            # HF GPT-2 (and friends) do not derive positions from the mask (docs/models.md).
             kw["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         return hf(toks, **kw).logits
@@ -186,3 +186,8 @@ def test_minilm_encoder_matches_hf_offline(no_network):
     for layer in range(model.cfg.n_layers):
         diff = cache[f"blocks.{layer}.attn.hook_pattern"] - out.attentions[layer]
         assert diff.abs().max() < 1e-4
+
+
+def test_empty_spec():
+    with pytest.raises(ValueError, match="empty string"):
+        load_model("")

@@ -88,6 +88,6 @@ def test_config_errors(kwargs, match):
 
 
 def test_too_few_distinct_inputs_is_a_clear_error():
-    # 1-4 digit reversal has only 11,110 distinct inputs (DESIGN.md §3).
+    # 1-4 digit reversal has only 11,110 distinct inputs (docs/concepts.md).
     with pytest.raises(ValueError, match="distinct inputs"):
         make_task_data(TaskConfig("reversal", max_digits=4), max_tries_factor=3)
