@@ -9,3 +9,7 @@ __all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_projectors", "interve
 from .constraints import CONSTRAINTS, TiedKey, constrain_qk, effective_x  # noqa: E402
 
 __all__ += ["CONSTRAINTS", "TiedKey", "constrain_qk", "effective_x"]
+
+from .effects import ablation_effect, per_head_interventions  # noqa: E402
+
+__all__ += ["ablation_effect", "per_head_interventions"]

@@ -1,0 +1,92 @@
+"""What an intervention changes: loss, answer accuracy, previous-token score, adjacency."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from ..analysis._checks import check_attention_mask, check_tokens, lengths_from_mask
+from ..analysis.adjacency import adjacency_score
+from ..analysis.heads import previous_token_score
+from ..analysis.similarity import cosine_self_similarity
+from .qk import QKIntervention, intervene
+
+__all__ = ["ablation_effect", "per_head_interventions"]
+
+
+def per_head_interventions(model, kinds, layers=None, k: int | None = None
+                           ) -> list[QKIntervention]:
+    """One single-head intervention per (kind, layer, head): a sweep for ablation_effect.
+
+    Raises:
+        ValueError: for an unknown kind (from :class:`QKIntervention`).
+    """
+    layers = range(model.cfg.n_layers) if layers is None else layers
+    return [QKIntervention(kind, layer, heads=(head,), k=k) for kind in kinds for layer in layers
+            for head in range(model.cfg.n_heads)]
+
+
+@torch.no_grad()
+def _measure(model, tokens, mask, answer_mask, lengths) -> dict:
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    logits, cache = model.run_with_cache(
+        tokens, attention_mask=mask,
+        names_filter=lambda n: n.endswith("attn.hook_pattern") or n == last)
+    logp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
+    target = (answer_mask[:, 1:] if answer_mask is not None else
+              (mask[:, 1:] if mask is not None else torch.ones_like(tokens[:, 1:]))).bool()
+    out = {"loss": float(-logp[target].mean())}
+    if answer_mask is not None:
+        hit = (logits[:, :-1].argmax(-1) == tokens[:, 1:]) | ~target
+        out["answer_accuracy"] = float(hit.all(-1).float().mean())
+    out["adjacency_score"] = adjacency_score(cosine_self_similarity(cache[last], mask),
+                                             lengths).score
+    out["patterns"] = {layer: cache[f"blocks.{layer}.attn.hook_pattern"]
+                       for layer in range(model.cfg.n_layers)}
+    return out
+
+
+def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
+                    attention_mask: Int[Tensor, "batch pos"] | None = None,
+                    answer_mask: Int[Tensor, "batch pos"] | None = None) -> pd.DataFrame:
+    """Change in loss, answer accuracy, previous-token score and adjacency per intervention.
+
+    ``loss`` is the mean next-token cross-entropy (nats) over answer tokens when
+    ``answer_mask`` is given (1 on answer tokens, as in :class:`posinterp.tasks.TaskSplit`),
+    else over all real tokens; ``answer_accuracy`` is exact match (only with
+    ``answer_mask``); ``previous_token_score`` is the mean over the intervened heads;
+    ``adjacency_score`` is at the last ``resid_post``.
+
+    Returns:
+        Tidy DataFrame ``hook, layer, head, position, metric, value, clean, intervened,
+        kind`` where ``value = intervened - clean``; ``head`` is NA for multi-head
+        interventions.
+
+    Raises:
+        ValueError: for malformed tokens/masks or invalid interventions.
+    """
+    tokens = check_tokens(model, tokens)
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    answer_mask = check_attention_mask(answer_mask, tuple(tokens.shape))
+    lengths = lengths_from_mask(mask, *tokens.shape)
+    interventions = [interventions] if isinstance(interventions, QKIntervention) else interventions
+    clean = _measure(model, tokens, mask, answer_mask, lengths)
+    rows = []
+    for iv in interventions:
+        with intervene(model, iv):
+            after = _measure(model, tokens, mask, answer_mask, lengths)
+        heads = list(range(model.cfg.n_heads)) if iv.heads is None else list(iv.heads)
+        prev = {}
+        for name, res in (("clean", clean), ("intervened", after)):
+            scores = previous_token_score(res["patterns"][iv.layer], mask)  # [batch, head]
+            prev[name] = float(scores[:, heads].mean())
+        metrics = {m: (clean[m], after[m]) for m in ("loss", "answer_accuracy", "adjacency_score")
+                   if m in clean}
+        metrics["previous_token_score"] = (prev["clean"], prev["intervened"])
+        for metric, (c, a) in metrics.items():
+            rows.append(dict(hook=f"blocks.{iv.layer}.attn", layer=iv.layer,
+                             head=heads[0] if len(heads) == 1 else pd.NA, position=pd.NA,
+                             metric=metric, value=a - c, clean=c, intervened=a, kind=iv.kind))
+    return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64"})
