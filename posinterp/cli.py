@@ -85,6 +85,23 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _experiment(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from .experiments.qk_constraints import ConstraintGrid, run_qk_constraints
+
+    grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
+    if args.seeds is not None:
+        if args.seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+        grid = ConstraintGrid(**{**grid.__dict__, "seeds": args.seeds})
+    summary = run_qk_constraints(grid, args.out, progress=not args.no_progress)
+    with pd.option_context("display.width", 220, "display.max_columns", 20):
+        print(summary.to_string(index=False))
+    print(f"report: {(Path(args.out) / 'report.html').resolve()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -139,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", default="posinterp-zuo2024")
     rp.add_argument("--no-progress", action="store_true")
     rp.set_defaults(func=_reproduce)
+
+    ex = sub.add_parser("experiment", help="learning-speed experiments")
+    ex.add_argument("name", choices=["qk-constraints"])
+    ex.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
+    ex.add_argument("--seeds", type=int, default=None)
+    ex.add_argument("--out", default="posinterp-qk-constraints")
+    ex.add_argument("--no-progress", action="store_true")
+    ex.set_defaults(func=_experiment)
     return p
 
 
