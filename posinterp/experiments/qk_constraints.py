@@ -51,7 +51,7 @@ class ConstraintGrid:
     n_heads: int = 4
     batch_size: int = 32
     lr: float = 3e-3
-    max_steps: int = 400
+    max_steps: int = 500
     eval_every: int = 20
     target: float = 0.9
 
