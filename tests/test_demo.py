@@ -8,7 +8,8 @@ from tests.viz.test_report import external_refs
 def test_demo_pipeline_on_tiny_model_and_resume(tmp_path):
     cfg = DemoConfig(preset="tiny", digits=5, max_steps=4, n_analysis=4, init_seeds=2)
     res = run_demo(cfg, tmp_path, progress=False)
-    for name in ("report.html", "adjacency.csv", "history.csv", "run.json"):
+    for name in ("report.html", "adjacency.csv", "history.csv", "run.json",
+                 "figures/accuracy.png", "figures/accuracy.svg", "figures/similarity_init.svg"):
         assert (tmp_path / name).exists()
     html = res.report_path.read_text()
     assert html.count("var CircuitsVis=") == 1 and external_refs(html) == []

@@ -155,7 +155,7 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
     atomic_write_json(out / "run.json", meta)
 
     report = _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
-                     init_sims, trained_sims, len(test))
+                     init_sims, trained_sims, len(test), out / "figures")
     path = report.save(out / "report.html")
     return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
                       result.reached_target)
@@ -176,7 +176,7 @@ def _table(adjacency: pd.DataFrame, seed: int) -> pd.DataFrame:
 
 
 def _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
-            init_sims, trained_sims, n_test) -> Report:
+            init_sims, trained_sims, n_test, figures: Path) -> Report:
     d = config.digits
     rep = Report("posinterp demo: position emerges in a NoPE transformer")
     rep.paragraph(
@@ -199,16 +199,19 @@ def _report(config, model_cfg, model, table, adjacency, result, final, sample_to
         f"Training {status} {config.target_accuracy:.0%} exact match (on a 1,000-sample "
         f"subset) after {result.steps} steps. Exact-match accuracy on all {n_test:,} "
         f"held-out samples: {final['test_accuracy']:.3f}.")
-    rep.figure(history_plot(result.history, config.target_accuracy), "training curve")
+    rep.figure(history_plot(result.history, config.target_accuracy), "training curve",
+               save_as=figures / "accuracy")
     rep.heading("Adjacency score by layer (init vs trained)")
     rep.table(table)
     rep.figure(adjacency_plot(adjacency[adjacency.seed == config.seed].assign(
-        curve=lambda x: x.state + " / " + x.input), by="curve"), "adjacency by hook")
+        curve=lambda x: x.state + " / " + x.input), by="curve"), "adjacency by hook",
+        save_as=figures / "adjacency_by_layer")
     labels = {h: h.replace("blocks.", "L").replace(".hook_", " ") for h in init_sims}
     for state, sims in (("init", init_sims), ("trained", trained_sims)):
         rep.heading(f"Cosine self-similarity on one test sample ({state})", level=3)
         rep.figure(similarity_grid({labels[h]: s[0] for h, s in sims.items()},
-                                   title=state), f"similarity heatmaps, {state}")
+                                   title=state), f"similarity heatmaps, {state}",
+                   save_as=figures / f"similarity_{state}")
     rep.heading("Attention patterns of every head (trained model, one test sample)")
     _, cache = model.run_with_cache(sample_toks, names_filter=lambda n: n.endswith("hook_pattern"))
     str_tokens = model.to_str_tokens(sample_toks[0])

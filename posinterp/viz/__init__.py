@@ -7,9 +7,11 @@ from .figures import (
     eigenvalue_planes,
     fingerprint_plot,
     history_plot,
+    save_figure,
     similarity_grid,
 )
 from .report import Report
 
 __all__ = ["CircuitsView", "Report", "adjacency_plot", "attention_view", "dynamics_plot",
-           "eigenvalue_planes", "fingerprint_plot", "history_plot", "similarity_grid"]
+           "eigenvalue_planes", "fingerprint_plot", "history_plot", "save_figure",
+           "similarity_grid"]

@@ -14,7 +14,35 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-__all__ = ["adjacency_plot", "history_plot", "similarity_grid"]
+__all__ = ["adjacency_plot", "dynamics_plot", "eigenvalue_planes", "fingerprint_plot",
+           "grid_heatmap", "history_plot", "save_figure", "similarity_grid"]
+
+
+def save_figure(fig, stem, formats=("png", "svg"), dpi: int = 150, close: bool = True) -> list:
+    """Write ``fig`` as ``stem.png`` and ``stem.svg`` (atomically), closing it unless told.
+
+    Returns:
+        The written paths.
+
+    Raises:
+        ValueError: for a format matplotlib cannot write.
+    """
+    from pathlib import Path
+
+    from ..io import atomic_path
+
+    paths = []
+    for fmt in formats:
+        if fmt not in fig.canvas.get_supported_filetypes():
+            raise ValueError(f"format must be one of {sorted(fig.canvas.get_supported_filetypes())}, "
+                             f"got {fmt!r}")
+        path = Path(f"{stem}.{fmt}")
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+        paths.append(path)
+    if close:
+        plt.close(fig)
+    return paths
 
 
 def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int = 5):

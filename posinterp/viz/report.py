@@ -52,9 +52,17 @@ class Report:
                                       na_rep="", border=0))
         return self
 
-    def figure(self, fig, caption: str = "") -> Report:
-        """Embed a matplotlib figure as an inline PNG and close it."""
+    def figure(self, fig, caption: str = "", save_as: str | Path | None = None) -> Report:
+        """Embed a matplotlib figure as an inline PNG and close it.
+
+        With ``save_as`` (a path without suffix) it is also written as PNG and SVG.
+        """
         import matplotlib.pyplot as plt
+
+        if save_as is not None:
+            from .figures import save_figure
+
+            save_figure(fig, save_as, close=False)
 
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")

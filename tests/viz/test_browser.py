@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
-from posinterp.viz import Report, attention_view
+from posinterp.experiments import DemoConfig, run_demo
+from tests.viz.test_report import external_refs
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Flags from this workplace's notes: without the background-networking ones Chromium
@@ -22,13 +22,10 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed "
                     "(apt-get install chromium); the browser check needs it")
-def test_report_renders_circuitsvis_offline_in_chromium(tmp_path):
-    gen = torch.Generator().manual_seed(0)
-    rep = Report("browser check")
-    for layer in range(2):
-        pattern = torch.softmax(torch.randn(3, 5, 5, generator=gen), -1).tril()
-        rep.circuits(attention_view(list("abcde"), pattern), caption=f"layer {layer}")
-    path = rep.save(tmp_path / "report.html")
+def test_demo_report_renders_circuitsvis_offline_in_chromium(tmp_path):
+    # The demo's own report, from a tiny run: 2 layers, so 2 circuitsvis views.
+    cfg = DemoConfig(preset="tiny", digits=5, max_steps=2, n_analysis=3, init_seeds=1)
+    path = run_demo(cfg, tmp_path / "demo", progress=False).report_path
     out = subprocess.run(
         [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
          "--virtual-time-budget=10000", "--dump-dom", path.as_uri()],
@@ -39,6 +36,7 @@ def test_report_renders_circuitsvis_offline_in_chromium(tmp_path):
     # Text that only exists once React has rendered the AttentionPatterns component.
     assert dom.count("Head selector") == 2
     assert dom.count("Attention Patterns") == 2
+    assert external_refs(out.stdout) == []  # nothing the scripts added points outside either
     # A picture for humans: test-artifacts/browser-report.png (git-ignored).
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "browser-report.png"

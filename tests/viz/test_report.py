@@ -48,3 +48,13 @@ def test_long_sequences_are_cut_with_a_note():
     view = attention_view([str(i) for i in range(300)], pattern, max_tokens=50)
     assert "first 50 of 300" in view.html()
     assert view.render_call.count('"49"') == 1 and '"50"' not in view.render_call
+
+
+def test_save_figure_png_and_svg(tmp_path):
+    from posinterp.viz import save_figure
+
+    paths = save_figure(similarity_grid({"x": torch.eye(3)}), tmp_path / "fig")
+    assert [p.suffix for p in paths] == [".png", ".svg"]
+    assert paths[0].read_bytes()[:4] == b"\x89PNG" and b"<svg" in paths[1].read_bytes()[:500]
+    with pytest.raises(ValueError, match="format must be one of"):
+        save_figure(similarity_grid({"x": torch.eye(3)}), tmp_path / "f", formats=("bmpx",))
