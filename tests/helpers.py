@@ -20,3 +20,14 @@ def random_tokens(model, batch: int, pos: int, seed: int = 0) -> torch.Tensor:
     """Random non-special token ids (ids >= 4 skip pad/bos/eos/unk)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(4, model.cfg.d_vocab, (batch, pos), generator=gen)
+
+
+def gqa_model():
+    """A 1-layer rotary model with grouped-query attention: 4 query heads, 2 KV heads."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2,
+                                  d_head=4, n_ctx=8, d_vocab=10, act_fn="silu",
+                                  normalization_type="RMS", positional_embedding_type="rotary",
+                                  rotary_dim=4, seed=0)
+    return HookedTransformer(cfg)

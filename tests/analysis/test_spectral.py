@@ -13,7 +13,7 @@ from posinterp.analysis.spectral import (
     spectral_measures,
 )
 from posinterp.models import ToyModelConfig, build_model
-from tests.helpers import tiny_model
+from tests.helpers import gqa_model, tiny_model
 
 
 def test_eigenvalues_equal_dense_numpy_on_random_heads():
@@ -120,13 +120,7 @@ def test_rotary_offsets_reported_and_labelled():
 
 
 def test_grouped_query_heads_share_k():
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2,
-                                  d_head=4, n_ctx=8, d_vocab=10, act_fn="silu",
-                                  normalization_type="RMS", positional_embedding_type="rotary",
-                                  rotary_dim=4, seed=0)
-    model = HookedTransformer(cfg)
+    model = gqa_model()
     W_Q, W_K = qk_weights(model, 0)
     assert torch.equal(W_K[0], W_K[1]) and torch.equal(W_K[2], W_K[3])
     torch.testing.assert_close(W_K[1], model.blocks[0].attn._W_K[0].double())

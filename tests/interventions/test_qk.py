@@ -11,7 +11,7 @@ from posinterp.interventions import (
     intervention_hooks,
     top_k_projector,
 )
-from tests.helpers import random_tokens, tiny_model
+from tests.helpers import gqa_model, random_tokens, tiny_model
 
 PES = ["nope", "absolute", "rotary", "alibi"]
 
@@ -151,13 +151,8 @@ def test_bad_interventions():
 
 
 def test_grouped_query_symmetrization():
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2,
-                                  d_head=4, n_ctx=8, d_vocab=10, act_fn="silu",
-                                  normalization_type="RMS", positional_embedding_type="rotary",
-                                  rotary_dim=4, seed=0)
-    model = HookedTransformer(cfg)
+    model = gqa_model()
+    cfg = model.cfg
     toks = torch.randint(0, 10, (1, 6), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(toks)
     q = cache["blocks.0.attn.hook_rot_q"].double()
