@@ -18,7 +18,7 @@ from ..analysis import adjacency_by_layer, similarity_by_layer
 from ..io import atomic_path, atomic_write_json, versions
 from ..models import build_model, preset
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
-from ..train import TrainConfig, train
+from ..train import TrainConfig, evaluate, train
 from ..viz import Report, adjacency_plot, attention_view, history_plot, similarity_grid
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
@@ -136,8 +136,6 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
         raise ValueError(f"{out} holds a demo run with other settings (e.g. --quick vs the "
                          "default); choose another --out folder or delete this one") from None
     model = result.model
-    from ..train import evaluate
-
     final = evaluate(model, test)  # the whole held-out split, not the training-time subset
     frames.append(_adjacency(model, inputs, "trained", config.seed))
     adjacency = pd.concat(frames, ignore_index=True).assign(model=f"{config.preset}-nope")

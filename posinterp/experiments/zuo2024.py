@@ -87,14 +87,6 @@ def _random_tokens(n: int, length: int, seed: int) -> torch.Tensor:
     return toks
 
 
-def _first_attention(df: pd.DataFrame) -> float:
-    return float(df[df.hook == "blocks.0.hook_resid_mid"].value.iloc[0])
-
-
-def _embedding(df: pd.DataFrame) -> float:
-    return float(df[df.hook == "blocks.0.hook_resid_pre"].value.iloc[0])
-
-
 def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posinterp-zuo2024",
                 progress: bool = True) -> pd.DataFrame:
     """Run the reproduction; write ``claims.csv``, the cell CSVs and ``report.html``.

@@ -34,11 +34,6 @@ _PROCESSING_DEFAULTS = dict(fold_ln=True, center_writing_weights=True, center_un
                             fold_value_biases=True)
 
 
-def _processing(fold_ln, center_writing_weights, center_unembed, fold_value_biases) -> dict:
-    return dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                center_unembed=center_unembed, fold_value_biases=fold_value_biases)
-
-
 def _fix_alibi(model, pe: str):
     if pe != "alibi":
         return None
