@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -91,10 +92,12 @@ def _experiment(args: argparse.Namespace) -> int:
     from .experiments.qk_constraints import ConstraintGrid, run_qk_constraints
 
     grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
-    if args.seeds is not None:
-        if args.seeds < 1:
-            raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
-        grid = ConstraintGrid(**{**grid.__dict__, "seeds": args.seeds})
+    for name in ("seeds", "workers"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+            grid = dataclasses.replace(grid, **{name: value})
     summary = run_qk_constraints(grid, args.out, progress=not args.no_progress)
     with pd.option_context("display.width", 220, "display.max_columns", 20):
         print(summary.to_string(index=False))
@@ -160,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("experiment", help="learning-speed experiments")
     ex.add_argument("name", choices=["qk-constraints"])
     ex.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
-    ex.add_argument("--seeds", type=int, default=None)
+    ex.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 5)")
+    ex.add_argument("--workers", type=int, default=None,
+                    help="processes sharing the cells, one torch thread each (default 2)")
     ex.add_argument("--out", default="posinterp-qk-constraints")
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=_experiment)

@@ -1,6 +1,19 @@
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
 import torch
 
-from posinterp.experiments.qk_constraints import ConstraintGrid, induction_batch, run_qk_constraints
+from posinterp.experiments.qk_constraints import (
+    ConstraintGrid,
+    claims_table,
+    induction_batch,
+    run_qk_constraints,
+)
+
+TINY = dict(pes=("absolute",), constraints=("none", "tied", "symmetric"), seeds=2,
+            max_steps=4, eval_every=2, d_model=16, n_heads=2, n_ctx=12)
 
 
 def test_induction_batches_are_periodic_with_random_periods():
@@ -15,13 +28,68 @@ def test_induction_batches_are_periodic_with_random_periods():
 
 
 def test_grid_runs_resumes_and_summarizes(tmp_path):
-    grid = ConstraintGrid(pes=("absolute",), constraints=("none", "tied", "symmetric"), seeds=2,
-                          max_steps=4, eval_every=2, d_model=16, n_heads=2, n_ctx=12)
+    grid = ConstraintGrid(**TINY, workers=1)
     summary = run_qk_constraints(grid, tmp_path, progress=False)
-    assert list(summary.constraint) == ["none", "tied", "symmetric"]
+    assert list(zip(summary.constraint, summary.control, strict=True)) == [
+        ("none", ""), ("tied", "none"), ("symmetric", "tied"), ("symmetric", "none")]
     assert (summary.censored == 2).all()  # 4 steps cannot reach 90%: censored, not dropped
-    assert summary.loc[summary.constraint == "symmetric", "control"].item() == "tied"
-    assert summary.loc[summary.constraint == "symmetric", "ratio"].item() == 1.0
+    # every run is censored at the cap on both sides, so every ratio is exactly 1
+    assert (summary.ratio.dropna() == 1.0).all()
     assert (tmp_path / "report.html").exists() and len(list((tmp_path / "cells").iterdir())) == 6
+    claims = pd.read_csv(tmp_path / "claims.csv")
+    assert (claims.loc[claims.claim.str.contains("2.9x"), "verdict"] == "undetermined").all()
     again = run_qk_constraints(grid, tmp_path, progress=False)
     assert again.equals(summary)
+
+
+def test_workers_do_not_change_the_numbers(tmp_path):
+    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "tied")})
+    one = run_qk_constraints(grid, tmp_path / "one", progress=False)
+    two = run_qk_constraints(dataclasses.replace(grid, workers=2), tmp_path / "two",
+                             progress=False)
+    pd.testing.assert_frame_equal(one, two)
+    for cell in (tmp_path / "one" / "cells").iterdir():
+        assert json.loads(cell.read_text()) == json.loads(
+            (tmp_path / "two" / "cells" / cell.name).read_text())
+
+
+def test_resuming_with_another_budget_is_refused_and_keeps_the_cells(tmp_path):
+    grid = ConstraintGrid(**{**TINY, "seeds": 1, "constraints": ("none",)}, workers=1)
+    run_qk_constraints(grid, tmp_path, progress=False)
+    before = sorted(p.name for p in (tmp_path / "cells").iterdir())
+    with pytest.raises(ValueError, match="out_dir"):
+        run_qk_constraints(dataclasses.replace(grid, max_steps=6), tmp_path, progress=False)
+    assert sorted(p.name for p in (tmp_path / "cells").iterdir()) == before
+
+
+@pytest.mark.parametrize("bad, match", [({"seeds": 0}, "seeds"), ({"workers": 0}, "workers"),
+                                        ({"target": 1.5}, "target"),
+                                        ({"constraints": ("none", "sym")}, "constraints")])
+def test_bad_grid_names_the_parameter(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ConstraintGrid(**bad)
+
+
+def _row(pe, constraint, control, ratio, lo, hi, q, censored=0, control_censored=0, n=5):
+    return dict(pe=pe, constraint=constraint, control=control, n=n, censored=censored,
+                control_censored=control_censored, median_steps=100.0, ratio=ratio,
+                ci_low=lo, ci_high=hi, p_one_sided=q, q_bh=q)
+
+
+def test_claims_verdicts_follow_the_definitions():
+    grid = ConstraintGrid()
+    summary = pd.DataFrame([
+        _row("absolute", "symmetric", "tied", 3.1, 2.0, 4.0, 0.01),       # 2.9 inside the CI
+        _row("absolute", "symmetric", "none", 1.2, 1.0, 1.5, 0.2),        # 2.9 outside
+        _row("rotary", "no_positive_real", "tied", 2.0, 1.5, 3.0, 0.03, censored=1),
+        _row("rotary", "no_negative_real", "tied", 1.0, 0.8, 1.2, 0.6),
+    ])
+    c = claims_table(summary, grid).set_index("claim").verdict
+    assert c["symmetric M slows absolute PE ~2.9x (vs tied)"] == "holds"
+    assert c["symmetric M slows absolute PE ~2.9x (vs none)"] == "fails"
+    assert c["rotary: banning via no_positive_real slows learning (q <= 0.05)"] == "holds"
+    assert c["rotary: no_positive_real never prevents learning"] == "fails"  # one censored
+    assert c["rotary: banning via no_negative_real slows learning (q <= 0.05)"] == "fails"
+    assert c["rotary: no_negative_real never prevents learning"] == "holds"
+    both_censored = summary.iloc[[0]].assign(censored=5, control_censored=5)
+    assert claims_table(both_censored, grid).verdict.iloc[0] == "undetermined"
