@@ -42,6 +42,19 @@ def test_grid_runs_resumes_and_summarizes(tmp_path):
     assert again.equals(summary)
 
 
+def test_cells_record_the_previous_token_head_and_its_symmetry(tmp_path):
+    grid = ConstraintGrid(**{**TINY, "pes": ("rotary",), "seeds": 1}, workers=1)
+    run_qk_constraints(grid, tmp_path, progress=False)
+    runs = pd.read_csv(tmp_path / "runs.csv").set_index("constraint")
+    assert runs.prev_score.between(0, 1).all()
+    # a symmetric X makes M(0) exactly symmetric; RoPE's rotation one step back does not
+    assert runs.loc["symmetric", "prev_head_antisymmetric_energy_offset0"] < 1e-12
+    assert runs.loc["symmetric", "prev_head_antisymmetric_energy_offset-1"] > 1e-6
+    assert runs.loc["none", "prev_head_antisymmetric_energy_offset0"] > 1e-3
+    heads = pd.read_csv(tmp_path / "heads.csv")
+    assert list(heads.constraint) == ["none", "tied", "symmetric"]
+
+
 def test_workers_do_not_change_the_numbers(tmp_path):
     grid = ConstraintGrid(**{**TINY, "constraints": ("none", "tied")})
     one = run_qk_constraints(grid, tmp_path / "one", progress=False)
@@ -91,5 +104,11 @@ def test_claims_verdicts_follow_the_definitions():
     assert c["rotary: no_positive_real never prevents learning"] == "fails"  # one censored
     assert c["rotary: banning via no_negative_real slows learning (q <= 0.05)"] == "fails"
     assert c["rotary: no_negative_real never prevents learning"] == "holds"
+    heads = pd.DataFrame([dict(pe="rotary", constraint="symmetric", median_prev_score=0.8,
+                               max_antisymmetric_energy_offset0=1e-15)])
+    routes = claims_table(summary, grid, heads).set_index("claim").verdict
+    assert routes["rotary: a head with symmetric M(0) still routes by position"] == "holds"
+    weak = claims_table(summary, grid, heads.assign(median_prev_score=0.2))
+    assert weak.verdict.iloc[-1] == "fails"
     both_censored = summary.iloc[[0]].assign(censored=5, control_censored=5)
     assert claims_table(both_censored, grid).verdict.iloc[0] == "undetermined"
