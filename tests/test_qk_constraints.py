@@ -112,3 +112,10 @@ def test_claims_verdicts_follow_the_definitions():
     assert weak.verdict.iloc[-1] == "fails"
     both_censored = summary.iloc[[0]].assign(censored=5, control_censored=5)
     assert claims_table(both_censored, grid).verdict.iloc[0] == "undetermined"
+    # every symmetric run censored: the ratio is a lower bound, which cannot confirm ~2.9x
+    # and refutes it only once it exceeds 2.9
+    lower = summary.iloc[[0]].assign(censored=5, ratio=2.9, ci_low=2.4, ci_high=4.4)
+    assert claims_table(lower, grid).verdict.iloc[0] == "undetermined"
+    assert claims_table(lower.assign(ci_low=3.5), grid).verdict.iloc[0] == "fails"
+    upper = summary.iloc[[0]].assign(control_censored=5, ratio=1.5, ci_low=1.0, ci_high=2.0)
+    assert claims_table(upper, grid).verdict.iloc[0] == "fails"
