@@ -104,6 +104,9 @@ def test_claims_verdicts_follow_the_definitions():
     assert c["rotary: no_positive_real never prevents learning"] == "fails"  # one censored
     assert c["rotary: banning via no_negative_real slows learning (q <= 0.05)"] == "fails"
     assert c["rotary: no_negative_real never prevents learning"] == "holds"
+    blind = claims_table(summary.iloc[[2]].assign(censored=5, control_censored=5, q_bh=1.0),
+                         grid)
+    assert (blind.verdict == "undetermined").all()  # the control never learned either
     heads = pd.DataFrame([dict(pe="rotary", constraint="symmetric", median_prev_score=0.8,
                                max_antisymmetric_energy_offset0=1e-15)])
     routes = claims_table(summary, grid, heads).set_index("claim").verdict

@@ -268,7 +268,9 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
     learning (one-sided q <= 0.05 vs ``tied``) but never prevents it (no run censored
     at ``grid.max_steps``). A side whose runs are all censored turns the ratio into a
     bound, and the verdict into "undetermined" unless the bound already refutes the
-    claim. With ``heads`` (from :func:`heads_table`): a RoPE model
+    claim; when the ``tied`` control itself never reached the target, neither
+    "slows" (if every constrained run is censored too) nor "prevents" can be judged.
+    With ``heads`` (from :func:`heads_table`): a RoPE model
     whose M is symmetric still routes by position, i.e. its strongest previous-token
     head has a(M(0)) < 1e-6 and a median previous-token score >= 0.5. ``verdict`` is
     "holds", "fails" or "undetermined" (when censoring on both sides hides the ratio).
@@ -283,18 +285,23 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
         rows.append(dict(claim=f"symmetric M slows absolute PE ~{CLAIMED_SLOWDOWN}x "
                                f"(vs {r.control})",
                          measured=f"{bound}{r.ratio:.2f}x [{r.ci_low:.2f}, {r.ci_high:.2f}], "
-                                  f"censored {r.censored}/{r.n} vs {r.control_censored}/{r.n}",
+                                  f"censored {r.censored}/{r.n} vs {int(r.control_censored)}/{r.n}",
                          verdict=verdict))
     banned = summary[summary.constraint.isin(BANNED_CHANNELS) & (summary.control == "tied")]
     for _, r in banned.iterrows():
-        slower = bool(r.q_bh <= 0.05)
+        # a control that never reached the target says nothing about what the ban costs
+        blind = r.control_censored == r.n
+        slower = "holds" if r.q_bh <= 0.05 else "fails"
         rows.append(dict(claim=f"{r.pe}: banning via {r.constraint} slows learning (q <= 0.05)",
-                         measured=f"{r.ratio:.2f}x, q = {r.q_bh:.3g}",
-                         verdict="holds" if slower else "fails"))
+                         measured=f"{r.ratio:.2f}x, q = {r.q_bh:.3g}, control censored "
+                                  f"{int(r.control_censored)}/{r.n}",
+                         verdict="undetermined" if blind and r.censored == r.n else slower))
+        prevented = "holds" if r.censored == 0 else ("undetermined" if blind else "fails")
         rows.append(dict(claim=f"{r.pe}: {r.constraint} never prevents learning",
                          measured=f"{r.n - r.censored}/{r.n} runs reached {grid.target} "
-                                  f"within {grid.max_steps} steps",
-                         verdict="holds" if r.censored == 0 else "fails"))
+                                  f"within {grid.max_steps} steps (control "
+                                  f"{int(r.n - r.control_censored)}/{r.n})",
+                         verdict=prevented))
     if heads is not None:
         for _, r in heads[(heads.pe == "rotary") & (heads.constraint == "symmetric")].iterrows():
             a0, score = r.max_antisymmetric_energy_offset0, r.median_prev_score
@@ -419,15 +426,20 @@ def _report(grid, summary, heads, claims):
         hi = (sel.ci_high.fillna(sel.ratio) - sel.ratio).clip(lower=0)
         ax.errorbar(sel.ratio, sel.index, xerr=[lo, hi], fmt=marker, color=colour,
                     label=f"vs {control}")
-        both = sel[(sel.censored == sel.n) & (sel.control_censored == sel.n)]
-        ax.scatter(both.ratio, both.index, marker="x", s=60, color="k", zorder=3)
+        cens, ctrl = sel.censored == sel.n, sel.control_censored == sel.n
+        for mask, mark in ((cens & ctrl, "x"), (cens & ~ctrl, ">"), (~cens & ctrl, "<")):
+            ax.scatter(sel.ratio[mask], sel.index[mask], marker=mark, s=60, color="k", zorder=3)
     ax.axvline(1, color="grey", lw=0.8)
     ax.set_xscale("log")
+    ticks = [0.125, 0.25, 0.5, 1, 2, 4, 8]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set_yticks(d.index)
     ax.set_yticklabels(d.pe + " / " + d.constraint + " vs " + d.control, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("steps to target: ratio of medians to control (95% bootstrap CI); "
-                  "x = every run censored on both sides", fontsize=8)
+    ax.set_xlabel("steps to target: ratio of medians to control (95% bootstrap CI)\n"
+                  "every run censored: > constrained side (a lower bound), < control "
+                  "(an upper bound), x both (no information)", fontsize=8)
     if len(d):
         ax.legend(fontsize=7)
     fig.tight_layout()
