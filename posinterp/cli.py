@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 5)")
     ex.add_argument("--workers", type=int, default=None,
                     help="processes sharing the cells, one torch thread each (default 2)")
-    ex.add_argument("--out", default="posinterp-qk-constraints")
+    ex.add_argument("--out", default="posinterp-qk-constraints",
+                    help="output folder (default posinterp-qk-constraints)")
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=_experiment)
     return p
@@ -180,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("posinterp: interrupted; finished work is saved, rerun the same command to "
+              "resume", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,8 +38,10 @@ def test_grid_runs_resumes_and_summarizes(tmp_path):
     assert (tmp_path / "report.html").exists() and len(list((tmp_path / "cells").iterdir())) == 6
     claims = pd.read_csv(tmp_path / "claims.csv")
     assert (claims.loc[claims.claim.str.contains("2.9x"), "verdict"] == "undetermined").all()
+    first_runs = (tmp_path / "runs.csv").read_bytes()
     again = run_qk_constraints(grid, tmp_path, progress=False)
     assert again.equals(summary)
+    assert (tmp_path / "runs.csv").read_bytes() == first_runs  # same columns, same order
 
 
 def test_cells_record_the_previous_token_head_and_its_symmetry(tmp_path):
@@ -77,7 +79,10 @@ def test_resuming_with_another_budget_is_refused_and_keeps_the_cells(tmp_path):
 
 @pytest.mark.parametrize("bad, match", [({"seeds": 0}, "seeds"), ({"workers": 0}, "workers"),
                                         ({"target": 1.5}, "target"),
-                                        ({"constraints": ("none", "sym")}, "constraints")])
+                                        ({"constraints": ("none", "sym")}, "constraints"),
+                                        ({"constraints": ("none", "none")}, "repeats"),
+                                        ({"constraints": ()}, "constraints"),
+                                        ({"pes": ("Absolute",)}, "pes"), ({"pes": ()}, "pes")])
 def test_bad_grid_names_the_parameter(bad, match):
     with pytest.raises(ValueError, match=match):
         ConstraintGrid(**bad)
@@ -122,3 +127,9 @@ def test_claims_verdicts_follow_the_definitions():
     assert claims_table(lower.assign(ci_low=3.5), grid).verdict.iloc[0] == "fails"
     upper = summary.iloc[[0]].assign(control_censored=5, ratio=1.5, ci_low=1.0, ci_high=2.0)
     assert claims_table(upper, grid).verdict.iloc[0] == "fails"
+
+
+def test_a_grid_without_its_controls_still_writes_its_tables(tmp_path):
+    grid = ConstraintGrid(**{**TINY, "constraints": ("symmetric",), "seeds": 1}, workers=1)
+    summary = run_qk_constraints(grid, tmp_path, progress=False)
+    assert summary.ratio.isna().all() and (tmp_path / "claims.csv").exists()

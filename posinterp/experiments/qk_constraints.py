@@ -42,7 +42,7 @@ from ..analysis.heads import previous_token_scores, random_tokens
 from ..analysis.spectral import antisymmetric_energy, is_rotary, qk_weights
 from ..interventions.constraints import CONSTRAINTS, constrain_qk
 from ..io import atomic_path, atomic_write_json, versions
-from ..models.toy import ToyModelConfig, build_model
+from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..train import TrainConfig, fit
 
 __all__ = ["ConstraintGrid", "claims_table", "heads_table", "induction_batch",
@@ -81,13 +81,17 @@ class ConstraintGrid:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
-        unknown = set(self.constraints) - {"none", *CONSTRAINTS}
-        if unknown:
-            raise ValueError(f"constraints must be among {('none', *CONSTRAINTS)}, "
-                             f"got {sorted(unknown)}")
+        for name, allowed in (("pes", tuple(PE_SCHEMES)), ("constraints", ("none", *CONSTRAINTS))):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"{name} must be a non-empty tuple without repeats, got {values}")
+            if set(values) - set(allowed):
+                raise ValueError(f"{name} must be among {allowed}, got {values}")
 
     @classmethod
     def quick(cls) -> ConstraintGrid:
+        """Smoke run (~1.5 min): absolute and rotary x none/tied/symmetric x 2 seeds, 200
+        steps. Too short to reach the target, so every cell is censored by design."""
         return cls(pes=("absolute", "rotary"), constraints=("none", "tied", "symmetric"),
                    seeds=2, max_steps=200)
 
@@ -232,7 +236,8 @@ def heads_table(runs: pd.DataFrame) -> pd.DataFrame:
     Raises:
         KeyError: if ``runs`` lacks the per-cell head columns.
     """
-    agg = {"median_prev_score": ("prev_score", "median"),
+    agg = {"censored": ("censored", "sum"), "n": ("censored", "size"),
+           "median_prev_score": ("prev_score", "median"),
            "max_antisymmetric_energy_offset0": ("prev_head_antisymmetric_energy_offset0", "max")}
     if "prev_head_antisymmetric_energy_offset-1" in runs:
         agg["median_antisymmetric_energy_offset-1"] = (
@@ -279,6 +284,7 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
         KeyError: if ``summary`` lacks the columns :func:`run_qk_constraints` writes.
     """
     rows = []
+    summary = summary[summary.ratio.notna()]
     sym = summary[(summary.pe == "absolute") & (summary.constraint == "symmetric")]
     for _, r in sym.iterrows():
         verdict, bound = _ratio_verdict(r, CLAIMED_SLOWDOWN)
@@ -310,7 +316,8 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                 measured=f"a(M(0)) <= {a0:.1e}, a(M(-1)) median "
                          f"{r.get('median_antisymmetric_energy_offset-1', np.nan):.2f}, "
                          f"previous-token score median {score:.2f}",
-                verdict="holds" if a0 < 1e-6 and score >= ROUTES_BY_POSITION else "fails"))
+                verdict=("undetermined" if r.get("censored", 0) == r.get("n", -1)  # never learned
+                         else "holds" if a0 < 1e-6 and score >= ROUTES_BY_POSITION else "fails")))
     return pd.DataFrame(rows, columns=["claim", "measured", "verdict"])
 
 
@@ -320,7 +327,11 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
 
     Each finished cell is written at once to ``cells/<pe>-<constraint>-seed<s>.json``
     (atomically), so an interrupted run resumes cell by cell. ``grid.workers`` processes
-    share the cells.
+    share the cells; they are spawned, so a script that calls this with ``workers > 1``
+    needs the usual ``if __name__ == "__main__":`` guard. Also writes ``heads.csv``,
+    ``claims.csv``, ``grid.json`` (the budget, checked on resume) and ``run.json``. The
+    tables describe this call's grid: a smaller grid into the same folder rewrites
+    them for its own cells (the other cells stay on disk).
 
     Censoring: a capped run enters the medians and tests at ``max_steps`` (a lower bound
     on its true time), which biases ratios toward 1 when the constrained runs are
@@ -355,8 +366,10 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
               if k not in ("pes", "constraints", "seeds", "workers")}
     grid_file = out / "grid.json"
     if grid_file.exists() and json.loads(grid_file.read_text()) != budget:
+        old = json.loads(grid_file.read_text())
+        diff = {k: (old.get(k), v) for k, v in budget.items() if old.get(k) != v}
         raise ValueError(f"out_dir {str(out)!r} holds cells from another grid budget "
-                         f"({json.loads(grid_file.read_text())}); use a new out_dir")
+                         f"(stored vs requested: {diff}); use a new out_dir")
     atomic_write_json(grid_file, budget)
     done, todo = {}, []
     for cell in cells:
@@ -385,6 +398,10 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     bar.close()
     results = [done[cell] for cell in cells]
     runs = pd.DataFrame(results)
+    # cells read back from JSON come with sorted keys; keep one column order
+    first = ["pe", "constraint", "seed", "steps", "censored", "final_accuracy", "prev_head",
+             "prev_score"]
+    runs = runs[[c for c in first if c in runs] + sorted(c for c in runs if c not in first)]
     summary = _summarize(runs)
     heads = heads_table(runs)
     claims = claims_table(summary, grid, heads)

@@ -62,6 +62,12 @@ class QKIntervention:
             raise ValueError(f"rope_variant must be 'content' or 'offset', got {self.rope_variant!r}")
         if self.kind == "keep_top_k" and (self.k is None or self.k < 1):
             raise ValueError(f"keep_top_k needs k >= 1, got k={self.k}")
+        if self.layer < 0:
+            raise ValueError(f"layer must be >= 0, got {self.layer}")
+        if self.k is not None and self.kind != "keep_top_k":
+            raise ValueError(f"k applies only to kind='keep_top_k', got kind={self.kind!r}")
+        if isinstance(self.heads, int):
+            object.__setattr__(self, "heads", (self.heads,))
         if self.heads is not None:
             object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
 

@@ -148,6 +148,11 @@ def test_bad_interventions():
         intervention_hooks(model, QKIntervention("symmetric", 7))
     with pytest.raises(ValueError, match="heads must be in"):
         intervention_hooks(model, QKIntervention("remove_complex", 0, heads=(9,)))
+    with pytest.raises(ValueError, match="layer must be >= 0"):
+        QKIntervention("symmetric", -1)
+    with pytest.raises(ValueError, match="k applies only"):
+        QKIntervention("symmetric", 0, k=3)
+    assert QKIntervention("symmetric", 0, heads=1).heads == (1,)
 
 
 def test_grouped_query_symmetrization():
