@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
@@ -391,7 +392,9 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     else:
         # spawn, not fork: forking a process that has used torch's thread pool can hang
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(min(grid.workers, len(todo)), mp_context=ctx) as pool:
+        # more one-thread workers than cores only adds contention
+        n = min(grid.workers, len(todo), os.cpu_count() or 1)
+        with ProcessPoolExecutor(max(n, 1), mp_context=ctx) as pool:
             futures = {pool.submit(_run_cell, grid, *cell): cell for cell in todo}
             for fut in as_completed(futures):
                 finish(futures[fut], fut.result())
