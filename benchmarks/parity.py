@@ -8,6 +8,7 @@ and a left-padded batch. Run: ``python benchmarks/parity.py``.
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,19 +17,9 @@ import transformers
 
 from posinterp.models import load_model
 
-VOCAB = 97
-CONFIGS = {
-    "gpt2 (absolute)": transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=64,
-                                               n_ctx=64, vocab_size=VOCAB),
-    "gpt-neox (rotary_pct 0.25)": transformers.GPTNeoXConfig(
-        num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
-        rotary_pct=0.25, max_position_embeddings=64, vocab_size=VOCAB),
-    "llama (GQA 4q/2kv)": transformers.LlamaConfig(
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
-        intermediate_size=64, max_position_embeddings=64, vocab_size=VOCAB),
-    "bloom (ALiBi, 12 heads)": transformers.BloomConfig(n_layer=2, n_head=12, hidden_size=48,
-                                                        vocab_size=VOCAB),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.helpers
+from tests.helpers import HF_VOCAB as VOCAB  # noqa: E402
+from tests.helpers import tiny_hf_configs  # noqa: E402
 
 
 def main() -> None:
@@ -39,9 +30,9 @@ def main() -> None:
     mask[2, :7] = 0
     print(f"{'family':28s} {'unpadded':>10s} {'left-padded':>12s}")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cfg in CONFIGS.items():
+        for name, cfg in tiny_hf_configs().items():
             hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-            folder = Path(tmp) / name.split()[0]
+            folder = Path(tmp) / name
             hf.save_pretrained(folder)
             model, _ = load_model(folder, fold_ln=False, center_writing_weights=False,
                                   center_unembed=False, fold_value_biases=False)

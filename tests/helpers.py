@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import transformers
 
 from posinterp.models import build_model, preset
 from posinterp.tasks import TaskConfig, make_task_data
@@ -31,3 +32,23 @@ def gqa_model():
                                   normalization_type="RMS", positional_embedding_type="rotary",
                                   rotary_dim=4, seed=0)
     return HookedTransformer(cfg)
+
+
+HF_VOCAB = 97
+
+
+def tiny_hf_configs() -> dict:
+    """Tiny random HF configs, one per positional family (also used by benchmarks/parity.py)."""
+    return {
+        # Folder names contain family substrings on purpose: TL 3.9 guesses from the path.
+        "gpt2-absolute": transformers.GPT2Config(
+            n_layer=2, n_head=4, n_embd=32, n_positions=64, n_ctx=64, vocab_size=HF_VOCAB),
+        "neox-rotary-pct-0.25": transformers.GPTNeoXConfig(
+            num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+            rotary_pct=0.25, max_position_embeddings=64, vocab_size=HF_VOCAB),
+        "llama-gqa": transformers.LlamaConfig(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=64, vocab_size=HF_VOCAB),
+        "bloom-12-heads": transformers.BloomConfig(
+            n_layer=2, n_head=12, hidden_size=48, vocab_size=HF_VOCAB),
+    }

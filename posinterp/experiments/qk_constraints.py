@@ -39,6 +39,7 @@ import pandas as pd
 import torch
 from scipy import stats
 
+from .._validate import require_at_least
 from ..analysis.heads import previous_token_scores, random_tokens
 from ..analysis.spectral import antisymmetric_energy, is_rotary, qk_weights
 from ..interventions.constraints import CONSTRAINTS, constrain_qk
@@ -77,9 +78,7 @@ class ConstraintGrid:
     workers: int = 2
 
     def __post_init__(self):
-        for name in ("seeds", "max_steps", "eval_every", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        require_at_least(self, ("seeds", "max_steps", "eval_every", "workers"))
         if not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
         for name, allowed in (("pes", tuple(PE_SCHEMES)), ("constraints", ("none", *CONSTRAINTS))):
@@ -236,6 +235,10 @@ def heads_table(runs: pd.DataFrame) -> pd.DataFrame:
 
     Raises:
         KeyError: if ``runs`` lacks the per-cell head columns.
+
+    Source:
+        DESIGN section 2 (antisymmetric energy a(M), previous-token score); the claim
+        it serves is #3 of docs/reproductions/qk-constraints.md.
     """
     agg = {"censored": ("censored", "sum"), "n": ("censored", "size"),
            "median_prev_score": ("prev_score", "median"),
@@ -283,6 +286,11 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
 
     Raises:
         KeyError: if ``summary`` lacks the columns :func:`run_qk_constraints` writes.
+
+    Source:
+        The claims as summarized in issue #5 and docs/reproductions/qk-constraints.md
+        (the study itself is known to us only in summary); censoring per DESIGN
+        section 2, "Learning speed".
     """
     rows = []
     summary = summary[summary.ratio.notna()]

@@ -6,26 +6,11 @@ import pytest
 import torch
 
 from posinterp.models import ARCHITECTURE_SCHEMES, load_model, scheme_for_architecture
+from tests.helpers import HF_VOCAB as VOCAB
+from tests.helpers import tiny_hf_configs
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 97
-
-
-def _configs():
-    return {
-        # Folder names contain family substrings on purpose: TL 3.9 guesses from the path.
-        "gpt2-absolute": transformers.GPT2Config(
-            n_layer=2, n_head=4, n_embd=32, n_positions=64, n_ctx=64, vocab_size=VOCAB),
-        "neox-rotary-pct-0.25": transformers.GPTNeoXConfig(
-            num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
-            rotary_pct=0.25, max_position_embeddings=64, vocab_size=VOCAB),
-        "llama-gqa": transformers.LlamaConfig(
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
-            intermediate_size=64, max_position_embeddings=64, vocab_size=VOCAB),
-        "bloom-12-heads": transformers.BloomConfig(
-            n_layer=2, n_head=12, hidden_size=48, vocab_size=VOCAB),
-    }
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +18,7 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     torch.manual_seed(0)
     out = {}
-    for name, cfg in _configs().items():
+    for name, cfg in tiny_hf_configs().items():
         hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
         hf.save_pretrained(root / name)
         out[name] = (root / name, hf)
