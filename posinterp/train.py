@@ -12,6 +12,7 @@ temporary folder and renamed, so a crash never leaves a half checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -310,9 +311,42 @@ def fit(
     Returns:
         ``(history, steps)``: tidy ``step, metric, value`` DataFrame and steps taken.
 
+    Runs with ``torch.use_deterministic_algorithms(True, warn_only=True)`` (restored
+    afterwards): on CPU with several threads, the embedding backward otherwise sums in
+    a thread-dependent order, and training amplifies the rounding into different runs.
+
     Raises:
         ValueError: if a checkpoint to resume was written with different ``configs``.
     """
+    with _deterministic_algorithms():
+        return _fit(model, next_batch, loss_fn, evaluate_fn, config, configs, checkpoint_dir,
+                    resume, progress, snapshot_steps, desc)
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms():
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # warn, not fail, on CUDA
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=warn_only)
+
+
+def _fit(
+    model,
+    next_batch: Callable[[torch.Generator], object],
+    loss_fn: Callable[[object, object], Tensor],
+    evaluate_fn: Callable[[object], dict[str, float]],
+    config: TrainConfig,
+    configs: dict,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    snapshot_steps: Sequence[int] = (),
+    desc: str = "train",
+) -> tuple[pd.DataFrame, int]:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
