@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 from .info import ModelInfo, scheme_for_architecture
-from .toy import alibi_slopes, install_alibi
+from .hf_config import hf_rotary_inv_freq, tl_overrides
+from .positions import alibi_slopes, install_alibi, install_rotary
 
 __all__ = ["load_model"]
 
@@ -34,12 +35,29 @@ _PROCESSING_DEFAULTS = dict(fold_ln=True, center_writing_weights=True, center_un
                             fold_value_biases=True)
 
 
-def _fix_alibi(model, pe: str):
-    if pe != "alibi":
-        return None
-    slopes = alibi_slopes(model.cfg.n_heads)
-    install_alibi(model, slopes)
-    return slopes.tolist()
+def _install_positions(model, pe: str, architecture: str | None = None, hf_config=None):
+    """Exact ALiBi slopes/bias, and HF's RoPE frequencies where the HF config is known."""
+    if pe == "alibi":
+        slopes = alibi_slopes(model.cfg.n_heads)
+        install_alibi(model, slopes)
+        return slopes.tolist()
+    if pe == "rotary" and hf_config is not None:
+        install_rotary(model, hf_rotary_inv_freq(architecture, hf_config))
+    return None
+
+
+def _processing_done(requested: dict, normalization: str | None, final_rms: bool) -> dict:
+    """What TL's ``load_and_process_state_dict`` actually does with ``requested``.
+
+    TL folds LN and RMSNorm gains but centres writing weights only for LayerNorm models
+    without a final RMSNorm (RMSNorm is not translation invariant); it skips silently.
+    """
+    done = dict(requested)
+    if normalization not in ("LN", "LNPre", "RMS", "RMSPre"):
+        done["fold_ln"] = False
+    if normalization not in ("LN", "LNPre") or final_rms:
+        done["center_writing_weights"] = False
+    return done
 
 
 def _read_config(folder: Path) -> dict:
@@ -59,12 +77,24 @@ def _read_config(folder: Path) -> dict:
 
 
 @contextlib.contextmanager
-def _neutral_path(folder: Path):
-    """A symlink to ``folder`` whose path holds no model-family substring."""
+def _tl_view(folder: Path, hf_config):
+    """``folder`` as TL 3.9 can read it: a neutrally named copy of links, config patched.
+
+    TL guesses architectures from substrings of the path (e.g. "llama"), so the path holds
+    none; and its GPT-2 converter reads ``n_ctx``, which transformers 5.x no longer writes,
+    so the linked config.json gains ``n_ctx = n_positions`` (nothing else changes).
+    """
     with tempfile.TemporaryDirectory(prefix="pi") as tmp:
-        link = Path(tmp) / "checkpoint"
-        os.symlink(folder.resolve(), link)
-        yield link
+        view = Path(tmp) / "checkpoint"
+        view.mkdir()
+        for item in folder.resolve().iterdir():
+            if item.name != "config.json":
+                os.symlink(item, view / item.name)
+        raw = json.loads((folder / "config.json").read_text())
+        if "n_positions" in raw and "n_ctx" not in raw:
+            raw["n_ctx"] = raw["n_positions"]
+        (view / "config.json").write_text(json.dumps(raw))
+        yield view
 
 
 def _load_local_hf(folder: Path, processing: dict, dtype):
@@ -72,8 +102,8 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens import loading_from_pretrained as tl_loading
 
-    hf_cfg = _read_config(folder)
-    architecture = hf_cfg["architectures"][0]
+    raw_cfg = _read_config(folder)
+    architecture = raw_cfg["architectures"][0]
     pe = scheme_for_architecture(architecture)
     if architecture.startswith("Bert"):
         return _load_bert(folder, str(folder), processing)
@@ -81,12 +111,15 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     if not weights and not list(folder.glob("model*.safetensors")):
         raise FileNotFoundError(
             f"{folder} has no weights: expected model.safetensors or pytorch_model.bin")
-    with _neutral_path(folder) as link:
+    hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    overrides = tl_overrides(architecture, hf_config, pe)
+    with _tl_view(folder, hf_config) as link:
         cfg_dict = tl_loading.convert_hf_model_config(str(link))
         if cfg_dict.get("original_architecture") != architecture:
             raise ValueError(
                 f"TransformerLens read {folder} as {cfg_dict.get('original_architecture')!r} "
                 f"but config.json says {architecture!r}")
+        cfg_dict.update(overrides)
         cfg_dict.update(tokenizer_name=None, device="cpu", dtype=dtype, n_devices=1,
                         model_name=folder.name, original_architecture=architecture)
         cfg = HookedTransformerConfig.from_dict(cfg_dict)
@@ -102,13 +135,14 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+    done = _processing_done(processing, cfg.normalization_type, bool(cfg.final_rms))
     model.load_and_process_state_dict(state_dict, **processing)
     model.eval()
     del hf_model
-    slopes = _fix_alibi(model, pe)
+    slopes = _install_positions(model, pe, architecture, hf_config)
     return model, ModelInfo.from_model(
         model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
-        alibi_slopes=slopes, processing=processing,
+        alibi_slopes=slopes, processing=done,
         weights={"path": str(folder.resolve()), "files": weights})
 
 
@@ -125,24 +159,38 @@ def _load_bert(folder: Path, spec: str, processing: dict):
 
 
 def _load_hub(name: str, processing: dict, dtype, **kwargs):
+    import transformers
     from transformer_lens import HookedTransformer
 
-    model = HookedTransformer.from_pretrained(name, dtype=dtype, **processing, **kwargs)
-    architecture = str(model.cfg.original_architecture)
+    # Read the config first: a setting TL would drop is refused before any download.
+    hf_config = transformers.AutoConfig.from_pretrained(name)
+    architecture = (getattr(hf_config, "architectures", None) or [""])[0]
     pe = scheme_for_architecture(architecture)
-    slopes = _fix_alibi(model, pe)
+    overrides = tl_overrides(architecture, hf_config, pe)
+    model = HookedTransformer.from_pretrained(name, dtype=dtype, **processing, **kwargs)
+    # TL built the model from its own reading; where it disagrees with the config on a
+    # shape we cannot patch afterwards, refuse rather than run a different model.
+    for key in ("d_head", "n_key_value_heads", "rotary_dim", "rotary_adjacent_pairs"):
+        if key in overrides and getattr(model.cfg, key) != overrides[key]:
+            raise ValueError(f"TransformerLens loaded {name} with {key}={getattr(model.cfg, key)!r} "
+                             f"but its config says {overrides[key]!r}; refusing to run it")
+    if "rotary_base" in overrides:
+        model.cfg.rotary_base = overrides["rotary_base"]
+    done = _processing_done(processing, model.cfg.normalization_type, bool(model.cfg.final_rms))
+    slopes = _install_positions(model, pe, architecture, hf_config)
     return model, ModelInfo.from_model(
         model, spec=name, source="hub", pe=pe, architecture=architecture, alibi_slopes=slopes,
-        processing=processing, weights={"hub": name})
+        processing=done, weights={"hub": name})
 
 
 def _load_llama2c(path: Path, processing: dict):
     from .llama2c import load_llama2c
 
     model, extra = load_llama2c(path, **processing)
+    done = _processing_done(processing, model.cfg.normalization_type, bool(model.cfg.final_rms))
     return model, ModelInfo.from_model(
         model, spec=str(path), source="llama2c", pe="rotary", architecture="llama2c",
-        processing=processing, weights=extra["weights"])
+        processing=done, weights=extra["weights"])
 
 
 def _load_zoo(spec: str):

@@ -15,7 +15,6 @@ ours (docs/models.md):
 
 from __future__ import annotations
 
-import math
 import zlib
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
@@ -24,6 +23,7 @@ import torch
 
 from .._validate import require_at_least
 from ..tasks.tokenizer import BYTE_VOCAB_SIZE, CHAR_VOCAB
+from .positions import alibi_slopes, install_alibi
 
 __all__ = [
     "PE_SCHEMES", "PRESETS", "ToyModelConfig", "alibi_slopes", "build_model", "init_weights",
@@ -147,62 +147,6 @@ def preset(name: str, **overrides) -> ToyModelConfig:
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
     return replace(PRESETS[name], **overrides)
-
-
-def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """ALiBi head slopes m_h, shape ``[n_heads]``, float64, unitless (logit per token).
-
-    Press, Smith & Lewis, "Train Short, Test Long" (ICLR 2022), §3: a geometric sequence
-    starting at 2^(-8/n) for n a power of two; otherwise the slopes of the closest lower
-    power of two, then every other slope of the next power of two (as in HF BLOOM's
-    ``build_alibi_tensor``).
-
-    Raises:
-        ValueError: if ``n_heads < 1``.
-    """
-    if n_heads < 1:
-        raise ValueError(f"n_heads must be >= 1, got {n_heads}")
-
-    def power_of_two(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-
-    closest = 2 ** math.floor(math.log2(n_heads))
-    slopes = power_of_two(closest)
-    if closest != n_heads:
-        slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float64)
-
-
-def _alibi_bias(slopes: torch.Tensor, n: int) -> torch.Tensor:
-    pos = torch.arange(n)
-    distance = (pos[None, :] - pos[:, None]).clamp(max=0).to(torch.float32)  # [query, key]
-    return slopes.to(torch.float32)[:, None, None] * distance  # [head, query, key]
-
-
-def install_alibi(model, slopes: torch.Tensor) -> None:
-    """Make every block use ALiBi bias ``slopes[h] * (j - i)`` (j <= i), sized per call.
-
-    TransformerLens 3.9 slices its cached bias as ``alibi[:, -query_ctx:, :key_ctx]``,
-    which is only right when the cache is exactly ``key_ctx`` long; a longer cache adds
-    a per-row constant to ``hook_attn_scores`` (harmless after softmax, wrong in the
-    pre-softmax scores users read). A forward pre-hook (a torch hook, untouched by
-    ``reset_hooks``) sets the bias to the exact key length before each call.
-    """
-    full = _alibi_bias(slopes, model.cfg.n_ctx).to(model.cfg.device)
-
-    def set_bias(module, args, kwargs):
-        key_input = kwargs["key_input"] if "key_input" in kwargs else args[1]
-        key_ctx = key_input.shape[1]
-        past = kwargs.get("past_kv_cache_entry")
-        if past is not None and getattr(past, "past_keys", None) is not None:
-            key_ctx += past.past_keys.shape[1]
-        # .to(): the model may have moved to another device since install_alibi ran.
-        module.alibi = full[:, :key_ctx, :key_ctx].to(key_input.device)
-
-    for block in model.blocks:
-        block.attn.register_forward_pre_hook(set_bias, with_kwargs=True)
-        block.attn.alibi = full
 
 
 @torch.no_grad()

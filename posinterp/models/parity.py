@@ -1,0 +1,103 @@
+"""Check a loaded model against Hugging Face transformers, token for token.
+
+``hf_parity(folder)`` loads a local HF checkpoint twice, once through
+:func:`posinterp.load_model` and once through ``transformers`` itself, runs both on the
+same random tokens under several attention masks and lengths, and returns the largest
+log-probability difference at real (unmasked) positions. A number posinterp computes on
+a model is only as right as this table: it is the test every supported architecture has
+to pass (tests/models/test_parity.py) and a check users can run on their own folders.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pandas as pd
+import torch
+
+__all__ = ["PADDINGS", "hf_parity", "parity_mask"]
+
+PADDINGS = ("none", "left", "right", "gap")
+
+
+def parity_mask(padding: str, batch: int, n: int) -> torch.Tensor:
+    """A ``[batch, n]`` 0/1 attention mask; row 0 is always unpadded.
+
+    ``left``/``right``: rows 1.. lose 3 (then 5, ...) tokens on that side; ``gap``: row
+    1 has zeros strictly inside the sequence (positions n//2 - 1 .. n//2 + 1), so the
+    tokens after the gap are at mask positions 3 lower than their indices.
+
+    Raises:
+        ValueError: an unknown ``padding`` (allowed: :data:`PADDINGS`) or ``n < 8``.
+    """
+    if padding not in PADDINGS:
+        raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+    if n < 8:
+        raise ValueError(f"n must be >= 8 for the padded masks, got {n}")
+    mask = torch.ones(batch, n, dtype=torch.long)
+    for row in range(1, batch):
+        pad = 1 + 2 * row
+        if padding == "left":
+            mask[row, :pad] = 0
+        elif padding == "right":
+            mask[row, n - pad:] = 0
+        elif padding == "gap":
+            mask[row, n // 2 - 1: n // 2 + 2] = 0
+    return mask
+
+
+def _hf_log_probs(hf, tokens, mask) -> torch.Tensor:
+    kwargs = {"attention_mask": mask}
+    if "position_ids" in inspect.signature(hf.forward).parameters:
+        # HF models take position ids as given (GPT-2 ignores the mask for them); a pad is
+        # never a position (docs/concepts.md), so the k-th real token is position k.
+        kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return hf(tokens, **kwargs).logits.double().log_softmax(-1)
+
+
+def hf_parity(folder: str | os.PathLike, *, lengths=(8, 64, 512), paddings=PADDINGS, batch: int = 2,
+              seed: int = 0, **load_kwargs) -> pd.DataFrame:
+    """Max |log-prob difference| between ``load_model(folder)`` and HF on the same inputs.
+
+    Args:
+        folder: a local HF checkpoint (``config.json`` + weights) of a causal LM.
+        lengths: sequence lengths to try (each >= 8).
+        paddings: masks from :func:`parity_mask` (``none``, ``left``, ``right``, ``gap``).
+        batch: sequences per input (>= 2, so padded rows sit next to an unpadded one).
+        seed: seed of the random token ids.
+        load_kwargs: passed to :func:`posinterp.load_model` (weight processing, dtype).
+
+    Returns:
+        Tidy DataFrame, one row per (length, padding): ``architecture``, ``length``,
+        ``padding``, ``metric`` ("max_abs_logprob_diff", in nats), ``value``. Only real
+        query positions (mask 1) are compared; the HF model runs with eager attention.
+
+    Raises:
+        Whatever :func:`posinterp.load_model` raises for the folder (a refused setting
+        is a ValueError naming it); ValueError for ``batch < 2`` or a length below 8.
+    """
+    import transformers
+
+    from .pretrained import load_model
+
+    if batch < 2:
+        raise ValueError(f"batch must be >= 2, got {batch}")
+    model, info = load_model(folder, **load_kwargs)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), local_files_only=True, attn_implementation="eager",
+        dtype=model.cfg.dtype).eval()
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        tokens = torch.randint(0, model.cfg.d_vocab, (batch, n), generator=gen)
+        for padding in paddings:
+            mask = parity_mask(padding, batch, n)
+            with torch.no_grad():
+                got = model(tokens, attention_mask=mask).double().log_softmax(-1)
+            want = _hf_log_probs(hf, tokens, mask)
+            diff = (got - want).abs().amax(-1)[mask.bool()].max().item()
+            rows.append(dict(architecture=info.architecture, length=n, padding=padding,
+                             metric="max_abs_logprob_diff", value=diff))
+    return pd.DataFrame(rows)
