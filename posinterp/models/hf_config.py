@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SUPPORTED_ROPE_TYPES", "UnsupportedConfigError", "hf_rotary_inv_freq", "tl_overrides"]
+__all__ = ["SUPPORTED_ROPE_TYPES", "UnsupportedConfigError", "check_supported", "hf_rotary_inv_freq",
+           "tl_overrides"]
 
 # RoPE types whose frequencies do not depend on the input length: HF computes them once,
 # so a fixed table reproduces them. "dynamic" and "longrope" change with the length.
@@ -29,6 +30,11 @@ _ASSUMED = {
     "GPTNeoXForCausalLM": (("attention_bias", True),),
     "BloomForCausalLM": (("apply_residual_connection_post_layernorm", False),),
     "GPT2LMHeadModel": (("add_cross_attention", False),),
+    # TL's BERT is absolute-position, GELU, encoder-only.
+    "BertModel": (("position_embedding_type", "absolute"), ("hidden_act", "gelu"),
+                  ("is_decoder", False)),
+    "BertForMaskedLM": (("position_embedding_type", "absolute"), ("hidden_act", "gelu"),
+                        ("is_decoder", False)),
 }
 
 
@@ -55,7 +61,12 @@ def _rotary_dim(architecture: str, hf_config) -> int:
     return int(_head_dim(hf_config) * fraction)  # HF's own rounding
 
 
-def _check(architecture: str, hf_config) -> None:
+def check_supported(architecture: str, hf_config) -> None:
+    """Refuse, by name, a config setting that TransformerLens would silently drop.
+
+    Raises:
+        UnsupportedConfigError: the setting, its value and what TL assumes.
+    """
     for name, assumed in _ASSUMED.get(architecture, ()):
         value = getattr(hf_config, name, assumed)
         if value != assumed:
@@ -89,7 +100,7 @@ def tl_overrides(architecture: str, hf_config, pe: str) -> dict:
     Raises:
         UnsupportedConfigError: a setting TL would silently drop (named in the message).
     """
-    _check(architecture, hf_config)
+    check_supported(architecture, hf_config)
     heads = hf_config.num_attention_heads
     kv = getattr(hf_config, "num_key_value_heads", None) or heads
     out = {"d_head": _head_dim(hf_config), "n_key_value_heads": kv if kv != heads else None}
@@ -115,7 +126,7 @@ def hf_rotary_inv_freq(architecture: str, hf_config) -> torch.Tensor:
         UnsupportedConfigError: a RoPE type outside :data:`SUPPORTED_ROPE_TYPES`, or one
             whose attention scaling is not 1.
     """
-    _check(architecture, hf_config)
+    check_supported(architecture, hf_config)
     rope = _rope_parameters(hf_config)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     dim = _rotary_dim(architecture, hf_config)

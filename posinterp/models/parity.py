@@ -71,8 +71,9 @@ def hf_parity(folder: str | os.PathLike, *, lengths=(8, 64, 512), paddings=PADDI
 
     Returns:
         Tidy DataFrame, one row per (length, padding): ``architecture``, ``length``,
-        ``padding``, ``metric`` ("max_abs_logprob_diff", in nats), ``value``. Only real
-        query positions (mask 1) are compared; the HF model runs with eager attention.
+        ``padding``, ``metric``, ``value``. Causal LMs: "max_abs_logprob_diff" (nats, over
+        the vocabulary); bidirectional encoders (BERT): "max_abs_hidden_diff" (the last
+        hidden state). Only real positions (mask 1) are compared; HF runs eager attention.
 
     Raises:
         Whatever :func:`posinterp.load_model` raises for the folder (a refused setting
@@ -85,19 +86,33 @@ def hf_parity(folder: str | os.PathLike, *, lengths=(8, 64, 512), paddings=PADDI
     if batch < 2:
         raise ValueError(f"batch must be >= 2, got {batch}")
     model, info = load_model(folder, **load_kwargs)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(folder), local_files_only=True, attn_implementation="eager",
-        dtype=model.cfg.dtype).eval()
+    auto = transformers.AutoModelForCausalLM if info.causal else transformers.AutoModel
+    hf = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager",
+                              dtype=model.cfg.dtype).eval()
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for n in lengths:
         tokens = torch.randint(0, model.cfg.d_vocab, (batch, n), generator=gen)
         for padding in paddings:
             mask = parity_mask(padding, batch, n)
-            with torch.no_grad():
-                got = model(tokens, attention_mask=mask).double().log_softmax(-1)
-            want = _hf_log_probs(hf, tokens, mask)
+            got, want, metric = (_causal_pair if info.causal else _encoder_pair)(model, hf, tokens, mask)
             diff = (got - want).abs().amax(-1)[mask.bool()].max().item()
             rows.append(dict(architecture=info.architecture, length=n, padding=padding,
-                             metric="max_abs_logprob_diff", value=diff))
+                             metric=metric, value=diff))
     return pd.DataFrame(rows)
+
+
+def _causal_pair(model, hf, tokens, mask):
+    with torch.no_grad():
+        got = model(tokens, attention_mask=mask).double().log_softmax(-1)
+    return got, _hf_log_probs(hf, tokens, mask), "max_abs_logprob_diff"
+
+
+def _encoder_pair(model, hf, tokens, mask):
+    """BERT: TL's encoder has no trained LM head here, so compare the last hidden state.
+    HF BERT counts positions by index even under padding; TL's encoder does too."""
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_normalized_resid_post"
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, one_zero_attention_mask=mask, names_filter=last)
+        want = hf(tokens, attention_mask=mask).last_hidden_state
+    return cache[last].double(), want.double(), "max_abs_hidden_diff"

@@ -91,17 +91,39 @@ def test_alibi_slopes_match_hf_bloom(n_heads):
     torch.testing.assert_close(hf[:, 0, 1], alibi_slopes(n_heads), rtol=1e-6, atol=0)
 
 
+def _alibi_scores_check(model, toks, mask=None):
+    """hook_attn_scores == q.k/scale + m_h (pos_j - pos_i) on every unmasked entry, with
+    positions counting real tokens; an independent recomputation from hook_q/hook_k."""
+    _, cache = model.run_with_cache(toks, attention_mask=mask)
+    n = toks.shape[1]
+    mask = torch.ones_like(toks) if mask is None else mask
+    for b in range(toks.shape[0]):
+        q, k = cache["blocks.0.attn.hook_q"][b], cache["blocks.0.attn.hook_k"][b]  # [pos, head, d]
+        content = torch.einsum("ihd,jhd->hij", q, k) / model.cfg.attn_scale
+        pos = mask[b].cumsum(0) - 1
+        bias = alibi_slopes(model.cfg.n_heads)[:, None, None].float() * (pos[None, :] - pos[:, None]).float()
+        scores = cache["blocks.0.attn.hook_attn_scores"][b]
+        keep = torch.tril(torch.ones(n, n, dtype=torch.bool)) & mask[b].bool()[None, :] & mask[b].bool()[:, None]
+        torch.testing.assert_close(scores[:, keep], (content + bias)[:, keep], rtol=1e-5, atol=1e-5)
+
+
 def test_alibi_model_uses_paper_slopes_in_scores():
     model = tiny_model("alibi", n_heads=6, d_model=36, n_layers=1)
-    toks = random_tokens(model, 1, 8)
-    _, cache = model.run_with_cache(toks)
-    q, k = cache["blocks.0.attn.hook_q"][0], cache["blocks.0.attn.hook_k"][0]  # [pos, head, d]
-    content = torch.einsum("ihd,jhd->hij", q, k) / model.cfg.attn_scale
-    pos = torch.arange(8)
-    bias = alibi_slopes(6)[:, None, None].float() * (pos[None, :] - pos[:, None]).float()
-    scores = cache["blocks.0.attn.hook_attn_scores"][0]
-    lower = torch.tril(torch.ones(8, 8, dtype=torch.bool))
-    torch.testing.assert_close(scores[:, lower], (content + bias)[:, lower], rtol=1e-5, atol=1e-5)
+    _alibi_scores_check(model, random_tokens(model, 1, 8))
+
+
+def test_alibi_past_n_ctx_and_with_mask_gaps():
+    """Issue 11, cases 5-6: past n_ctx TL rebuilt the bias with its own slopes, and it
+    measured distance in indices, so a gap in the mask shifted every later key."""
+    model = tiny_model("alibi", n_heads=6, d_model=36, n_layers=1, n_ctx=16)
+    toks = random_tokens(model, 2, 17)
+    _alibi_scores_check(model, toks)
+    mask = torch.ones_like(toks)
+    mask[1, 5:8] = 0
+    _alibi_scores_check(model, toks, mask)
+    # causal invariance: the first 16 logits do not depend on a 17th token
+    with torch.no_grad():
+        torch.testing.assert_close(model(toks)[:, :16], model(toks[:, :16]), rtol=1e-5, atol=1e-5)
 
 
 def test_tokenizer_round_trip_as_transformerlens_users_expect():

@@ -1,0 +1,109 @@
+"""Every architecture posinterp lists loads at HF parity, or its setting is refused by name.
+
+The cases (tests/helpers.parity_cases) carry non-default RoPE/ALiBi/head settings; each is
+checked unpadded, left- and right-padded and with a gap inside the mask, at 8, 64 and 512
+tokens (ALiBi also past its n_ctx), against HF transformers itself.
+"""
+
+import json
+
+import pytest
+import torch
+
+from posinterp.models import ARCHITECTURE_SCHEMES, load_model
+from posinterp.models.hf_config import UnsupportedConfigError
+from posinterp.models.parity import hf_parity
+from tests.helpers import parity_cases, save_tiny_checkpoint
+
+CASES = parity_cases()
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parity")
+    built = {}
+
+    def get(name):
+        if name not in built:
+            architecture, make_config, _ = CASES[name]
+            save_tiny_checkpoint(architecture, make_config(), root / name)
+            built[name] = root / name
+        return built[name]
+    return get
+
+
+def test_every_listed_architecture_has_a_parity_case():
+    covered = {arch for arch, _, refusal in CASES.values() if refusal is None}
+    assert set(ARCHITECTURE_SCHEMES) == covered
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[2] is None])
+def test_parity_with_hf(folders, name, no_network):
+    table = hf_parity(folders(name), lengths=(8, 64, 512))
+    assert len(table) == 12
+    worst = table.loc[table.value.idxmax()]
+    assert worst.value <= TOL, f"{name}: {worst.to_dict()}"
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[2] is not None])
+def test_unsupported_settings_are_refused_by_name(folders, name, no_network):
+    with pytest.raises(UnsupportedConfigError, match=CASES[name][2]):
+        load_model(folders(name))
+
+
+def test_neox_reads_base_and_partial_rotary(folders, no_network):
+    """Case 1 of issue 11: TL's NeoX converter ran at base 10000 whatever the config said."""
+    _, info = load_model(folders("neox-pct-0.25-base-5e5"))
+    assert info.rotary_base == 500000.0 and info.rotary_dim == 4 and info.d_head == 16
+
+
+def test_llama_explicit_head_dim(folders, no_network):
+    _, info = load_model(folders("llama-head-dim-16"))
+    assert (info.d_head, info.n_heads, info.n_kv_heads, info.rotary_dim) == (16, 4, 2, 16)
+
+
+def test_gpt2_config_without_n_ctx(folders, no_network):
+    """transformers 5.x writes GPT-2 configs without n_ctx; n_positions is the length."""
+    folder = folders("gpt2")
+    assert "n_ctx" not in json.loads((folder / "config.json").read_text())
+    model, _ = load_model(folder)
+    assert model.cfg.n_ctx == json.loads((folder / "config.json").read_text())["n_positions"]
+
+
+def test_alibi_past_n_ctx_keeps_hf_slopes(folders, no_network):
+    """BLOOM has no length limit; TL's cap (2048) must not switch the slopes."""
+    folder = folders("bloom-12-heads")
+    model, _ = load_model(folder)
+    n = model.cfg.n_ctx + 52
+    table = hf_parity(folder, lengths=(n,), paddings=("none", "gap"))
+    assert table.value.max() <= TOL, table.to_dict("records")
+
+
+def test_unlisted_architecture_is_refused(tmp_path, no_network):
+    import transformers
+
+    cfg = transformers.GemmaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                   hidden_size=16, head_dim=8, intermediate_size=32, vocab_size=50)
+    transformers.GemmaForCausalLM(cfg).save_pretrained(tmp_path / "gemma")
+    with pytest.raises(ValueError, match="GemmaForCausalLM.*no known positional scheme"):
+        load_model(tmp_path / "gemma")
+
+
+def test_processing_records_what_tl_did(folders, no_network):
+    """TL centres writing weights only for LayerNorm models; RMSNorm models skip it."""
+    model, info = load_model(folders("llama-gqa"), center_writing_weights=True)
+    assert info.processing["center_writing_weights"] is False
+    assert info.processing["fold_ln"] is True
+    W_out = model.blocks[0].mlp.W_out.detach()
+    assert W_out.mean(-1).abs().max() > 1e-4  # really not centred
+    model, info = load_model(folders("gpt2"), center_writing_weights=True)
+    assert info.processing["center_writing_weights"] is True
+    assert model.blocks[0].mlp.W_out.detach().mean(-1).abs().max() < 1e-6
+
+
+def test_rotary_input_past_n_ctx_is_refused(folders, no_network):
+    model, _ = load_model(folders("llama-gqa"))
+    tokens = torch.zeros(1, model.cfg.n_ctx + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="longer than this RoPE model's n_ctx"):
+        model(tokens)
