@@ -23,8 +23,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from .info import ModelInfo, scheme_for_architecture
 from .hf_config import hf_rotary_inv_freq, tl_overrides
+from .info import ModelInfo, scheme_for_architecture
 from .positions import alibi_slopes, install_alibi, install_rotary
 
 __all__ = ["load_model"]

@@ -101,9 +101,11 @@ def _alibi_scores_check(model, toks, mask=None):
         q, k = cache["blocks.0.attn.hook_q"][b], cache["blocks.0.attn.hook_k"][b]  # [pos, head, d]
         content = torch.einsum("ihd,jhd->hij", q, k) / model.cfg.attn_scale
         pos = mask[b].cumsum(0) - 1
-        bias = alibi_slopes(model.cfg.n_heads)[:, None, None].float() * (pos[None, :] - pos[:, None]).float()
+        slopes = alibi_slopes(model.cfg.n_heads)[:, None, None].float()
+        bias = slopes * (pos[None, :] - pos[:, None]).float()
         scores = cache["blocks.0.attn.hook_attn_scores"][b]
-        keep = torch.tril(torch.ones(n, n, dtype=torch.bool)) & mask[b].bool()[None, :] & mask[b].bool()[:, None]
+        real = mask[b].bool()
+        keep = torch.tril(torch.ones(n, n, dtype=torch.bool)) & real[None, :] & real[:, None]
         torch.testing.assert_close(scores[:, keep], (content + bias)[:, keep], rtol=1e-5, atol=1e-5)
 
 
