@@ -1,47 +1,56 @@
-"""Print TransformerLens-vs-HF logit parity for tiny random checkpoints of each family.
+"""Print the HF parity table: every registered architecture x settings x masks x lengths.
 
-Builds GPT-2 (absolute), GPT-NeoX (rotary_pct 0.25), Llama (grouped-query) and BLOOM
-(ALiBi, 12 heads) checkpoints with ``save_pretrained``, loads each offline with
-``posinterp.load_model`` (raw weights), and prints max |logit difference| on an unpadded
-and a left-padded batch. Run: ``python benchmarks/parity.py``.
+Builds each tiny checkpoint of ``tests/helpers.parity_cases`` (default and non-default
+RoPE/ALiBi/head settings, q/k weights x20 so attention is sharp) with ``save_pretrained``,
+loads it offline with ``posinterp.load_model`` (default weight processing) and prints the
+max |log-prob difference| against HF (BERT: last hidden state) for unpadded, left- and
+right-padded and interior-gap masks at 8, 64 and 512 tokens; BLOOM also past its n_ctx.
+Refused settings print their error. Run: ``python benchmarks/parity.py [--markdown]``.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
-import torch
-import transformers
+import pandas as pd
 
-from posinterp.models import load_model
+from posinterp.models.hf_config import UnsupportedConfigError
+from posinterp.models.parity import hf_parity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.helpers
-from tests.helpers import HF_VOCAB as VOCAB  # noqa: E402
-from tests.helpers import tiny_hf_configs  # noqa: E402
+from tests.helpers import parity_cases, save_tiny_checkpoint  # noqa: E402
 
 
 def main() -> None:
-    torch.manual_seed(0)
-    toks = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(3, 12, dtype=torch.long)
-    mask[1, :4] = 0
-    mask[2, :7] = 0
-    print(f"{'family':28s} {'unpadded':>10s} {'left-padded':>12s}")
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    rows, refused = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, cfg in tiny_hf_configs().items():
-            hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        for name, (architecture, make_config, _) in parity_cases().items():
             folder = Path(tmp) / name
-            hf.save_pretrained(folder)
-            model, _ = load_model(folder, fold_ln=False, center_writing_weights=False,
-                                  center_unembed=False, fold_value_biases=False)
-            kw = {} if name.startswith("bloom") else {"position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
-            with torch.no_grad():
-                plain = (model(toks) - hf(toks).logits).abs().max().item()
-                padded = (model(toks, attention_mask=mask)
-                          - hf(toks, attention_mask=mask, **kw).logits).abs()[mask.bool()].max().item()
-            print(f"{name:28s} {plain:10.2e} {padded:12.2e}")
+            save_tiny_checkpoint(architecture, make_config(), folder)
+            try:
+                table = hf_parity(folder, lengths=(8, 64, 512))
+                if architecture == "BloomForCausalLM":
+                    table = pd.concat([table, hf_parity(folder, lengths=(2100,),
+                                                        paddings=("none", "gap"))])
+            except UnsupportedConfigError as err:
+                refused.append((name, str(err)))
+                continue
+            rows.append(table.assign(case=name))
+    table = pd.concat(rows).pivot_table(index=["case", "architecture"], columns=["padding", "length"],
+                                        values="value", aggfunc="max")
+    fmt = (lambda t: t.to_markdown(floatfmt=".1e")) if "--markdown" in sys.argv else \
+        (lambda t: t.to_string(float_format=lambda v: f"{v:.1e}", na_rep="-"))
+    print("max |log-prob difference| vs HF (BERT: |hidden state| difference)\n")
+    print(fmt(table))
+    print(f"\nworst: {table.max().max():.2e}\n\nrefused by name:")
+    for name, why in refused:
+        print(f"  {name}: {why}")
 
 
 if __name__ == "__main__":
