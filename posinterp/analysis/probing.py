@@ -27,6 +27,7 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
+from .._validate import check_indices
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
 from .similarity import compact_real_tokens, cosine_self_similarity
 
@@ -207,11 +208,14 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
         with ``metric`` in ``nrmse``, ``pearson_r``.
 
     Raises:
-        ValueError: for an unknown feature or fewer than 3 sequences.
+        ValueError: for an unknown feature, ``layers`` that are not distinct ints in
+            ``[-1, n_layers)``, or too few sequences (see :func:`sequence_split`).
     """
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
-    layers = list(range(model.cfg.n_layers)) if layers is None else layers
+    # -1 is the embedding; -2 must not silently become it too.
+    layers = (list(range(model.cfg.n_layers)) if layers is None
+              else check_indices("layers", layers, model.cfg.n_layers, start=-1))
     rows = []
     for layer in layers:
         resid, attn_out, hook = _activations(model, tokens, mask, layer)
