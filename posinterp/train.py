@@ -106,7 +106,10 @@ def answer_loss(
     """Mean cross-entropy (nats per answer token) over answer tokens and EOS only.
 
     Position t predicts token t+1, so the loss uses ``logits[:, :-1]`` against
-    ``tokens[:, 1:]`` where ``answer_mask[:, 1:]`` is 1.
+    ``tokens[:, 1:]`` where ``answer_mask[:, 1:]`` is 1. This assumes the token before
+    each answer token is real, as in a :class:`~posinterp.tasks.TaskSplit` (right-padded,
+    answers after the prompt); for other padding see
+    :func:`posinterp.interventions.ablation_effect`, which pairs real tokens.
 
     Raises:
         ValueError: if the batch has no answer token.

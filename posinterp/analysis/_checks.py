@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask"]
+__all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask", "masked_scores",
+           "next_token_pairs"]
 
 
 def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -61,6 +62,40 @@ def lengths_from_mask(mask: torch.Tensor | None, batch: int, pos: int) -> torch.
     if mask is None:
         return torch.full((batch,), pos, dtype=torch.long)
     return mask.sum(-1).long()
+
+
+def next_token_pairs(mask: torch.Tensor | None, batch: int, pos: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pair every real token with the next *real* token, for next-token loss/accuracy.
+
+    A pad is never a position (DESIGN.md §2): the logits at the k-th real token predict
+    the (k+1)-th real token, whatever the padding side and across interior gaps, so a
+    padded batch scores exactly as the unpadded one.
+
+    Returns:
+        ``(cur, nxt, valid)``, each ``[batch, pos - 1]``: the logits at ``cur[b, t]``
+        predict the token at ``nxt[b, t]``; only pairs with ``valid[b, t]`` count.
+    """
+    if mask is None:
+        ar = torch.arange(pos)
+        return (ar[:-1].expand(batch, -1), ar[1:].expand(batch, -1),
+                torch.ones(batch, pos - 1, dtype=torch.bool))
+    # A stable sort on "is pad" lists each row's real positions first, in order.
+    order = torch.sort((mask == 0).long(), dim=-1, stable=True).indices
+    valid = torch.arange(1, pos)[None, :] < mask.sum(-1, keepdim=True)
+    return order[:, :-1], order[:, 1:], valid
+
+
+def masked_scores(scores: torch.Tensor) -> torch.Tensor:
+    """Boolean ``[..., query, key]``: True where a pre-softmax score is masked.
+
+    A score is masked when it is ``<= torch.finfo(dtype).min``: TransformerLens 3.9 writes
+    ``-inf``, HF and many user hooks write ``finfo(dtype).min`` (or add it to a score,
+    which in float rounds back to ``finfo.min``). Equality with one sentinel misses the
+    other convention (DESIGN.md §6). Masks written as a merely large negative number
+    (e.g. ``-1e4``) are not recognized: they are not masks in exact arithmetic either.
+    """
+    return scores <= torch.finfo(scores.dtype).min
 
 
 def run_cached(model, tokens: torch.Tensor, mask: torch.Tensor | None, names_filter):

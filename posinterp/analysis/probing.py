@@ -27,11 +27,12 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
+from .._validate import check_indices
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
 from .similarity import compact_real_tokens, cosine_self_similarity
 
-__all__ = ["FEATURES", "ProbeConfig", "ProbeResult", "fit_probe", "position_features",
-           "probe_positions", "sequence_split"]
+__all__ = ["FEATURES", "ProbeConfig", "ProbeResult", "fit_probe", "min_sequences",
+           "position_features", "probe_positions", "sequence_split"]
 
 FEATURES = ("cosine", "mask_only", "variance", "raw")
 
@@ -78,7 +79,9 @@ def position_features(
             C = cosine_self_similarity(resid, mask)  # [batch, pos, pos]
             idx = (k[:, None] - offsets[None, :]).clamp(min=0)  # [pos, w]
             sims = torch.gather(C, 2, idx.expand(batch, pos, window))
-            sims = torch.where(valid.bool(), sims, 0.0).nan_to_num(0.0)
+            # No nan_to_num: a NaN inside the window means NaN activations, which
+            # fit_probe must refuse, not read as similarity 0.
+            sims = torch.where(valid.bool(), sims, 0.0)
             feats = torch.cat([sims, feats], -1)
     elif kind == "variance":
         cols = [compact_real_tokens(resid.double(), mask).var(-1, unbiased=False)]
@@ -92,21 +95,50 @@ def position_features(
     return feats[real].float(), y[real], groups[real]
 
 
+def _split_sizes(n: int, fractions) -> tuple[int, int, int]:
+    n_tr = max(1, round(fractions[0] * n))
+    n_va = max(1, round(fractions[1] * n))
+    return n_tr, n_va, n - n_tr - n_va
+
+
+def min_sequences(fractions=(0.6, 0.2, 0.2)) -> int:
+    """Smallest number of sequences whose split by ``fractions`` leaves no part empty.
+
+    4 for the default (0.6, 0.2, 0.2): 3 sequences round to 2/1/0.
+
+    Raises:
+        ValueError: for fractions that are not 3 positive numbers summing to 1.
+    """
+    if len(fractions) != 3 or any(not f > 0 for f in fractions):
+        raise ValueError(f"fractions must be 3 positive numbers (train, val, test), got {fractions}")
+    if abs(sum(fractions) - 1) > 1e-9:
+        raise ValueError(f"fractions must sum to 1, got {fractions}")
+    n = 3
+    while min(_split_sizes(n, fractions)) < 1:
+        n += 1
+    return n
+
+
 def sequence_split(groups: Int[Tensor, "n"], seed: int = 0, fractions=(0.6, 0.2, 0.2)
                    ) -> tuple[Tensor, Tensor, Tensor]:
     """Boolean train/val/test masks over items, splitting whole sequences.
 
+    Every part holds at least one sequence: an empty test split would score NaN (or
+    an r of 0.0 that reads as "no position information"), so too few sequences are
+    refused instead.
+
     Raises:
-        ValueError: with fewer than 3 sequences or fractions that do not sum to 1.
+        ValueError: with fewer sequences than :func:`min_sequences` (the message says
+            how many are needed), or fractions that are not 3 positive numbers summing
+            to 1.
     """
+    need = min_sequences(fractions)
     uniq = torch.unique(groups)
-    if len(uniq) < 3:
-        raise ValueError(f"need at least 3 sequences to split by sequence, got {len(uniq)}")
-    if abs(sum(fractions) - 1) > 1e-9:
-        raise ValueError(f"fractions must sum to 1, got {fractions}")
+    if len(uniq) < need:
+        raise ValueError(f"need at least {need} sequences to split by sequence into non-empty "
+                         f"train/val/test parts with fractions {tuple(fractions)}, got {len(uniq)}")
     perm = uniq[torch.randperm(len(uniq), generator=torch.Generator().manual_seed(seed))]
-    n_tr = max(1, round(fractions[0] * len(uniq)))
-    n_va = max(1, round(fractions[1] * len(uniq)))
+    n_tr, n_va, _ = _split_sizes(len(uniq), fractions)
     parts = perm[:n_tr], perm[n_tr:n_tr + n_va], perm[n_tr + n_va:]
     return tuple(torch.isin(groups, p) for p in parts)
 
@@ -124,7 +156,11 @@ class ProbeConfig:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Held-out scores: ``nrmse`` (RMSE / position range), ``pearson_r``, ``n_test``."""
+    """Held-out scores: ``nrmse`` (RMSE / position range), ``pearson_r``, ``n_test``.
+
+    ``pearson_r`` is NaN when the probe's test predictions are constant (r is undefined
+    there; 0.0 would read as "no position information"): look at ``nrmse``.
+    """
 
     nrmse: float
     pearson_r: float
@@ -139,10 +175,17 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
     Source: Zuo et al. 2024 (arXiv 2501.00073), probing section; docs/concepts.md.
 
     Raises:
-        ValueError: for mismatched lengths or fewer than 3 sequences.
+        ValueError: for mismatched lengths, non-finite ``X``, positions that are all
+            equal (NRMSE divides by their range), or too few sequences for a non-empty
+            test split (see :func:`sequence_split`).
     """
     if not len(X) == len(y) == len(groups):
         raise ValueError(f"X, y, groups must have equal length, got {len(X)}, {len(y)}, {len(groups)}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X must be finite (no NaN/inf features)")
+    if len(y) == 0 or int(y.max()) == int(y.min()):
+        raise ValueError("positions are all equal (or there are none): nothing to probe, and "
+                         "NRMSE = RMSE / (max - min position) is undefined")
     tr, va, te = sequence_split(groups, seed)
     torch.manual_seed(seed)
     Xf = X.float()
@@ -181,8 +224,10 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
         pred = (net(Xn[te]).squeeze(-1) * y_sd + y_mu).double().numpy()
     target = yf[te].double().numpy()
     rmse = float(np.sqrt(np.mean((pred - target) ** 2)))
-    span = float(yf.max() - yf.min()) or 1.0
-    r = float(stats.pearsonr(pred, target).statistic) if np.std(pred) > 0 else 0.0
+    span = float(yf.max() - yf.min())  # > 0, checked above
+    # r is undefined for a constant prediction or target: NaN, never a silent 0.0.
+    defined = np.ptp(pred) > 0 and np.ptp(target) > 0
+    r = float(stats.pearsonr(pred, target).statistic) if defined else float("nan")
     return ProbeResult(nrmse=rmse / span, pearson_r=r, n_test=int(te.sum()), epochs=epoch)
 
 
@@ -207,11 +252,14 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
         with ``metric`` in ``nrmse``, ``pearson_r``.
 
     Raises:
-        ValueError: for an unknown feature or fewer than 3 sequences.
+        ValueError: for an unknown feature, ``layers`` that are not distinct ints in
+            ``[-1, n_layers)``, or too few sequences (see :func:`sequence_split`).
     """
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
-    layers = list(range(model.cfg.n_layers)) if layers is None else layers
+    # -1 is the embedding; -2 must not silently become it too.
+    layers = (list(range(model.cfg.n_layers)) if layers is None
+              else check_indices("layers", layers, model.cfg.n_layers, start=-1))
     rows = []
     for layer in layers:
         resid, attn_out, hook = _activations(model, tokens, mask, layer)

@@ -26,6 +26,8 @@ from jaxtyping import Complex, Float
 from scipy import stats
 from torch import Tensor
 
+from .._validate import check_indices, is_int
+
 __all__ = [
     "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
     "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
@@ -147,13 +149,7 @@ def _check_model(model) -> None:
 
 
 def _select(name: str, chosen, n: int) -> list[int]:
-    if chosen is None:
-        return list(range(n))
-    chosen = [chosen] if isinstance(chosen, int) else list(chosen)
-    bad = [c for c in chosen if not (isinstance(c, int | np.integer) and 0 <= c < n)]
-    if bad:
-        raise ValueError(f"{name} must be integers in [0, {n - 1}], got {bad}")
-    return [int(c) for c in chosen]
+    return list(range(n)) if chosen is None else check_indices(name, chosen, n)
 
 
 def is_rotary(model) -> bool:
@@ -168,9 +164,12 @@ def qk_weights(model, layer: int, offset: int | None = None
     W_K' = W_K R(-Δ)^T, so M(Δ) = W_Q R(-Δ) W_K^T; Δ = None or 0 gives the raw W_K.
 
     Raises:
-        ValueError: for an ``offset`` on a non-rotary model, or RoPE scaling variants
-            (NTK-by-parts, YaRN) whose rotation this function does not model.
+        ValueError: for a ``layer`` outside ``[0, n_layers)`` (a negative index would
+            silently pick a layer from the end), an ``offset`` on a non-rotary model, or
+            RoPE scaling variants (NTK-by-parts, YaRN) whose rotation this function does
+            not model.
     """
+    check_indices("layer", layer if is_int(layer) else [layer], model.cfg.n_layers)
     attn = model.blocks[layer].attn
     W_Q, W_K = attn.W_Q.detach().double(), attn.W_K.detach().double()
     if offset is None or offset == 0:

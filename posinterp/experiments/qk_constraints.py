@@ -161,7 +161,7 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int) -> di
     accs = history[history.metric == "test_accuracy"].value
     reached = bool(len(accs) and accs.iloc[-1] >= grid.target)
     return {"pe": pe, "constraint": constraint, "seed": seed, "steps": steps,
-            "censored": not reached, "final_accuracy": float(accs.iloc[-1]) if len(accs) else 0.0,
+            "censored": not reached, "final_accuracy": float(accs.iloc[-1]) if len(accs) else float("nan"),
             **_previous_token_head(model, seed)}
 
 

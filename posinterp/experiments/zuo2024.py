@@ -258,5 +258,7 @@ def _report(config, claims, init, adjacency, accuracy, dw, grid, probe):
     rep.figure(grid_heatmap(g, "init_mean", "init_std", "after the first attention, at init"),
                "init mean x std")
     rep.heading("Position probes (NRMSE, lower is better; r)")
-    rep.table(probe.groupby(["state", "feature", "metric"]).value.agg(["mean", "std"]).reset_index())
+    # count: pandas' mean skips NaN (an undefined r), so show how many values it used.
+    rep.table(probe.groupby(["state", "feature", "metric"]).value.agg(["mean", "std", "count"])
+              .reset_index())
     return rep

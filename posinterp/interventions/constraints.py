@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from .._validate import check_indices
+
 __all__ = ["CONSTRAINTS", "TiedKey", "constrain_qk", "effective_x"]
 
 CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "no_positive_real", "no_negative_real")
@@ -98,16 +100,17 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None) -> None:
 
     Raises:
         ValueError: for an unknown ``kind``, grouped-query attention (W_K shared by
-            several query heads cannot be tied per head), or out-of-range layers.
+            several query heads cannot be tied per head), or ``layers`` that are not
+            distinct ints in ``[0, n_layers)`` (checked before any layer is changed).
     """
     if kind not in CONSTRAINTS:
         raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {kind!r}")
     if model.cfg.n_key_value_heads is not None:
         raise ValueError("constrain_qk needs one key per query head (no grouped-query attention)")
-    layers = list(range(model.cfg.n_layers)) if layers is None else layers
+    # Every layer is checked before any is changed: a bad one leaves the model untouched.
+    layers = (list(range(model.cfg.n_layers)) if layers is None
+              else check_indices("layers", layers, model.cfg.n_layers))
     for layer in layers:
-        if not 0 <= layer < model.cfg.n_layers:
-            raise ValueError(f"layers must be in [0, {model.cfg.n_layers - 1}], got {layer}")
         attn = model.blocks[layer].attn
         weight = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.W_Q)
         parametrize.register_parametrization(attn, "W_K", weight, unsafe=True)

@@ -7,11 +7,17 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from ..analysis._checks import check_attention_mask, check_tokens, lengths_from_mask
+from .._validate import check_indices
+from ..analysis._checks import (
+    check_attention_mask,
+    check_tokens,
+    lengths_from_mask,
+    next_token_pairs,
+)
 from ..analysis.adjacency import adjacency_score
 from ..analysis.heads import previous_token_score
 from ..analysis.similarity import cosine_self_similarity
-from .qk import QKIntervention, intervene
+from .qk import QKIntervention, check_intervention, intervene
 
 __all__ = ["ablation_effect", "per_head_interventions"]
 
@@ -21,11 +27,34 @@ def per_head_interventions(model, kinds, layers=None, k: int | None = None
     """One single-head intervention per (kind, layer, head): a sweep for ablation_effect.
 
     Raises:
-        ValueError: for an unknown kind (from :class:`QKIntervention`).
+        ValueError: for an unknown kind (from :class:`QKIntervention`), or ``layers``
+            that are not distinct ints in ``[0, n_layers)``.
     """
-    layers = range(model.cfg.n_layers) if layers is None else layers
+    layers = (range(model.cfg.n_layers) if layers is None
+              else check_indices("layers", layers, model.cfg.n_layers))
     return [QKIntervention(kind, layer, heads=(head,), k=k) for kind in kinds for layer in layers
             for head in range(model.cfg.n_heads)]
+
+
+def _targets(tokens, mask, answer_mask):
+    """``(cur, nxt, target)``: real-token pairs (see ``next_token_pairs``) that are scored.
+
+    Raises:
+        ValueError: if nothing would be scored (the loss would be NaN), or, with
+            ``answer_mask``, a sequence has no answer token after its first real token
+            (it would count as an exact match).
+    """
+    cur, nxt, target = next_token_pairs(mask, *tokens.shape)
+    if answer_mask is not None:
+        target = target & answer_mask[torch.arange(tokens.shape[0])[:, None], nxt].bool()
+        empty = (~target.any(-1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"answer_mask marks no predictable answer token (one after the "
+                             f"first real token) in sequences {empty}")
+    if not target.any():
+        raise ValueError("no token has a real next token to predict: every sequence needs "
+                         ">= 2 real tokens")
+    return cur, nxt, target
 
 
 @torch.no_grad()
@@ -34,12 +63,13 @@ def _measure(model, tokens, mask, answer_mask, lengths) -> dict:
     logits, cache = model.run_with_cache(
         tokens, attention_mask=mask,
         names_filter=lambda n: n.endswith("attn.hook_pattern") or n == last)
-    logp = logits[:, :-1].log_softmax(-1).gather(-1, tokens[:, 1:, None])[..., 0]
-    target = (answer_mask[:, 1:] if answer_mask is not None else
-              (mask[:, 1:] if mask is not None else torch.ones_like(tokens[:, 1:]))).bool()
+    cur, nxt, target = _targets(tokens, mask, answer_mask)
+    rows = torch.arange(tokens.shape[0])[:, None]
+    pred = logits[rows, cur]  # [batch, pos-1, d_vocab]: predicts tokens[rows, nxt]
+    logp = pred.log_softmax(-1).gather(-1, tokens[rows, nxt][..., None])[..., 0]
     out = {"loss": float(-logp[target].mean())}
     if answer_mask is not None:
-        hit = (logits[:, :-1].argmax(-1) == tokens[:, 1:]) | ~target
+        hit = (pred.argmax(-1) == tokens[rows, nxt]) | ~target
         out["answer_accuracy"] = float(hit.all(-1).float().mean())
     out["adjacency_score"] = adjacency_score(cosine_self_similarity(cache[last], mask),
                                              lengths).score
@@ -55,7 +85,10 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
 
     ``loss`` is the mean next-token cross-entropy (nats) over answer tokens when
     ``answer_mask`` is given (1 on answer tokens, as in :class:`posinterp.tasks.TaskSplit`),
-    else over all real tokens; ``answer_accuracy`` is exact match (only with
+    else over all real tokens after the first. A pad is never a position: the logits at
+    each real token predict the next real token, so any padding (left, right, or a gap
+    inside) gives the unpadded numbers for models whose positions come from the mask
+    (NoPE, absolute and rotary in TransformerLens); ``answer_accuracy`` is exact match (only with
     ``answer_mask``); ``previous_token_score`` is the mean over the intervened heads;
     ``adjacency_score`` is at the last ``resid_post``.
 
@@ -65,13 +98,18 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
         interventions.
 
     Raises:
-        ValueError: for malformed tokens/masks or invalid interventions.
+        ValueError: for malformed tokens/masks, invalid interventions (checked before
+            any forward pass), no token with a real next token, or an ``answer_mask``
+            sequence without a predictable answer token.
     """
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
     answer_mask = check_attention_mask(answer_mask, tuple(tokens.shape))
     lengths = lengths_from_mask(mask, *tokens.shape)
     interventions = [interventions] if isinstance(interventions, QKIntervention) else interventions
+    for iv in interventions:
+        check_intervention(model, iv)
+    _targets(tokens, mask, answer_mask)
     clean = _measure(model, tokens, mask, answer_mask, lengths)
     rows = []
     for iv in interventions:

@@ -29,10 +29,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from .._validate import is_int
+from ..analysis._checks import masked_scores
 from ..analysis.spectral import qk_weights, rotary_matrix
 from .channels import CHANNELS, channel_projectors, top_k_projector
 
-__all__ = ["KINDS", "QKIntervention", "intervene", "intervention_hooks"]
+__all__ = ["KINDS", "QKIntervention", "check_intervention", "intervene", "intervention_hooks"]
 
 PROJECTION_KINDS = ("remove_positive_real", "remove_negative_real", "remove_complex",
                     "remove_all", "keep_top_k")
@@ -45,8 +47,9 @@ class QKIntervention:
     """One intervention on some heads of one layer.
 
     Raises:
-        ValueError: for an unknown ``kind`` or ``rope_variant``, or ``keep_top_k``
-            without ``k >= 1``.
+        ValueError: for an unknown ``kind`` or ``rope_variant``, ``keep_top_k``
+            without ``k >= 1``, a non-int or negative ``layer``, or non-int ``heads``.
+            Ranges against a model are checked by :func:`check_intervention`.
     """
 
     kind: str
@@ -62,17 +65,33 @@ class QKIntervention:
             raise ValueError(f"rope_variant must be 'content' or 'offset', got {self.rope_variant!r}")
         if self.kind == "keep_top_k" and (self.k is None or self.k < 1):
             raise ValueError(f"keep_top_k needs k >= 1, got k={self.k}")
+        if not is_int(self.layer):
+            raise ValueError(f"layer must be an int, got {self.layer!r}")
         if self.layer < 0:
             raise ValueError(f"layer must be >= 0, got {self.layer}")
         if self.k is not None and self.kind != "keep_top_k":
             raise ValueError(f"k applies only to kind='keep_top_k', got kind={self.kind!r}")
-        if isinstance(self.heads, int):
+        if is_int(self.heads):
             object.__setattr__(self, "heads", (self.heads,))
         if self.heads is not None:
-            object.__setattr__(self, "heads", tuple(int(h) for h in self.heads))
+            heads = tuple(self.heads)
+            if not all(is_int(h) for h in heads):
+                # int() would silently turn head 1.5 into head 1.
+                raise ValueError(f"heads must be ints (or None for every head), got {heads!r}")
+            object.__setattr__(self, "heads", tuple(int(h) for h in heads))
+        object.__setattr__(self, "layer", int(self.layer))
 
 
-def _heads(model, iv: QKIntervention) -> list[int]:
+def check_intervention(model, iv: QKIntervention) -> list[int]:
+    """The heads ``iv`` acts on, after checking its layer and heads against ``model``.
+
+    Raises:
+        ValueError: for a layer outside ``[0, n_layers)`` or a head outside
+            ``[0, n_heads)``, naming the allowed range; for every kind, before any
+            weight is read.
+    """
+    if not isinstance(iv, QKIntervention):
+        raise ValueError(f"interventions must be QKIntervention objects, got {type(iv).__name__}")
     if not 0 <= iv.layer < model.cfg.n_layers:
         raise ValueError(f"layer must be in [0, {model.cfg.n_layers - 1}], got {iv.layer}")
     heads = list(range(model.cfg.n_heads)) if iv.heads is None else list(iv.heads)
@@ -83,9 +102,10 @@ def _heads(model, iv: QKIntervention) -> list[int]:
 
 
 def _query_projector(model, iv: QKIntervention) -> dict[int, Float[Tensor, "d_head d_head"]]:
+    heads = check_intervention(model, iv)
     W_Q, W_K = qk_weights(model, iv.layer)
     out = {}
-    for h in _heads(model, iv):
+    for h in heads:
         B = W_K[h].T @ W_Q[h]
         if iv.kind == "keep_top_k":
             out[h] = top_k_projector(B, iv.k)
@@ -113,7 +133,7 @@ def _alibi(model, layer: int, n: int, device) -> Tensor | None:
 
 
 def _score_hooks(model, iv: QKIntervention):
-    heads = _heads(model, iv)
+    heads = check_intervention(model, iv)
     rotary = model.cfg.positional_embedding_type == "rotary"
     offset_variant = rotary and iv.rope_variant == "offset"
     captured: dict[str, Tensor] = {}
@@ -166,8 +186,9 @@ def _score_hooks(model, iv: QKIntervention):
         if bias is not None:
             content = content + bias[heads].double()
         causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
-        # Padding masks are not visible to hooks; keep every entry the model masked.
-        keep = causal & ~torch.isneginf(scores[:, heads])
+        # Padding masks are not visible to hooks: keep every entry the model, or a user's
+        # hook that ran before this one, masked (-inf in TransformerLens, finfo.min in HF).
+        keep = causal & ~masked_scores(scores[:, heads])
         scores = scores.clone()
         scores[:, heads] = torch.where(keep, content.to(scores.dtype),
                                        torch.tensor(float("-inf"), dtype=scores.dtype,
@@ -193,10 +214,15 @@ def intervention_hooks(model, interventions) -> list[tuple[str, object]]:
     """``(hook name, hook fn)`` pairs for ``model.run_with_hooks(fwd_hooks=...)``.
 
     Raises:
-        ValueError: for out-of-range layers/heads (checked before any forward pass).
+        ValueError: for out-of-range layers/heads, for every kind (checked by
+            :func:`check_intervention` before any weight is read or forward pass run).
     """
+    interventions = ([interventions] if isinstance(interventions, QKIntervention)
+                     else list(interventions))
+    for iv in interventions:  # every one, before any weight is read or hook built
+        check_intervention(model, iv)
     hooks = []
-    for iv in ([interventions] if isinstance(interventions, QKIntervention) else interventions):
+    for iv in interventions:
         if iv.kind in PROJECTION_KINDS:
             hooks.append((f"blocks.{iv.layer}.attn.hook_q",
                           _projection_hook(_query_projector(model, iv))))

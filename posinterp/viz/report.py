@@ -3,6 +3,10 @@
 The circuitsvis bundle is inlined once per report in a classic ``<script>`` (so its
 ``CircuitsVis`` global is visible to every view's render call); figures are base64 PNGs.
 Nothing in a report has a ``src`` or ``href`` that leaves the file.
+
+Every string is escaped for where it lands: ``html.escape`` for text and attributes
+(title, headings, paragraphs, captions, alt text), pandas' ``escape=True`` for tables,
+and JSON with ``<``, ``>``, ``&`` as ``\\u00XX`` inside ``<script>`` (viz.circuits).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..io import atomic_write_text
-from .circuits import CircuitsView
+from .circuits import CircuitsView, script_safe_js
 
 __all__ = ["Report"]
 
@@ -48,8 +52,9 @@ class Report:
         return self
 
     def table(self, df: pd.DataFrame, float_format: str = "{:.3f}") -> Report:
+        # escape=True (pandas' default, stated): cells and column names are text.
         self._parts.append(df.to_html(index=False, float_format=float_format.format,
-                                      na_rep="", border=0))
+                                      na_rep="", border=0, escape=True))
         return self
 
     def figure(self, fig, caption: str = "", save_as: str | Path | None = None) -> Report:
@@ -77,7 +82,7 @@ class Report:
         """Add a circuitsvis view; the first one brings the bundle, later ones reuse it."""
         if self._bundle is None:
             self._bundle = view.bundle
-            self._parts.append(f"<script>\n{view.bundle}\n</script>")
+            self._parts.append(f"<script>\n{script_safe_js(view.bundle)}\n</script>")
         if caption:
             self._parts.append(f"<h4>{html.escape(caption)}</h4>")
         self._parts.append(view.html())

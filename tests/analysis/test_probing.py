@@ -88,7 +88,7 @@ def test_left_padding_does_not_change_features():
 def test_bad_inputs():
     with pytest.raises(ValueError, match="kind must be one of"):
         position_features(torch.zeros(1, 3, 2), kind="sinusoid")
-    with pytest.raises(ValueError, match="at least 3 sequences"):
+    with pytest.raises(ValueError, match="at least 4 sequences"):
         sequence_split(torch.tensor([0, 0, 1]))
 
 
@@ -108,3 +108,54 @@ def test_probe_positions_table():
                          features=("cosine", "mask_only"), seeds=(0,),
                          config=ProbeConfig(hidden=8, max_epochs=5))
     assert set(df.feature) == {"cosine", "mask_only"} and set(df.metric) == {"nrmse", "pearson_r"}
+
+
+def _min_sequences(fractions):
+    """Smallest n whose rounded split leaves every part non-empty (independent of the code)."""
+    n = 1
+    while True:
+        sizes = [max(1, round(f * n)) for f in fractions[:2]]
+        if n - sum(sizes) >= 1:
+            return n
+        n += 1
+
+
+@pytest.mark.parametrize("fractions", [(0.6, 0.2, 0.2), (0.8, 0.1, 0.1), (0.34, 0.33, 0.33)])
+def test_every_split_is_non_empty_or_refused(fractions):
+    """Issue 11 case 11: 3 sequences gave a 0-sequence test split, then nrmse=nan, r=0.0."""
+    need = _min_sequences(fractions)
+    for n in range(1, need + 6):
+        groups = torch.arange(n).repeat_interleave(4)
+        if n < need:
+            with pytest.raises(ValueError, match=f"at least {need} sequences"):
+                sequence_split(groups, fractions=fractions)
+        else:
+            assert all(part.any() for part in sequence_split(groups, fractions=fractions))
+
+
+def test_fit_probe_refuses_too_few_sequences():
+    y = torch.arange(5).repeat(3)
+    groups = torch.arange(3).repeat_interleave(5)
+    with pytest.raises(ValueError, match="at least 4 sequences"):
+        fit_probe(y[:, None].float(), y, groups, config=FAST)
+
+
+def test_bad_fractions_and_constant_targets():
+    groups = torch.arange(10).repeat_interleave(3)
+    with pytest.raises(ValueError, match="fractions must be 3 positive numbers"):
+        sequence_split(groups, fractions=(0.8, 0.2, 0.0))
+    y = torch.zeros(30, dtype=torch.long)  # every token at position 0: NRMSE undefined
+    with pytest.raises(ValueError, match="positions are all equal"):
+        fit_probe(torch.randn(30, 2), y, groups, config=FAST)
+    with pytest.raises(ValueError, match="X must be finite"):
+        fit_probe(torch.full((30, 2), float("nan")), torch.arange(3).repeat(10), groups,
+                  config=FAST)
+
+
+def test_constant_prediction_gives_nan_r_not_zero():
+    """r is undefined for a constant prediction; 0.0 would read as 'no position signal'."""
+    y = torch.arange(N_POS).repeat(N_SEQ)
+    groups = torch.arange(N_SEQ).repeat_interleave(N_POS)
+    X = torch.zeros(len(y), 3)  # constant features: the probe can only predict a constant
+    res = fit_probe(X, y, groups, seed=0, config=FAST)
+    assert np.isnan(res.pearson_r) and np.isfinite(res.nrmse)

@@ -5,6 +5,7 @@ import torch
 from posinterp.analysis.spectral import qk_weights
 from posinterp.interventions import (
     CHANNELS,
+    KINDS,
     QKIntervention,
     channel_projectors,
     intervene,
@@ -176,3 +177,57 @@ def test_symmetrization_refuses_a_kv_cache():
         with pytest.raises(ValueError, match="KV cache"):
             model.generate(toks, max_new_tokens=2, use_past_kv_cache=True, verbose=False)
         model.generate(toks, max_new_tokens=2, use_past_kv_cache=False, verbose=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("user_first", [True, False])
+@pytest.mark.parametrize("kind", ["symmetric", "antisymmetric"])
+def test_a_users_finfo_min_knockout_stays_masked(kind, user_first, dtype):
+    """Issue 11 case 7: HF-style knockouts write finfo(dtype).min, not -inf (was 0.48)."""
+    model = tiny_model("nope").to(dtype)
+    toks = random_tokens(model, 2, 8, seed=3)
+
+    def knockout(scores, hook):  # the HF convention for a masked score
+        scores = scores.clone()
+        scores[:, 1, 5, 2] = torch.finfo(scores.dtype).min
+        return scores
+
+    user = ("blocks.0.attn.hook_attn_scores", knockout)
+    ours = intervention_hooks(model, QKIntervention(kind, layer=0))
+    with model.hooks(fwd_hooks=[user, *ours] if user_first else [*ours, user]):
+        _, cache = model.run_with_cache(toks, names_filter="blocks.0.attn.hook_pattern")
+    pattern = cache["blocks.0.attn.hook_pattern"].double()
+    assert pattern[:, 1, 5, 2].abs().max() < 1e-6
+    torch.testing.assert_close(pattern.sum(-1), torch.ones_like(pattern.sum(-1)))
+    lower = torch.ones(8, 8, dtype=torch.bool).tril()
+    assert (pattern[..., ~lower] == 0).all()
+
+
+def _kwargs(kind):
+    return {"k": 2} if kind == "keep_top_k" else {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_out_of_range_layer_or_head_is_a_value_error_for_every_kind(kind):
+    """Issue 11 case 13: remove_complex at layer 5 of a 2-layer model raised IndexError."""
+    model = tiny_model("rotary")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    with pytest.raises(ValueError, match=rf"layer must be in \[0, {n_layers - 1}\], got 5"):
+        intervention_hooks(model, QKIntervention(kind, 5, **_kwargs(kind)))
+    with pytest.raises(ValueError, match=rf"heads must be in \[0, {n_heads - 1}\]"):
+        intervention_hooks(model, QKIntervention(kind, 0, heads=(0, n_heads), **_kwargs(kind)))
+    # A bad intervention later in a list fails before any hook is built or weight read.
+    with pytest.raises(ValueError, match="layer must be in"), intervene(
+            model, [QKIntervention(kind, 0, **_kwargs(kind)), QKIntervention(kind, n_layers)]
+            if kind != "keep_top_k" else
+            [QKIntervention(kind, 0, k=2), QKIntervention(kind, n_layers, k=2)]):
+        pass
+    assert not model.hook_dict["blocks.0.attn.hook_q"].fwd_hooks  # nothing left behind
+
+
+@pytest.mark.parametrize("bad", [1.5, True, "1"])
+def test_non_integer_layers_and_heads_are_refused(bad):
+    with pytest.raises(ValueError, match="layer must be an int"):
+        QKIntervention("symmetric", bad)
+    with pytest.raises(ValueError, match="heads must be ints"):
+        QKIntervention("symmetric", 0, heads=(0, bad))

@@ -1,5 +1,10 @@
+import json
 import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
 
+import pandas as pd
 import pytest
 import torch
 
@@ -58,3 +63,70 @@ def test_save_figure_png_and_svg(tmp_path):
     assert paths[0].read_bytes()[:4] == b"\x89PNG" and b"<svg" in paths[1].read_bytes()[:500]
     with pytest.raises(ValueError, match="format must be one of"):
         save_figure(similarity_grid({"x": torch.eye(3)}), tmp_path / "f", formats=("bmpx",))
+
+
+HOSTILE = ["<bos>", "</script><h1>x</h1>", "a&amp;b<", "<!--", "<script>", "'\"`", "</SCRIPT >"]
+
+
+class _Page(HTMLParser):
+    """What a browser's tokenizer sees: tags, text outside scripts, and script bodies."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.text, self.scripts, self._in_script = [], [], [], False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self._in_script = tag == "script"
+        if tag == "img":
+            self.text.append(dict(attrs).get("alt", ""))
+
+    def handle_endtag(self, tag):
+        self._in_script = False if tag == "script" else self._in_script
+
+    def handle_data(self, data):
+        (self.scripts if self._in_script else self.text).append(data)
+
+
+def test_any_text_reaches_the_page_as_text(tmp_path):
+    """Issue 11 case 10: a token `</script><h1>x</h1>` broke the view and became markup."""
+    pattern = torch.softmax(torch.randn(2, len(HOSTILE), len(HOSTILE),
+                                        generator=torch.Generator().manual_seed(0)), -1)
+    markup = "<h1>m</h1> & </script>"
+    rep = Report(f"title {markup}")
+    rep.heading(f"heading {markup}").paragraph(f"para {markup}", note=True)
+    rep.table(pd.DataFrame({f"col {markup}": [f"cell {markup}"], "model": ["<b>gpt</b>"]}))
+    rep.figure(similarity_grid({"x": torch.eye(3)}), caption=f'cap {markup} "q"')
+    rep.circuits(attention_view(HOSTILE, pattern), caption=f"view {markup}")
+    page = _Page()
+    page.feed(rep.save(tmp_path / "r.html").read_text())
+    page.close()
+    assert page.tags.count("h1") == 1 and "b" not in page.tags  # only the report's title
+    text = "".join(page.text)
+    for where in ("title", "heading", "para", "col", "cell", "cap", "view"):
+        assert f"{where} {markup}" in text
+    assert "<b>gpt</b>" in text
+    # Bundle + one render call: no script was cut short by a token.
+    assert page.tags.count("script") == 2
+    render = page.scripts[-1]
+    m = re.fullmatch(r'\s*CircuitsVis\.render\(\s*"([\w-]+)",\s*CircuitsVis\.(\w+),\s*(.*)\)\s*',
+                     render, flags=re.S)
+    assert m, render[:300]
+    assert json.loads(m.group(3))["tokens"] == HOSTILE
+    for bad in ("</script", "<!--", "<script"):
+        assert bad not in render.lower()
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the JavaScript")
+def test_javascript_sees_the_exact_tokens(tmp_path):
+    """The escaped render call gives JavaScript the very same strings."""
+    pattern = torch.softmax(torch.randn(1, len(HOSTILE), len(HOSTILE)), -1)
+    view = attention_view(HOSTILE, pattern)
+    script = tmp_path / "view.js"
+    script.write_text("const CircuitsVis = {AttentionPatterns: 1, render: (id, c, props) => "
+                      "console.log(JSON.stringify(props.tokens))};\n" + view.render_call)
+    out = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == HOSTILE, out.stderr
+    bundle = tmp_path / "bundle.js"
+    bundle.write_text(view.bundle)
+    assert subprocess.run(["node", "--check", str(bundle)], capture_output=True).returncode == 0
