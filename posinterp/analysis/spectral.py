@@ -30,7 +30,7 @@ from .._validate import check_indices, is_int
 
 __all__ = [
     "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
-    "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
+    "model_rotary_matrix", "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
 ]
 
 DEFAULT_EPS = 1e-8
@@ -113,12 +113,15 @@ def rotational_measures(lam: Complex[Tensor, "... n"], k_e: int | None = None,
 
 
 def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float = 10000.0,
-                  adjacent_pairs: bool = False) -> Float[Tensor, "d_head d_head"]:
+                  adjacent_pairs: bool = False, inv_freq: Tensor | None = None
+                  ) -> Float[Tensor, "d_head d_head"]:
     """R(t): the row-vector rotation RoPE applies at position t (float64).
 
     ``x R(t)`` rotates pair p of the first ``rotary_dim`` dims by t · base^(-2p/rotary_dim);
     pairs are (2p, 2p+1) if ``adjacent_pairs`` else (p, p + rotary_dim/2), as in
     TransformerLens (GPT-J vs GPT-NeoX); other dims are unchanged. R(s) R(t) = R(s+t).
+    ``inv_freq`` (``[rotary_dim / 2]``, radians per position) replaces the base formula,
+    e.g. with the scaled frequencies of a loaded model (:func:`model_rotary_matrix`).
     Source: Su et al. 2021 (RoFormer), eq. 13-15.
 
     Raises:
@@ -127,9 +130,11 @@ def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float 
     if rotary_dim % 2 or not 0 < rotary_dim <= d_head:
         raise ValueError(f"rotary_dim must be even and in (0, d_head={d_head}], got {rotary_dim}")
     half = rotary_dim // 2
+    if inv_freq is not None and tuple(inv_freq.shape) != (half,):
+        raise ValueError(f"inv_freq must have rotary_dim/2 = {half} entries, got {tuple(inv_freq.shape)}")
     R = torch.eye(d_head, dtype=torch.float64)
     for p in range(half):
-        theta = angle_steps / base ** (p / half)
+        theta = angle_steps * float(inv_freq[p]) if inv_freq is not None else angle_steps / base ** (p / half)
         a, b = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
         c, s = math.cos(theta), math.sin(theta)
         # new_a = a c - b s, new_b = b c + a s  (TransformerLens's x cos + rotate(x) sin)
@@ -166,8 +171,7 @@ def qk_weights(model, layer: int, offset: int | None = None
     Raises:
         ValueError: for a ``layer`` outside ``[0, n_layers)`` (a negative index would
             silently pick a layer from the end), an ``offset`` on a non-rotary model, or
-            RoPE scaling variants (NTK-by-parts, YaRN) whose rotation this function does
-            not model.
+            TL RoPE scaling on a model whose frequencies posinterp did not install.
     """
     check_indices("layer", layer if is_int(layer) else [layer], model.cfg.n_layers)
     attn = model.blocks[layer].attn
@@ -177,12 +181,24 @@ def qk_weights(model, layer: int, offset: int | None = None
     if not is_rotary(model):
         raise ValueError(f"offset={offset} applies only to rotary heads; this model's "
                          f"positional_embedding_type is {model.cfg.positional_embedding_type!r}")
-    cfg = model.cfg
-    if getattr(cfg, "use_NTK_by_parts_rope", False) or getattr(cfg, "use_yarn_rope", False):
-        raise ValueError("RoPE scaling (NTK-by-parts / YaRN) is not modelled by qk_weights")
-    R = rotary_matrix(cfg.d_head, cfg.rotary_dim, -offset, cfg.rotary_base,
-                      bool(cfg.rotary_adjacent_pairs))
+    R = model_rotary_matrix(model, -offset, layer)
     return W_Q, W_K @ R.T
+
+
+def model_rotary_matrix(model, angle_steps: float, layer: int = 0) -> Float[Tensor, "d_head d_head"]:
+    """R(t) of ``model``'s RoPE at ``layer``, with the frequencies the model really uses
+    (HF's, scaling included, for loaded checkpoints; TL's base formula for toy models).
+
+    Raises:
+        ValueError: from :func:`posinterp.models.positions.rotary_inv_freq` (non-rotary
+            model, or TL RoPE scaling it cannot reproduce).
+    """
+    from ..models.positions import rotary_inv_freq
+
+    cfg = model.cfg
+    return rotary_matrix(cfg.d_head, cfg.rotary_dim, angle_steps,
+                         adjacent_pairs=bool(cfg.rotary_adjacent_pairs),
+                         inv_freq=rotary_inv_freq(model, layer))
 
 
 def _offsets(model, offset) -> list[int | None]:

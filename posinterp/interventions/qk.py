@@ -31,7 +31,8 @@ from torch import Tensor
 
 from .._validate import is_int
 from ..analysis._checks import masked_scores
-from ..analysis.spectral import qk_weights, rotary_matrix
+from ..analysis.spectral import model_rotary_matrix, qk_weights
+from ..models.positions import alibi_bias_of
 from .channels import CHANNELS, channel_projectors, top_k_projector
 
 __all__ = ["KINDS", "QKIntervention", "check_intervention", "intervene", "intervention_hooks"]
@@ -125,13 +126,6 @@ def _projection_hook(projectors: dict[int, Tensor]):
     return hook
 
 
-def _alibi(model, layer: int, n: int, device) -> Tensor | None:
-    if model.cfg.positional_embedding_type != "alibi":
-        return None
-    bias = model.blocks[layer].attn.alibi  # set exactly to the key length by posinterp
-    return bias[:, -n:, :n].to(device)
-
-
 def _score_hooks(model, iv: QKIntervention):
     heads = check_intervention(model, iv)
     rotary = model.cfg.positional_embedding_type == "rotary"
@@ -153,12 +147,11 @@ def _score_hooks(model, iv: QKIntervention):
     def offset_terms(q, k):
         """RoPE with unrotated q, k: o[i, j] = q_i R(i - j) k_j (the model's own score) and
         s[i, j] = q_j R(i - j) k_i = x_i M(Δ)^T x_j^T, over every offset t = i - j."""
-        n, cfg = q.shape[1], model.cfg
+        n = q.shape[1]
         o = torch.zeros(q.shape[0], q.shape[2], n, n, dtype=torch.float64, device=q.device)
         s = torch.zeros_like(o)
         for t in range(-(n - 1), n):
-            R = rotary_matrix(cfg.d_head, cfg.rotary_dim, t, cfg.rotary_base,
-                              bool(cfg.rotary_adjacent_pairs)).to(q.device)
+            R = model_rotary_matrix(model, t, iv.layer).to(q.device)
             qt = q @ R  # [batch, pos, head, d_head]: q_p R(t)
             i = torch.arange(max(0, t), min(n, n + t), device=q.device)
             j = i - t
@@ -182,9 +175,10 @@ def _score_hooks(model, iv: QKIntervention):
         direct, transposed = content_terms(q, k)
         content = 0.5 * (direct + sign * transposed) / scale
         n = scores.shape[-1]
-        bias = _alibi(model, iv.layer, n, scores.device)
+        # The bias the model added in this very call (mask positions, any length).
+        bias = alibi_bias_of(model, iv.layer)
         if bias is not None:
-            content = content + bias[heads].double()
+            content = content + bias[:, heads].to(scores.device).double()
         causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
         # Padding masks are not visible to hooks: keep every entry the model, or a user's
         # hook that ran before this one, masked (-inf in TransformerLens, finfo.min in HF).

@@ -231,3 +231,28 @@ def test_non_integer_layers_and_heads_are_refused(bad):
         QKIntervention("symmetric", bad)
     with pytest.raises(ValueError, match="heads must be ints"):
         QKIntervention("symmetric", 0, heads=(0, bad))
+
+
+def test_symmetrized_alibi_keeps_the_bias_of_mask_positions():
+    """With a gap in the mask, ALiBi counts real tokens; symmetrization adds that bias,
+    computed independently here from the slopes and cumsum(mask) - 1."""
+    from posinterp.models import alibi_slopes
+
+    model = tiny_model("alibi", n_heads=6, d_model=36, n_layers=1, n_ctx=16)
+    toks = random_tokens(model, 2, 18, seed=5)  # also past n_ctx
+    mask = torch.ones_like(toks)
+    mask[1, 6:9] = 0
+    _, cache = model.run_with_cache(toks, attention_mask=mask)
+    q, k = cache["blocks.0.attn.hook_q"].double(), cache["blocks.0.attn.hook_k"].double()
+    content = torch.einsum("bihd,bjhd->bhij", q, k) / model.cfg.attn_scale
+    pos = (mask.cumsum(-1) - 1).double()
+    bias = alibi_slopes(6)[None, :, None, None] * (pos[:, None, None, :] - pos[:, None, :, None])
+    want = 0.5 * (content + content.transpose(-1, -2)) + bias
+    seen = {}
+    hooks = intervention_hooks(model, QKIntervention("symmetric", layer=0)) + [
+        ("blocks.0.attn.hook_attn_scores", lambda x, hook: seen.setdefault("s", x))]
+    model.run_with_hooks(toks, attention_mask=mask, fwd_hooks=hooks)
+    real = mask.bool()
+    keep = torch.ones(18, 18, dtype=torch.bool).tril()[None] & real[:, None, :] & real[:, :, None]
+    keep = keep[:, None].expand_as(want)
+    torch.testing.assert_close(seen["s"].double()[keep], want[keep], rtol=1e-5, atol=1e-5)

@@ -107,3 +107,21 @@ def test_rotary_input_past_n_ctx_is_refused(folders, no_network):
     tokens = torch.zeros(1, model.cfg.n_ctx + 1, dtype=torch.long)
     with pytest.raises(ValueError, match="longer than this RoPE model's n_ctx"):
         model(tokens)
+
+
+def test_spectra_rotate_with_the_frequencies_the_model_uses(folders, no_network):
+    """M(Δ) for a loaded NeoX (base 5e5, partial rotary) uses base 5e5, not TL's 1e4:
+    checked against R built from the config's own numbers, and against the scores."""
+    from posinterp.analysis.spectral import qk_weights, rotary_matrix
+
+    model, info = load_model(folders("neox-pct-0.25-base-5e5"), fold_ln=False,
+                             center_writing_weights=False)
+    inv = 1.0 / 500000.0 ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4)
+    R = rotary_matrix(info.d_head, info.rotary_dim, 1.0, inv_freq=inv)
+    W_Q, W_K1 = qk_weights(model, 0, offset=-1)
+    torch.testing.assert_close(W_K1, model.blocks[0].attn.W_K.detach().double() @ R.T)
+    # the model's own rotated keys at position 1 are k R(1)
+    toks = torch.randint(0, 97, (1, 3))
+    _, cache = model.run_with_cache(toks)
+    k, k_rot = cache["blocks.0.attn.hook_k"][0, 1].double(), cache["blocks.0.attn.hook_rot_k"][0, 1].double()
+    torch.testing.assert_close(k_rot, k @ R, rtol=1e-5, atol=1e-5)
