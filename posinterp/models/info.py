@@ -59,6 +59,8 @@ class ModelInfo:
             ``rotary_adjacent_pairs`` True pairs dims (2i, 2i+1) (llama2.c/GPT-J),
             False pairs (i, i + rotary_dim/2) (GPT-NeoX/HF Llama).
         alibi_slopes: per-head ALiBi slopes actually used, or None.
+        rope_parameters: the HF config's RoPE settings (type, base, partial fraction,
+            scaling) that the installed frequencies follow, or None.
         processing: weight-processing flags (fold_ln, center_writing_weights, ...).
         weights: where the weights came from (path or hub id) and, for files, sha256.
     """
@@ -75,6 +77,7 @@ class ModelInfo:
     rotary_adjacent_pairs: bool | None = None
     rotary_base: float | None = None
     alibi_slopes: tuple[float, ...] | None = None
+    rope_parameters: dict | None = None
     processing: dict = field(default_factory=dict)
     weights: dict = field(default_factory=dict)
 
@@ -83,7 +86,8 @@ class ModelInfo:
 
     @classmethod
     def from_model(cls, model, *, spec: str, source: str, pe: str, architecture: str | None = None,
-                   causal: bool = True, alibi_slopes=None, processing: dict | None = None,
+                   causal: bool = True, alibi_slopes=None, rope_parameters: dict | None = None,
+                   processing: dict | None = None,
                    weights: dict | None = None) -> ModelInfo:
         """Fill the attention/rotary fields from ``model.cfg``."""
         cfg = model.cfg
@@ -97,5 +101,6 @@ class ModelInfo:
             rotary_adjacent_pairs=bool(cfg.rotary_adjacent_pairs) if rotary else None,
             rotary_base=float(cfg.rotary_base) if rotary else None,
             alibi_slopes=tuple(float(s) for s in alibi_slopes) if alibi_slopes is not None else None,
+            rope_parameters=dict(rope_parameters) if rope_parameters else None,
             processing=dict(processing or {}), weights=dict(weights or {}),
         )

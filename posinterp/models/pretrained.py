@@ -46,6 +46,12 @@ def _install_positions(model, pe: str, architecture: str | None = None, hf_confi
     return None
 
 
+def _rope_record(pe: str, hf_config) -> dict | None:
+    if pe != "rotary":
+        return None
+    return dict(getattr(hf_config, "rope_parameters", None) or {"rope_type": "default"})
+
+
 def _processing_done(requested: dict, normalization: str | None, final_rms: bool) -> dict:
     """What TL's ``load_and_process_state_dict`` actually does with ``requested``.
 
@@ -142,7 +148,7 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     slopes = _install_positions(model, pe, architecture, hf_config)
     return model, ModelInfo.from_model(
         model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
-        alibi_slopes=slopes, processing=done,
+        alibi_slopes=slopes, rope_parameters=_rope_record(pe, hf_config), processing=done,
         weights={"path": str(folder.resolve()), "files": weights})
 
 
@@ -180,7 +186,7 @@ def _load_hub(name: str, processing: dict, dtype, **kwargs):
     slopes = _install_positions(model, pe, architecture, hf_config)
     return model, ModelInfo.from_model(
         model, spec=name, source="hub", pe=pe, architecture=architecture, alibi_slopes=slopes,
-        processing=done, weights={"hub": name})
+        rope_parameters=_rope_record(pe, hf_config), processing=done, weights={"hub": name})
 
 
 def _load_llama2c(path: Path, processing: dict):

@@ -56,6 +56,7 @@ def test_neox_reads_base_and_partial_rotary(folders, no_network):
     """Case 1 of issue 11: TL's NeoX converter ran at base 10000 whatever the config said."""
     _, info = load_model(folders("neox-pct-0.25-base-5e5"))
     assert info.rotary_base == 500000.0 and info.rotary_dim == 4 and info.d_head == 16
+    assert info.rope_parameters["partial_rotary_factor"] == 0.25
 
 
 def test_llama_explicit_head_dim(folders, no_network):
