@@ -50,7 +50,7 @@ def _pad(tokens, where: str, n: int = 4, pad_id: int = 0):
     return toks, mask
 
 
-@pytest.mark.parametrize("pe", ["nope", "absolute", "rotary"])
+@pytest.mark.parametrize("pe", ["nope", "absolute", "rotary", "alibi"])
 @pytest.mark.parametrize("where", ["left", "right", "gap"])
 def test_padding_changes_no_metric(pe, where):
     """Issue 11 case 8: loss over padding (was 4.5675 unpadded vs 4.6216 left-padded).
