@@ -88,8 +88,9 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
     else over all real tokens after the first. A pad is never a position: the logits at
     each real token predict the next real token, so any padding (left, right, or a gap
     inside) gives the unpadded numbers for models whose positions come from the mask
-    (every posinterp-built or -loaded model: NoPE, absolute, RoPE and ALiBi); ``answer_accuracy`` is exact match (only with
-    ``answer_mask``); ``previous_token_score`` is the mean over the intervened heads;
+    (every posinterp-built or -loaded model: NoPE, absolute, RoPE and ALiBi);
+    ``answer_accuracy`` is exact match (only with ``answer_mask``);
+    ``previous_token_score`` is the mean over the intervened heads;
     ``adjacency_score`` is at the last ``resid_post``.
 
     Returns:

@@ -135,3 +135,15 @@ def test_tokenizer_round_trip_as_transformerlens_users_expect():
     assert toks[0, 1:].tolist() == CHAR_VOCAB.encode("rev(123)=321")
     assert model.to_str_tokens("rev(1)=")[1:] == list("rev(1)=")
     assert model.to_string(toks[0, 1:]) == "rev(123)=321"
+
+
+@torch.no_grad()
+def test_alibi_with_a_kv_cache_equals_the_full_forward():
+    """The per-call bias must place cached keys and new queries at their true positions."""
+    from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    model = tiny_model("alibi", n_heads=6, d_model=36, n_layers=1, n_ctx=32)
+    toks = random_tokens(model, 2, 12)
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 2)
+    stepped = torch.cat([model(toks[:, :7], past_kv_cache=cache), model(toks[:, 7:], past_kv_cache=cache)], 1)
+    torch.testing.assert_close(stepped, model(toks), rtol=1e-5, atol=1e-5)
