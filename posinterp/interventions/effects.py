@@ -88,14 +88,18 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
     else over all real tokens after the first. A pad is never a position: the logits at
     each real token predict the next real token, so any padding (left, right, or a gap
     inside) gives the unpadded numbers for models whose positions come from the mask
-    (every posinterp-built or -loaded model: NoPE, absolute, RoPE and ALiBi); ``answer_accuracy`` is exact match (only with
-    ``answer_mask``); ``previous_token_score`` is the mean over the intervened heads;
+    (every posinterp-built or -loaded model: NoPE, absolute, RoPE and ALiBi);
+    ``answer_accuracy`` is exact match (only with ``answer_mask``);
+    ``previous_token_score`` is the mean over the intervened heads;
     ``adjacency_score`` is at the last ``resid_post``.
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, metric, value, clean, intervened,
-        kind`` where ``value = intervened - clean``; ``head`` is NA for multi-head
-        interventions.
+        kind, heads, k, rope_variant`` where ``value = intervened - clean``: one column
+        per field of the intervention, so no two different interventions give rows that
+        read alike. ``head`` is NA for multi-head interventions, ``heads`` lists them
+        ("0,1,2"); ``k`` is NA unless ``keep_top_k``; ``rope_variant`` is NA where it
+        changes nothing (anything but symmetrization of a rotary model).
 
     Raises:
         ValueError: for malformed tokens/masks, invalid interventions (checked before
@@ -126,5 +130,15 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
         for metric, (c, a) in metrics.items():
             rows.append(dict(hook=f"blocks.{iv.layer}.attn", layer=iv.layer,
                              head=heads[0] if len(heads) == 1 else pd.NA, position=pd.NA,
-                             metric=metric, value=a - c, clean=c, intervened=a, kind=iv.kind))
-    return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64"})
+                             metric=metric, value=a - c, clean=c, intervened=a, kind=iv.kind,
+                             heads=",".join(map(str, heads)), k=iv.k,
+                             rope_variant=iv.rope_variant if _has_variant(model, iv) else pd.NA))
+    return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64", "k": "Int64",
+                                      "rope_variant": "string"})
+
+
+def _has_variant(model, iv: QKIntervention) -> bool:
+    """``rope_variant`` changes the result only for symmetrization of a rotary model."""
+    from .qk import SCORE_KINDS
+
+    return iv.kind in SCORE_KINDS and model.cfg.positional_embedding_type == "rotary"
