@@ -488,7 +488,8 @@ def _resume_state(ckpt_dir: Path, configs: dict):
     """``(folder, weights, trainer state)`` of the newest readable complete checkpoint, or None.
 
     An unreadable newest checkpoint (e.g. a truncated ``model.safetensors`` left by a
-    full disk) is reported by name with a warning and the previous one is used.
+    full disk) is reported by name with a warning, renamed ``broken-step_*`` and the
+    previous one is used.
 
     Raises:
         ValueError: if a checkpoint was written with different configs, or every complete
@@ -519,7 +520,13 @@ def _resume_state(ckpt_dir: Path, configs: dict):
                                  f"({type(err).__name__}: {err})") from None
         except ValueError as err:
             errors.append(str(err))
-            warnings.warn(f"skipping checkpoint {folder}: {err}", stacklevel=3)
+            # Moved aside (not deleted: it is the user's file), so the resumed run can write
+            # this step again and later resumes never trip over it.
+            aside = folder.with_name(f"broken-{folder.name}")
+            if not aside.exists():
+                folder.rename(aside)
+            warnings.warn(f"skipping checkpoint {folder}: {err}; moved it to {aside} and resuming "
+                          "from the previous complete checkpoint", stacklevel=3)
             continue
         return folder, weights, state
     if errors:

@@ -3,7 +3,7 @@
 For every head of a model, on a batch of sequences (docs/inspect.md):
 
 * the **positional kernel**: mean attention weight A[i, i+Δ] and mean pre-softmax score
-  by key offset Δ = j - i <= 0 (Δ = -1 is the previous token, DESIGN.md §2), first
+  by key offset Δ = j - i <= 0 (Δ = -1 is the previous token, docs/spectra.md), first
   averaged over the queries of each sequence, then over sequences with a 95% Student-t
   interval (sequences are the independent units);
 * previous-token, self and first-token scores (queries i >= 1);
@@ -148,8 +148,8 @@ def null_band(d_model: int, d_head: int, n_heads: int = 200, quantiles=(0.05, 0.
     """Quantiles of |λ| over all eigenvalues of random heads with unit-variance entries.
 
     For W_Q, W_K with i.i.d. N(0, σ_Q²), N(0, σ_K²) entries the moduli scale by σ_Q σ_K,
-    so a head's band is these numbers times the RMS entries of its W_Q and W_K (DESIGN.md
-    §2, "the null").
+    so a head's band is these numbers times the RMS entries of its W_Q and W_K
+    (docs/spectra.md, the product-Ginibre null; Ginibre 1965).
 
     Raises:
         ValueError: for non-positive sizes.

@@ -2,7 +2,8 @@
 
 Builds the ``small`` NoPE model, scores adjacency by layer at init, trains it on
 reversal until 90% exact match on held-out samples, scores again, and writes a
-self-contained HTML report (Zuo et al. 2024, arXiv 2501.00073; docs/concepts.md, §7).
+self-contained HTML report (Zuo et al. 2024, arXiv 2501.00073; docs/concepts.md,
+"Run times on 2 CPU cores").
 """
 
 from __future__ import annotations
