@@ -34,7 +34,7 @@ h1 { font-size: 1.4em; margin-bottom: 0.2em; }
 #left { flex: 0 1 auto; overflow-x: auto; max-width: 55%; }
 #card { flex: 1 1 0; min-width: 420px; border: 1px solid #ccc; border-radius: 6px; padding: 0.6em 1em; }
 table { border-collapse: collapse; font-size: 0.82em; }
-td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; }
+td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; white-space: nowrap; }
 th { background: #f3f3f3; cursor: pointer; white-space: nowrap; }
 #grid td { width: 3.2em; height: 1.9em; text-align: center; cursor: pointer; font-size: 0.78em; }
 #grid td.sel { outline: 3px solid #e4572e; }
@@ -106,7 +106,9 @@ def _adjacency_table(table: pd.DataFrame) -> str:
     view = adj.assign(site=[site(h) for h in adj.hook]).pivot_table(
         index="layer", columns="site", values="value", sort=False)
     order = [c for c in ("resid_pre", "attn_out", "resid_mid", "resid_post") if c in view.columns]
-    view = view[order].reset_index()
+    view = view[order]
+    view.columns.name = None  # else pandas prints "site" as an extra header cell
+    view = view.reset_index()
     view["layer"] = ["embedding (-1)" if v == -1 else str(v) for v in view.layer]
     return view.to_html(index=False, float_format="{:.3f}".format, na_rep="", border=0, escape=True)
 
