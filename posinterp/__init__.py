@@ -5,46 +5,75 @@ The public API is small; everything is re-exported here::
     import posinterp as pi
     model = pi.build_model(pi.preset("small", pe="nope"))
     df = pi.adjacency_by_layer(model, tokens)
+
+Names are imported on first use (PEP 562), so ``import posinterp`` and the
+``posinterp --help`` command do not load torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-from .analysis import (
-    AdjacencyScore,
-    adjacency_by_layer,
-    adjacency_row,
-    adjacency_score,
-    cosine_self_similarity,
-    head_table,
-    previous_token_score,
-    previous_token_scores,
-    probe_positions,
-    qk_spectrum,
-    random_tokens,
-    residual_hooks,
-    similarity_by_layer,
-    spectral_measures,
-    variance_by_layer,
-)
-from .models import (
-    PRESETS,
-    ModelInfo,
-    ToyModelConfig,
-    alibi_slopes,
-    build_model,
-    load_model,
-    preset,
-)
-from .tasks import TASKS, TaskConfig, build_tokenizer, make_task_data, task_answer
-from .train import TrainConfig, TrainResult, load_checkpoint, train
+# public name -> submodule that defines it
+_EXPORTS = {
+    **dict.fromkeys((
+        "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
+        "cosine_self_similarity", "head_table", "previous_token_score", "previous_token_scores",
+        "probe_positions", "qk_spectrum", "random_tokens", "residual_hooks", "similarity_by_layer",
+        "spectral_measures", "variance_by_layer"), ".analysis"),
+    **dict.fromkeys(("Inspection", "inspect_heads"), ".analysis.inspect"),
+    **dict.fromkeys(("PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model",
+                     "load_model", "preset"), ".models"),
+    **dict.fromkeys(("TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer"),
+                    ".tasks"),
+    **dict.fromkeys(("TrainConfig", "TrainResult", "load_checkpoint", "train"), ".train"),
+}
 
-__all__ = [
-    "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
-    "cosine_self_similarity", "residual_hooks", "similarity_by_layer",
-    "previous_token_score", "previous_token_scores", "random_tokens",
-    "head_table", "probe_positions", "qk_spectrum", "spectral_measures", "variance_by_layer",
-    "PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model", "load_model", "preset",
-    "TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer",
-    "TrainConfig", "TrainResult", "load_checkpoint", "train",
-    "__version__",
-]
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'posinterp' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; never runs
+    from .analysis import (  # noqa: F401
+        AdjacencyScore,
+        adjacency_by_layer,
+        adjacency_row,
+        adjacency_score,
+        cosine_self_similarity,
+        head_table,
+        previous_token_score,
+        previous_token_scores,
+        probe_positions,
+        qk_spectrum,
+        random_tokens,
+        residual_hooks,
+        similarity_by_layer,
+        spectral_measures,
+        variance_by_layer,
+    )
+    from .analysis.inspect import Inspection, inspect_heads  # noqa: F401
+    from .models import (  # noqa: F401
+        PRESETS,
+        ModelInfo,
+        ToyModelConfig,
+        alibi_slopes,
+        build_model,
+        load_model,
+        preset,
+    )
+    from .tasks import TASKS, TaskConfig, build_tokenizer, make_task_data, task_answer  # noqa: F401
+    from .train import TrainConfig, TrainResult, load_checkpoint, train  # noqa: F401

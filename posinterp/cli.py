@@ -1,5 +1,9 @@
-"""The ``posinterp`` command."""
+"""posinterp: how transformers represent token position (a TransformerLens plugin).
 
+Every command runs offline on a CPU; see docs/cli.md.
+"""
+
+# Imports stay inside the command functions: ``posinterp --help`` must not load torch.
 from __future__ import annotations
 
 import argparse
@@ -7,21 +11,53 @@ import dataclasses
 import sys
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+SCHEMES = ("nope", "absolute", "rotary", "alibi")
+
+
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _out_folder(text: str) -> str:
+    """argparse type for --out/--home: refuse a path that is (or is inside) a file, at parse time."""
+    from .io import check_out_dir
+
+    try:
+        check_out_dir(text, create=False)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).replace("out_dir ", "", 1)) from None
+    return text
+
+
+def _table(df, **options) -> str:
+    import pandas as pd
+
+    from .viz.report import integer_columns
+
+    with pd.option_context("display.width", 220, "display.max_columns", 20,
+                           "display.float_format", "{:.3f}".format, **options):
+        return integer_columns(df).to_string(index=False)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from .experiments.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(quick=args.quick, digits=args.digits, seed=args.seed,
                      max_steps=args.max_steps, threads=args.threads)
     out = args.out or ("posinterp-demo-quick" if args.quick else "posinterp-demo")
     res = run_demo(cfg, out, progress=not args.no_progress)
-    with pd.option_context("display.width", 200, "display.max_columns", 20,
-                           "display.float_format", "{:.3f}".format):
-        print(res.table.to_string(index=False))
+    print(_table(res.table))
     status = "reached" if res.reached_target else "did not reach"
     print(f"\ntraining {status} the target in {res.steps} steps; "
           f"held-out exact match {res.accuracy:.3f}")
@@ -30,21 +66,16 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _zoo_train(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from .experiments.zoo import ZooConfig, train_zoo, zoo_home
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
         import torch
 
         torch.set_num_threads(args.threads)
     cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
     df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
                    first_seed=args.first_seed)
-    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
-        print(df.to_string(index=False))
+    print(_table(df))
     print(f"zoo: {args.home or zoo_home()}")
     return 0
 
@@ -53,124 +84,202 @@ def _zoo_list(args: argparse.Namespace) -> int:
     from .experiments.zoo import list_zoo, zoo_home
 
     df = list_zoo(args.home)
-    print(df.to_string(index=False) if len(df) else "the zoo is empty")
+    print(_table(df) if len(df) else "the zoo is empty")
     print(f"zoo: {args.home or zoo_home()}")
     return 0
 
 
 def _spectrum(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from .experiments.spectrum import run_spectrum
 
     res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
                        progress=not args.no_progress)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        if len(res.tests):
-            print(res.tests.drop(columns="note").to_string(index=False))
-            print(res.tests.note.iloc[0])
+    if len(res.tests):
+        from .viz.report import fingerprint_summary
+
+        print(_table(fingerprint_summary(res.tests)))
+        print(res.tests.note.iloc[0])
     print(f"report: {res.report_path.resolve()}")
     return 0
 
 
-def _reproduce(args: argparse.Namespace) -> int:
-    import pandas as pd
+def _inspect(args: argparse.Namespace) -> int:
+    from .experiments.inspect import run_inspect
 
+    res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
+                      batch=args.batch, ablate=args.ablate, seed=args.seed,
+                      max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress)
+    from .analysis.inspect import head_wide
+
+    wide = head_wide(res.table)
+    top = wide.sort_values("previous_token_score", ascending=False).head(5)
+    print("top previous-token heads:")
+    print(_table(top[[c for c in wide.columns if c in (
+        "layer", "head", "previous_token_score", "self_score", "first_token_score")
+        or c.startswith("rotational_mass")]]))
+    print(f"\ntook {res.seconds:.1f} s; page: {res.report_path.resolve()}")
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
     from .experiments.zuo2024 import ReproConfig, run_zuo2024
 
     cfg = ReproConfig.full() if args.full else ReproConfig()
     claims = run_zuo2024(cfg, args.out, progress=not args.no_progress)
-    with pd.option_context("display.width", 250, "display.max_colwidth", 90):
-        print(claims[["claim", "our_figure", "holds"]].to_string(index=False))
+    print(_table(claims[["claim", "our_figure", "holds"]], **{"display.max_colwidth": 90}))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from .experiments.qk_constraints import ConstraintGrid, run_qk_constraints
 
     grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
     for name in ("seeds", "workers"):
         value = getattr(args, name)
         if value is not None:
-            if value < 1:
-                raise ValueError(f"--{name} must be >= 1, got {value}")
             grid = dataclasses.replace(grid, **{name: value})
     summary = run_qk_constraints(grid, args.out, progress=not args.no_progress)
-    with pd.option_context("display.width", 220, "display.max_columns", 20):
-        print(summary.to_string(index=False))
+    print(_table(summary))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
 
 
+def _parser(sub, name: str, summary: str, description: str, func, resumable: str):
+    p = sub.add_parser(name, help=summary, description=f"{summary}. {description}")
+    p.set_defaults(func=func, resumable=resumable)
+    return p
+
+
+def _no_progress(p) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress bars or log lines")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``posinterp`` argument parser (cheap: imports nothing heavy)."""
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="posinterp", description=__doc__)
+    pos1, pos0 = _int_at_least(1), _int_at_least(0)
+    p = argparse.ArgumentParser(prog="posinterp", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"posinterp {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="train a NoPE model on reversal and report its adjacency "
-                       "pattern at init and after training (offline, CPU)")
-    d.add_argument("--quick", action="store_true", help="6-digit strings, ~2-4 minutes")
-    d.add_argument("--digits", type=int, default=None, help="string length (default 8, quick 6)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--max-steps", type=int, default=None)
-    d.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
-    d.add_argument("--out", default=None, help="output folder, resumable (default "
-                   "posinterp-demo, or posinterp-demo-quick with --quick)")
-    d.add_argument("--no-progress", action="store_true")
-    d.set_defaults(func=_demo)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    z = sub.add_parser("zoo", help="small byte-level LMs identical except for positions")
-    zsub = z.add_subparsers(dest="zoo_command", required=True)
-    zt = zsub.add_parser("train", help="train (or resume) the zoo: one model per scheme and seed")
-    zt.add_argument("--seeds", type=int, default=1, help="seeds per scheme (fingerprint "
-                    "statistics need >= 3)")
-    zt.add_argument("--first-seed", type=int, default=0, help="train seeds first-seed .. "
-                    "first-seed + seeds - 1 (lets several processes share the zoo)")
-    zt.add_argument("--schemes", nargs="+", default=["nope", "absolute", "rotary", "alibi"])
-    zt.add_argument("--max-steps", type=int, default=2000, help="steps per model (~10 min on "
-                    "2 cores at the default)")
-    zt.add_argument("--home", default=None, help="zoo folder (default $POSINTERP_HOME/zoo)")
-    zt.add_argument("--threads", type=int, default=None)
-    zt.add_argument("--no-progress", action="store_true")
-    zt.set_defaults(func=_zoo_train)
-    zl = zsub.add_parser("list", help="show the zoo's models")
-    zl.add_argument("--home", default=None)
-    zl.set_defaults(func=_zoo_list)
+    d = _parser(sub, "demo", "train a NoPE model on reversal and report its adjacency pattern "
+                "at init and after training (offline, CPU)",
+                "Writes report.html, adjacency.csv and history.csv; resumes from the last "
+                "checkpoint when rerun with the same options.", _demo, "checkpoints")
+    d.add_argument("--quick", action="store_true",
+                   help="6-digit strings and at most 1500 steps (~2-4 min on 2 cores)")
+    d.add_argument("--digits", type=int, default=None, choices=range(5, 17), metavar="{5..16}",
+                   help="length of the strings to reverse (default 8, or 6 with --quick)")
+    d.add_argument("--seed", type=pos0, default=0, help="seed of model, data and batches (default 0)")
+    d.add_argument("--max-steps", type=pos1, default=None,
+                   help="training step cap (default 3000, or 1500 with --quick)")
+    d.add_argument("--threads", type=pos1, default=None, help="torch threads (default: all)")
+    d.add_argument("--out", type=_out_folder, default=None, help="output folder, resumable "
+                   "(default posinterp-demo, or posinterp-demo-quick with --quick)")
+    _no_progress(d)
 
-    sp = sub.add_parser("spectrum", help="QK-circuit spectra, previous-token heads and "
-                        "RoPE-vs-other fingerprint statistics for one or more models")
-    sp.add_argument("specs", nargs="+", help="hub names, HF folders, .bin files, zoo:<pe>[:<seed>], "
-                    "all-MiniLM-L6-v2")
-    sp.add_argument("--out", default="posinterp-spectrum")
-    sp.add_argument("--top-k", type=int, default=5, help="K: top-k previous-token heads")
+    i = _parser(sub, "inspect", "a head-by-head positional dashboard of any model (offline HTML)",
+                "For every head: positional kernel, previous-token/self/first-token scores, "
+                "QK eigenvalues against random heads and, with --ablate, the loss change when "
+                "the head or one of its spectral channels is removed. Writes inspect.html, "
+                "heads.csv (tidy) and run.json.", _inspect, "")
+    i.add_argument("spec", help="a model: toy/zoo spec (zoo:rotary), HF checkpoint folder, "
+                   "llama2.c .bin file or hub name (hub names need the network)")
+    src = i.add_mutually_exclusive_group()
+    src.add_argument("--text", default=None, metavar="FILE",
+                     help="UTF-8 text, one sequence per paragraph (blank-line separated), "
+                     "tokenized by the model's tokenizer with its own attention mask")
+    src.add_argument("--tokens", type=_int_at_least(3), default=64, metavar="N",
+                     help="random-token sequences of N tokens (default 64; used without --text)")
+    i.add_argument("--batch", type=pos1, default=8,
+                   help="number of random-token sequences (default 8)")
+    i.add_argument("--ablate", action="store_true",
+                   help="also measure the loss change when each head or spectral channel is removed")
+    i.add_argument("--seed", type=pos0, default=0, help="seed of random tokens and the null (default 0)")
+    i.add_argument("--max-pattern-tokens", type=pos1, default=96,
+                   help="pattern views show at most this many tokens (default 96)")
+    i.add_argument("--out", type=_out_folder, default="posinterp-inspect",
+                   help="output folder (default posinterp-inspect)")
+    _no_progress(i)
+
+    z = sub.add_parser("zoo", help="small byte-level LMs identical except for positions",
+                       description="Small byte-level LMs identical except for positions.")
+    zsub = z.add_subparsers(dest="zoo_command", required=True, metavar="ZOO_COMMAND")
+    zt = _parser(zsub, "train", "train (or resume) the zoo: one model per scheme and seed",
+                 "Each (scheme, seed) is skipped when finished and resumed when not.",
+                 _zoo_train, "finished models")
+    zt.add_argument("--seeds", type=pos1, default=1,
+                    help="seeds per scheme (default 1; fingerprint statistics need >= 3)")
+    zt.add_argument("--first-seed", type=pos0, default=0, help="train seeds first-seed .. "
+                    "first-seed + seeds - 1, so several processes can share the zoo (default 0)")
+    zt.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES,
+                    help="positional schemes (default: all four)")
+    zt.add_argument("--max-steps", type=pos1, default=2000,
+                    help="steps per model (default 2000, ~10 min on 2 cores)")
+    zt.add_argument("--home", type=_out_folder, default=None,
+                    help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")
+    zt.add_argument("--threads", type=pos1, default=None, help="torch threads (default: all)")
+    _no_progress(zt)
+    zl = _parser(zsub, "list", "show the zoo's models", "One row per model folder.", _zoo_list, "")
+    zl.add_argument("--home", default=None,
+                    help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")
+
+    sp = _parser(sub, "spectrum", "QK-circuit spectra, previous-token heads and RoPE-vs-other "
+                 "fingerprint statistics for one or more models",
+                 "Writes heads.csv, spectrum.csv, fingerprint CSVs and report.html.", _spectrum, "")
+    sp.add_argument("specs", nargs="+", metavar="SPEC", help="hub names, HF folders, .bin files, "
+                    "zoo:<pe>[:<seed>], all-MiniLM-L6-v2")
+    sp.add_argument("--out", type=_out_folder, default="posinterp-spectrum",
+                    help="output folder (default posinterp-spectrum)")
+    sp.add_argument("--top-k", type=pos1, default=5,
+                    help="K: compare the top 1..K previous-token heads (default 5)")
     sp.add_argument("--dynamics", action="store_true", help="also analyse zoo snapshots")
-    sp.add_argument("--no-progress", action="store_true")
-    sp.set_defaults(func=_spectrum)
+    _no_progress(sp)
 
-    rp = sub.add_parser("reproduce", help="rerun a paper's results with posinterp")
-    rp.add_argument("paper", choices=["zuo2024"])
+    rp = _parser(sub, "reproduce", "rerun a paper's results with posinterp",
+                 "zuo2024: Zuo, Guerzhoy & Guerzhoy 2024 (arXiv 2501.00073), claim by claim.",
+                 _reproduce, "finished cells")
+    rp.add_argument("paper", choices=["zuo2024"], help="which paper (choices: zuo2024)")
     mode = rp.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="CPU default (~10-20 min, 2 cores)")
+    mode.add_argument("--quick", action="store_true",
+                      help="the CPU protocol, the default (14 min of CPU time; 27 min wall "
+                      "on 2 shared cores, docs/reproductions/zuo2024.md)")
     mode.add_argument("--full", action="store_true", help="the paper's protocol (GPU-sized)")
-    rp.add_argument("--out", default="posinterp-zuo2024")
-    rp.add_argument("--no-progress", action="store_true")
-    rp.set_defaults(func=_reproduce)
+    rp.add_argument("--out", type=_out_folder, default="posinterp-zuo2024",
+                    help="output folder (default posinterp-zuo2024)")
+    _no_progress(rp)
 
-    ex = sub.add_parser("experiment", help="learning-speed experiments")
-    ex.add_argument("name", choices=["qk-constraints"])
+    ex = _parser(sub, "experiment", "learning-speed experiments",
+                 "qk-constraints: steps to learn induction under each QK constraint vs its control.",
+                 _experiment, "finished cells")
+    ex.add_argument("name", choices=["qk-constraints"], help="which experiment (choices: qk-constraints)")
     ex.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
-    ex.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 5)")
-    ex.add_argument("--workers", type=int, default=None,
+    ex.add_argument("--seeds", type=pos1, default=None, help="seeds per cell (default 5)")
+    ex.add_argument("--workers", type=pos1, default=None,
                     help="processes sharing the cells, one torch thread each (default 2)")
-    ex.add_argument("--out", default="posinterp-qk-constraints",
+    ex.add_argument("--out", type=_out_folder, default="posinterp-qk-constraints",
                     help="output folder (default posinterp-qk-constraints)")
-    ex.add_argument("--no-progress", action="store_true")
-    ex.set_defaults(func=_experiment)
+    _no_progress(ex)
     return p
+
+
+def _interrupted(err: KeyboardInterrupt, args: argparse.Namespace) -> str:
+    """A truthful line about what an interrupted command kept."""
+    saved = getattr(err, "saved", False)
+    if saved is not False:  # raised by posinterp.train with the last complete checkpoint
+        step = getattr(err, "step", "?")
+        if saved is None:
+            return (f"posinterp: interrupted at step {step}; no checkpoint had been written yet, "
+                    "so nothing was saved")
+        return (f"posinterp: interrupted at step {step}; the last checkpoint ({saved}) is saved, "
+                "rerun the same command to resume from it")
+    kept = getattr(args, "resumable", "")
+    if kept:
+        return f"posinterp: interrupted; {kept} are kept, rerun the same command to resume"
+    return "posinterp: interrupted; no partial output was written"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,9 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("posinterp: interrupted; finished work is saved, rerun the same command to "
-              "resume", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        print(_interrupted(err, args), file=sys.stderr)
         return 130
 
 

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "atomic_dir", "versions"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "atomic_dir", "check_out_dir",
+           "versions"]
 
 
 def _umask() -> int:
@@ -85,6 +86,28 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool = True) -> Path:
+    """Check that ``path`` can be an output folder, then create it (unless ``create`` is False).
+
+    Called before any work, so a bad path fails at once, and after every other argument
+    has been validated, so a bad argument never leaves an empty folder behind.
+
+    Raises:
+        ValueError: naming ``name``, if ``path`` or one of its parents is an existing file
+            (or anything else that is not a folder), or ``path`` is empty.
+    """
+    if not str(path).strip():
+        raise ValueError(f"{name} must be a folder path, got an empty string")
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            what = "is a file" if p == path else f"is inside {p}, which is a file"
+            raise ValueError(f"{name} {path} {what}; give a folder path")
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def versions() -> dict[str, str]:

@@ -16,6 +16,8 @@ import contextlib
 import json
 import math
 import shutil
+import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,8 +36,25 @@ from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
 
 __all__ = [
     "TrainConfig", "TrainResult", "answer_loss", "exact_match", "fit", "latest_checkpoint",
-    "load_checkpoint", "train",
+    "TrainingInterrupted", "load_checkpoint", "train",
 ]
+
+# Settings that change when checkpoints are written, never what is computed: a resumed run
+# may use other values than the run that wrote the checkpoint.
+_CADENCE_FIELDS = ("checkpoint_every", "checkpoint_seconds", "keep_checkpoints")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during training, saying truthfully what is on disk.
+
+    Attributes:
+        step: the last completed optimizer step.
+        saved: the last complete checkpoint folder, or None if none was written.
+    """
+
+    def __init__(self, step: int, saved: Path | None):
+        super().__init__(f"interrupted at step {step}; last checkpoint: {saved}")
+        self.step, self.saved = step, saved
 
 
 @dataclass(frozen=True)
@@ -43,7 +62,10 @@ class TrainConfig:
     """Optimization settings (AdamW, linear warmup then cosine decay to ``min_lr_ratio``).
 
     Training stops at ``max_steps`` or at the first evaluation whose exact-match
-    accuracy reaches ``target_accuracy`` (None: never early).
+    accuracy reaches ``target_accuracy`` (None: never early). A checkpoint is written
+    every ``checkpoint_every`` steps and also whenever ``checkpoint_seconds`` of wall
+    time have passed since the last one (None: steps only), so an interrupted run
+    loses at most that much work even when steps are slow.
 
     Raises:
         ValueError: for non-positive sizes/steps/learning rate or a target outside (0, 1].
@@ -60,12 +82,15 @@ class TrainConfig:
     n_eval: int = 1000
     target_accuracy: float | None = 0.9
     checkpoint_every: int = 250
+    checkpoint_seconds: float | None = 120.0
     keep_checkpoints: int = 2
     seed: int = 0
 
     def __post_init__(self) -> None:
         require_at_least(self, ("max_steps", "batch_size", "eval_every", "n_eval",
                                 "checkpoint_every", "keep_checkpoints"))
+        if self.checkpoint_seconds is not None and not self.checkpoint_seconds >= 0:
+            raise ValueError(f"checkpoint_seconds must be >= 0 or None, got {self.checkpoint_seconds}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
@@ -185,26 +210,44 @@ def load_checkpoint(path: str | Path):
 
     Raises:
         FileNotFoundError: if ``model.safetensors`` or ``config.json`` is missing.
+        ValueError: if either file is unreadable (truncated, corrupt, or from another
+            model); the message names the file.
     """
-    from safetensors.torch import load_file
-
     path = Path(path)
     for name in ("model.safetensors", "config.json"):
         if not (path / name).exists():
             raise FileNotFoundError(f"checkpoint {path} lacks {name}")
-    configs = json.loads((path / "config.json").read_text())
+    configs = _read_json(path / "config.json")
     model = build_model(ToyModelConfig.from_dict(configs["model"]))
-    model.load_state_dict(load_file(path / "model.safetensors"), strict=True)
+    model.load_state_dict(_read_weights(path / "model.safetensors"), strict=True)
     return model, configs
 
 
+def _read_json(file: Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{file} is unreadable ({type(err).__name__}: {err}); delete this "
+                         "checkpoint folder") from None
+
+
+def _read_weights(file: Path) -> dict:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(file)
+    except Exception as err:  # safetensors raises its own SafetensorError on truncation
+        raise ValueError(f"{file} is unreadable ({type(err).__name__}: {err}); it is probably "
+                         "truncated: delete its checkpoint folder") from None
+
+
 def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, configs,
-          keep: int) -> None:
+          keep: int) -> Path:
     from safetensors.torch import save_file
 
     target = ckpt_dir / f"step_{step:07d}"
     if target.exists():
-        return
+        return target
     with atomic_dir(target) as tmp:
         # state_dict holds NoPE's zero W_pos buffer too; safetensors wants contiguous tensors.
         save_file({k: v.contiguous() for k, v in model.state_dict().items()},
@@ -217,6 +260,7 @@ def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, 
     complete = sorted(p for p in ckpt_dir.glob("step_*") if (p / "trainer_state.pt").exists())
     for old in complete[:-keep]:
         shutil.rmtree(old)
+    return target
 
 
 def train(
@@ -358,20 +402,11 @@ def _fit(
     step = 0
 
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    last = latest_checkpoint(ckpt_dir) if (ckpt_dir is not None and resume) else None
-    if last is not None:
-        from safetensors.torch import load_file
-
-        saved = json.loads((last / "config.json").read_text())
-        now = json.loads(json.dumps(configs))
-        for key in now:
-            if saved.get(key) != now[key]:
-                raise ValueError(
-                    f"checkpoint {last} was written with a different {key} config; "
-                    f"use another checkpoint_dir or resume=False.\n saved: {saved.get(key)}\n"
-                    f" now:   {now[key]}")
-        model.load_state_dict(load_file(last / "model.safetensors"), strict=True)
-        state = torch.load(last / "trainer_state.pt", weights_only=False)
+    loaded = _resume_state(ckpt_dir, configs) if (ckpt_dir is not None and resume) else None
+    last_saved = None
+    if loaded is not None:
+        last_saved, weights, state = loaded
+        model.load_state_dict(weights, strict=True)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         gen.set_state(state["rng"])
@@ -389,30 +424,115 @@ def _fit(
     model.train()
     bar = tqdm(total=config.max_steps, initial=step, disable=not progress, desc=desc,
                dynamic_ncols=True)
-    while step < config.max_steps and not _reached(history, config):
-        loss = loss_fn(model, next_batch(gen))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        history.append((step, "train_loss", loss.item()))
-        if step % config.eval_every == 0 or step == config.max_steps:
-            metrics = evaluate_fn(model)
-            history.extend((step, k, v) for k, v in metrics.items())
-            bar.set_postfix(loss=f"{loss.item():.3f}",
-                            **{k: f"{v:.3f}" for k, v in metrics.items()})
-            model.train()
-        snapshot(step)
-        if ckpt_dir is not None and (step % config.checkpoint_every == 0
-                                     or _reached(history, config) or step == config.max_steps):
-            _save(ckpt_dir, step, model, optimizer, scheduler, gen, history, configs,
-                  config.keep_checkpoints)
-        bar.update(1)
-    bar.close()
+    try:
+        step, last_saved = _loop(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir,
+                                 snapshot, params, optimizer, scheduler, gen, history, step,
+                                 last_saved, bar)
+    finally:
+        bar.close()
     model.eval()
     return pd.DataFrame(history, columns=["step", "metric", "value"]), step
+
+
+def _loop(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, snapshot, params,
+          optimizer, scheduler, gen, history, step, last_saved, bar):
+    """The optimizer loop; returns ``(step, last checkpoint)``. ``step`` counts completed steps."""
+    last_time = time.monotonic()
+    try:
+        while step < config.max_steps and not _reached(history, config):
+            step, last_saved, last_time = _step(
+                model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, snapshot,
+                params, optimizer, scheduler, gen, history, step, last_saved, last_time, bar)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(step, last_saved) from None
+    return step, last_saved
+
+
+def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, snapshot, params,
+          optimizer, scheduler, gen, history, step, last_saved, last_time, bar):
+    """One optimizer step, its evaluation and its checkpoint."""
+    loss = loss_fn(model, next_batch(gen))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+    optimizer.step()
+    scheduler.step()
+    step += 1
+    history.append((step, "train_loss", loss.item()))
+    if step % config.eval_every == 0 or step == config.max_steps:
+        metrics = evaluate_fn(model)
+        history.extend((step, k, v) for k, v in metrics.items())
+        bar.set_postfix(loss=f"{loss.item():.3f}",
+                        **{k: f"{v:.3f}" for k, v in metrics.items()})
+        model.train()
+    snapshot(step)
+    due = (config.checkpoint_seconds is not None
+           and time.monotonic() - last_time >= config.checkpoint_seconds)
+    if ckpt_dir is not None and (step % config.checkpoint_every == 0 or due
+                                 or _reached(history, config) or step == config.max_steps):
+        last_saved = _save(ckpt_dir, step, model, optimizer, scheduler, gen, history, configs,
+                           config.keep_checkpoints)
+        last_time = time.monotonic()
+    bar.update(1)
+    return step, last_saved, last_time
+
+
+def _comparable(configs: dict) -> dict:
+    out = json.loads(json.dumps(configs))
+    for key in _CADENCE_FIELDS:
+        out.get("train", {}).pop(key, None)
+    return out
+
+
+def _resume_state(ckpt_dir: Path, configs: dict):
+    """``(folder, weights, trainer state)`` of the newest readable complete checkpoint, or None.
+
+    An unreadable newest checkpoint (e.g. a truncated ``model.safetensors`` left by a
+    full disk) is reported by name with a warning, renamed ``broken-step_*`` and the
+    previous one is used.
+
+    Raises:
+        ValueError: if a checkpoint was written with different configs, or every complete
+            checkpoint is unreadable (naming the files).
+    """
+    done = sorted((p for p in ckpt_dir.glob("step_*") if (p / "trainer_state.pt").exists()),
+                  reverse=True) if ckpt_dir.is_dir() else []
+    errors = []
+    for folder in done:
+        try:
+            saved = _read_json(folder / "config.json")
+        except ValueError as err:
+            errors.append(str(err))
+            continue
+        now, before = _comparable(configs), _comparable(saved)
+        for key in now:
+            if before.get(key) != now[key]:
+                raise ValueError(
+                    f"checkpoint {folder} was written with a different {key} config; "
+                    f"use another checkpoint_dir or resume=False.\n saved: {before.get(key)}\n"
+                    f" now:   {now[key]}")
+        try:
+            weights = _read_weights(folder / "model.safetensors")
+            try:
+                state = torch.load(folder / "trainer_state.pt", weights_only=False)
+            except Exception as err:
+                raise ValueError(f"{folder / 'trainer_state.pt'} is unreadable "
+                                 f"({type(err).__name__}: {err})") from None
+        except ValueError as err:
+            errors.append(str(err))
+            # Moved aside (not deleted: it is the user's file), so the resumed run can write
+            # this step again and later resumes never trip over it.
+            aside = folder.with_name(f"broken-{folder.name}")
+            if not aside.exists():
+                folder.rename(aside)
+            warnings.warn(f"skipping checkpoint {folder}: {err}; moved it to {aside} and resuming "
+                          "from the previous complete checkpoint", stacklevel=3)
+            continue
+        return folder, weights, state
+    if errors:
+        raise ValueError("no readable checkpoint to resume from: " + "; ".join(errors)
+                         + f". Delete the broken folders in {ckpt_dir} or pass resume=False.")
+    return None
 
 
 def _save_weights(path: Path, model) -> None:

@@ -26,13 +26,22 @@ def test_demo_pipeline_on_tiny_model_and_resume(tmp_path):
 
 
 def test_cli_rejects_bad_digits(capsys):
-    assert main(["demo", "--digits", "3", "--out", "unused"]) == 2
-    assert "digits must be in 5..16" in capsys.readouterr().err
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--digits", "3", "--out", "unused"])
+    assert exit_.value.code == 2
+    assert "--digits: invalid choice: 3 (choose from 5, 6," in capsys.readouterr().err
 
 
 def test_demo_input_errors(tmp_path, capsys):
-    assert main(["demo", "--threads", "-1", "--out", str(tmp_path)]) == 2
-    assert "threads must be >= 1" in capsys.readouterr().err
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--threads", "-1", "--out", str(tmp_path)])
+    assert "--threads: must be >= 1, got -1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        DemoConfig(threads=0)
     cfg = DemoConfig(preset="tiny", digits=5, max_steps=2, n_analysis=3, init_seeds=1)
     run_demo(cfg, tmp_path, progress=False)
     other = DemoConfig(preset="tiny", digits=6, max_steps=2, n_analysis=3, init_seeds=1)

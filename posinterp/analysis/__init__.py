@@ -3,6 +3,7 @@
 from .adjacency import AdjacencyScore, adjacency_by_layer, adjacency_row, adjacency_score
 from .fingerprint import fingerprint_table, fingerprint_test, head_dynamics, head_table
 from .heads import previous_token_score, previous_token_scores, random_tokens
+from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
 from .similarity import (
     compact_real_tokens,
@@ -22,6 +23,7 @@ from .spectral import (
 from .variance import position_variance, variance_by_layer
 
 __all__ = [
+    "Inspection", "attention_kernel", "head_scores", "inspect_heads",
     "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
     "ProbeConfig", "fit_probe", "position_features", "probe_positions",
     "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",

@@ -68,7 +68,8 @@ def next_token_pairs(mask: torch.Tensor | None, batch: int, pos: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pair every real token with the next *real* token, for next-token loss/accuracy.
 
-    A pad is never a position (DESIGN.md §2): the logits at the k-th real token predict
+    A pad is never a position (docs/concepts.md, "Cosine self-similarity"): the logits at
+    the k-th real token predict
     the (k+1)-th real token, whatever the padding side and across interior gaps, so a
     padded batch scores exactly as the unpadded one.
 
@@ -92,7 +93,7 @@ def masked_scores(scores: torch.Tensor) -> torch.Tensor:
     A score is masked when it is ``<= torch.finfo(dtype).min``: TransformerLens 3.9 writes
     ``-inf``, HF and many user hooks write ``finfo(dtype).min`` (or add it to a score,
     which in float rounds back to ``finfo.min``). Equality with one sentinel misses the
-    other convention (DESIGN.md §6). Masks written as a merely large negative number
+    other convention (docs/models.md). Masks written as a merely large negative number
     (e.g. ``-1e4``) are not recognized: they are not masks in exact arithmetic either.
     """
     return scores <= torch.finfo(scores.dtype).min

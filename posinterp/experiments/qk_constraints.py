@@ -43,7 +43,7 @@ from .._validate import require_at_least
 from ..analysis.heads import previous_token_scores, random_tokens
 from ..analysis.spectral import antisymmetric_energy, is_rotary, qk_weights
 from ..interventions.constraints import CONSTRAINTS, constrain_qk
-from ..io import atomic_path, atomic_write_json, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..train import TrainConfig, fit
 
@@ -368,6 +368,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
+    check_out_dir(out, "out_dir")
     (out / "cells").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     cells = [(pe, c, s) for pe in grid.pes for c in grid.constraints for s in range(grid.seeds)]

@@ -10,9 +10,10 @@ import pandas as pd
 
 from ..analysis.fingerprint import fingerprint_table, fingerprint_test, head_dynamics, head_table
 from ..analysis.spectral import qk_spectrum
-from ..io import atomic_path, atomic_write_json, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import load_model
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
+from ..viz.report import fingerprint_summary
 
 __all__ = ["SpectrumResult", "run_spectrum"]
 
@@ -44,7 +45,7 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     """
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(out, "out_dir")
     t0 = time.time()
     heads, spectra, schemes, infos, dyn = {}, [], {}, {}, []
     for spec in specs:
@@ -89,7 +90,7 @@ def _report(specs, heads, spectra, table, tests, dyn_df, infos, measure) -> Repo
     if len(tests):
         rep.heading(f"Fingerprint: mean {measure} of the top-k previous-token heads")
         rep.paragraph(tests.note.iloc[0], note=True)
-        rep.table(tests.drop(columns="note"))
+        rep.table(fingerprint_summary(tests))  # a reading per k, not a bare "separated"
         rep.figure(fingerprint_plot(table), "fingerprint across models")
     for spec, spec_df in zip(specs, spectra, strict=True):
         info = infos[spec]

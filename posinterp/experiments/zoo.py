@@ -27,7 +27,7 @@ import torch
 
 from .._validate import require_at_least
 from ..analysis.heads import previous_token_scores, random_tokens
-from ..io import atomic_write_json, versions
+from ..io import atomic_write_json, check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
 from ..train import TrainConfig, fit, latest_checkpoint
@@ -135,7 +135,7 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
     """
     if seeds < 1 or first_seed < 0:
         raise ValueError(f"need seeds >= 1 and first_seed >= 0, got {seeds}, {first_seed}")
-    home = Path(home) if home is not None else zoo_home()
+    home = check_out_dir(Path(home) if home is not None else zoo_home(), "home")
     corpus = corpus or stdlib_corpus()
     rows = []
     for seed in range(first_seed, first_seed + seeds):

@@ -30,7 +30,7 @@ import torch
 
 from ..analysis import adjacency_by_layer, probe_positions
 from ..analysis.probing import ProbeConfig
-from ..io import atomic_path, atomic_write_json, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import build_model, preset
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
 from ..train import TrainConfig, evaluate, train
@@ -99,7 +99,7 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     """
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(out, "out_dir")
     t0 = time.time()
     rand = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
 

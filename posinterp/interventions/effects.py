@@ -95,8 +95,11 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, metric, value, clean, intervened,
-        kind`` where ``value = intervened - clean``; ``head`` is NA for multi-head
-        interventions.
+        kind, heads, k, rope_variant`` where ``value = intervened - clean``: one column
+        per field of the intervention, so no two different interventions give rows that
+        read alike. ``head`` is NA for multi-head interventions, ``heads`` lists them
+        ("0,1,2"); ``k`` is NA unless ``keep_top_k``; ``rope_variant`` is NA where it
+        changes nothing (anything but symmetrization of a rotary model).
 
     Raises:
         ValueError: for malformed tokens/masks, invalid interventions (checked before
@@ -127,5 +130,15 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
         for metric, (c, a) in metrics.items():
             rows.append(dict(hook=f"blocks.{iv.layer}.attn", layer=iv.layer,
                              head=heads[0] if len(heads) == 1 else pd.NA, position=pd.NA,
-                             metric=metric, value=a - c, clean=c, intervened=a, kind=iv.kind))
-    return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64"})
+                             metric=metric, value=a - c, clean=c, intervened=a, kind=iv.kind,
+                             heads=",".join(map(str, heads)), k=iv.k,
+                             rope_variant=iv.rope_variant if _has_variant(model, iv) else pd.NA))
+    return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64", "k": "Int64",
+                                      "rope_variant": "string"})
+
+
+def _has_variant(model, iv: QKIntervention) -> bool:
+    """``rope_variant`` changes the result only for symmetrization of a rotary model."""
+    from .qk import SCORE_KINDS
+
+    return iv.kind in SCORE_KINDS and model.cfg.positional_embedding_type == "rotary"

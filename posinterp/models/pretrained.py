@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -33,6 +34,37 @@ __all__ = ["load_model"]
 MINILM_NAMES = ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 _PROCESSING_DEFAULTS = dict(fold_ln=True, center_writing_weights=True, center_unembed=True,
                             fold_value_biases=True)
+
+
+# TransformerLens messages about things posinterp handles itself (root logger):
+# * BLOOM/ALiBi has no W_pos; TL fills a zero one and warns on every load;
+# * TL advises against processing in reduced precision; posinterp applies exactly the
+#   processing the caller asked for and records it in ModelInfo.processing (docs/models.md).
+_HANDLED_TL_MESSAGES = ("Missing key for a weight matrix in pretrained, filled in with an empty "
+                        "tensor: pos_embed.W_pos",
+                        "With reduced precision, it is advised to use `from_pretrained_no_processing`")
+
+
+class _DropHandled(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(m in record.getMessage() for m in _HANDLED_TL_MESSAGES)
+
+
+@contextlib.contextmanager
+def _quiet_handled():
+    """Drop TL's warnings about what posinterp handles, for the duration of one load."""
+    import transformers
+
+    root, drop = logging.getLogger(), _DropHandled()
+    root.addFilter(drop)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()  # per-load "Loading weights" bars
+    try:
+        yield
+    finally:
+        root.removeFilter(drop)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 def _install_positions(model, pe: str, architecture: str | None = None, hf_config=None):
@@ -217,7 +249,9 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
     """Load a pretrained model as a ``HookedTransformer`` and describe its positions.
 
     Args:
-        spec: a hub name, a local HF checkpoint folder, a llama2.c ``.bin`` file, or a
+        spec: a hub name, a local HF checkpoint folder, a llama2.c ``.bin`` file, a
+            toy-model checkpoint folder written by :func:`posinterp.train` (or a folder
+            holding ``checkpoints/step_*``, e.g. the demo's output; the latest is used), or a
             zoo model ``zoo:<pe>[:<seed>][@<step>]`` (weights as trained, unprocessed), or
             ``"all-MiniLM-L6-v2"`` (a bidirectional BERT encoder, served offline from the
             ``minilm`` extra; returned as a ``HookedEncoder`` with ``info.causal`` False).
@@ -235,7 +269,10 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
         ``(model, info)``: a ``HookedTransformer`` and a :class:`ModelInfo`.
 
     Raises:
-        FileNotFoundError: a local path that does not exist or lacks config/weights.
+        FileNotFoundError: a local path that does not exist or lacks config/weights
+            (``no such folder or file: ...``); a name that is neither a local path nor a
+            model TransformerLens can load; a hub name while the hub is unreachable and
+            the model is not cached (said at once, without the client's retries).
         ValueError: a corrupt or truncated file (the message names it and what was
             expected), or an architecture without a known positional scheme (see
             :data:`posinterp.models.ARCHITECTURE_SCHEMES`).
@@ -262,9 +299,85 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
     if is_llama2c:
         return _load_llama2c(path, processing)
     if path.is_dir():
-        return _load_local_hf(path, processing, dtype)
-    looks_local = str(spec).startswith((".", "/", "~")) or str(spec).count("/") > 1
-    if path.exists() or looks_local:
+        if _is_toy_checkpoint(path):
+            return _load_toy(path)
+        with _quiet_handled():
+            return _load_local_hf(path, processing, dtype)
+    if path.exists():
         raise FileNotFoundError(f"{spec} is neither a checkpoint folder nor a llama2.c .bin file")
-    return _load_hub(str(spec), processing, dtype, **hub_kwargs)
+    if _looks_local(str(spec)):
+        raise FileNotFoundError(f"no such folder or file: {spec}")
+    _check_hub_name(str(spec))
+    with _quiet_handled():
+        return _load_hub(str(spec), processing, dtype, **hub_kwargs)
+
+
+def _looks_local(spec: str) -> bool:
+    """A path, not a hub name: it starts like one, has a file suffix, more than one ``/``,
+    or its first component is an existing local folder (``ck2/tiny-gpt3`` with ``ck2/``)."""
+    p = Path(spec).expanduser()
+    return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
+            or p.suffix in (".bin", ".safetensors", ".json", ".pt")
+            or (len(p.parts) > 1 and Path(p.parts[0]).is_dir()))
+
+
+def _check_hub_name(name: str) -> None:
+    """Fail fast, with a short message, on a name TransformerLens cannot load or an offline hub.
+
+    Raises:
+        FileNotFoundError: if ``name`` is neither a local path nor one of TransformerLens's
+            official model names, or the hub cannot be reached and nothing is cached.
+    """
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    try:
+        tl_loading.get_official_model_name(name)
+    except ValueError:  # TL's message lists its ~7,000 characters of official names
+        raise FileNotFoundError(
+            f"no such folder or file: {name}; nor is it a model name TransformerLens can load "
+            "from the hub (e.g. gpt2, EleutherAI/pythia-70m; the full list is "
+            "transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES)") from None
+    import transformers
+
+    with contextlib.suppress(OSError):
+        transformers.AutoConfig.from_pretrained(name, local_files_only=True)
+        return  # cached: TL can load it without asking the hub for the config
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise FileNotFoundError(f"{name} is not a local folder or file, is not in the Hugging "
+                                "Face cache, and HF_HUB_OFFLINE is set")
+    import huggingface_hub
+
+    try:
+        huggingface_hub.model_info(name, timeout=5)
+    except (huggingface_hub.errors.RepositoryNotFoundError,
+            huggingface_hub.errors.GatedRepoError):
+        return  # reachable: let TL/transformers give their own account
+    except Exception as err:  # connection, DNS, timeout: each client raises its own type
+        raise FileNotFoundError(
+            f"{name} is not a local folder or file, and the Hugging Face hub cannot be reached "
+            f"to download it ({type(err).__name__}); work offline with a local checkpoint "
+            "folder, a llama2.c .bin file or zoo:<pe>") from None
+
+
+def _is_toy_checkpoint(path: Path) -> bool:
+    """A folder written by :func:`posinterp.train` (or holding ``checkpoints/step_*`` of one)."""
+    from ..train import latest_checkpoint
+
+    if (path / "trainer_state.pt").is_file() and (path / "model.safetensors").is_file():
+        return True
+    return (path / "checkpoints").is_dir() and latest_checkpoint(path / "checkpoints") is not None
+
+
+def _load_toy(path: Path):
+    from ..train import latest_checkpoint, load_checkpoint
+
+    folder = path if (path / "trainer_state.pt").is_file() else latest_checkpoint(path / "checkpoints")
+    model, configs = load_checkpoint(folder)
+    pe = configs["model"]["pe"]
+    return model, ModelInfo.from_model(
+        model, spec=str(path), source="toy", pe=pe, architecture="posinterp-toy",
+        alibi_slopes=alibi_slopes(model.cfg.n_heads).tolist() if pe == "alibi" else None,
+        processing={"fold_ln": False, "center_writing_weights": False, "center_unembed": False,
+                    "fold_value_biases": False},
+        weights={"path": str(folder.resolve()), "step": configs.get("step")})
 

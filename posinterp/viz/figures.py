@@ -45,12 +45,29 @@ def save_figure(fig, stem, formats=("png", "svg"), dpi: int = 150, close: bool =
     return paths
 
 
-def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int = 5):
+def _position_ticks(ax, n: int, tokens: list[str] | None, max_labels: int = 24) -> None:
+    """Integer position ticks; token labels when there are few enough to read."""
+    from matplotlib.ticker import MaxNLocator
+
+    if tokens is not None and len(tokens) == n and n <= max_labels:
+        ax.set_xticks(range(n))
+        ax.set_xticklabels(tokens, rotation=90, fontsize=5)
+        ax.set_yticks(range(n))
+        ax.set_yticklabels(tokens, fontsize=5)
+        return
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+
+
+def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int = 5,
+                    tokens: list[str] | None = None):
     """Heatmaps of ``[pos, pos]`` cosine-similarity matrices, one panel per entry.
 
     Args:
         sims: ``{panel label: [pos, pos]}``; NaN entries (padding) are left blank.
         title: figure title.
+        tokens: the ``pos`` token labels; shown on the axes for up to 24 tokens, else
+            integer positions.
 
     Raises:
         ValueError: if ``sims`` is empty or a matrix is not square.
@@ -60,18 +77,23 @@ def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int =
     n = len(sims)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.6 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.8 * ncols, 2.9 * nrows), squeeze=False,
+                             layout="constrained")
     for ax in axes.flat[n:]:
         ax.axis("off")
     im = None
-    for ax, (label, mat) in zip(axes.flat, sims.items(), strict=False):
+    for idx, (ax, (label, mat)) in enumerate(zip(axes.flat, sims.items(), strict=False)):
         if mat.ndim != 2 or mat.shape[0] != mat.shape[1]:
             raise ValueError(f"matrix {label!r} must be [pos, pos], got {tuple(mat.shape)}")
         im = ax.imshow(mat.float().cpu().numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
         ax.set_title(label, fontsize=8)
-        ax.set_xlabel("key position j", fontsize=7)
-        ax.set_ylabel("position k", fontsize=7)
         ax.tick_params(labelsize=6)
+        _position_ticks(ax, mat.shape[0], tokens)
+        # Axis names once per row/column: repeated on every panel they overlap.
+        if idx // ncols == nrows - 1 or idx + ncols >= n:
+            ax.set_xlabel("position j", fontsize=7)
+        if idx % ncols == 0:
+            ax.set_ylabel("position k", fontsize=7)
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine similarity")
     if title:
         fig.suptitle(title)
@@ -127,19 +149,28 @@ def history_plot(history: pd.DataFrame, target: float | None = None):
 
 
 def eigenvalue_planes(spectrum: pd.DataFrame, scores: pd.DataFrame | None = None,
-                      title: str = "", max_layers: int = 12, max_heads: int = 16):
-    """Each head's QK eigenvalues in the complex plane, a layers x heads grid.
+                      title: str = "", max_layers: int = 12, max_heads: int = 16,
+                      ncols: int = 8):
+    """Each head's QK eigenvalues in the complex plane, one panel per head.
+
+    Panels are laid out ``ncols`` to a row (a layer with more heads wraps onto
+    several rows), so 12+ heads per layer stay readable; each panel is titled
+    ``L<layer> H<head>``.
 
     Args:
         spectrum: rows of :func:`posinterp.analysis.spectral.qk_spectrum` for one offset.
         scores: optional ``layer, head, previous_token_score``; colours each panel's
-            points (viridis, 0-1) and prints the score in the corner.
+            points (viridis, 0-1, with a colour bar) and prints the score in the corner.
         max_layers: larger models are cut, with a note in the title.
         max_heads: likewise for heads.
+        ncols: panels per row.
 
     Raises:
         ValueError: if ``spectrum`` mixes offsets or is empty.
     """
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
     if spectrum.empty:
         raise ValueError("spectrum is empty")
     if spectrum.offset.nunique(dropna=False) > 1:
@@ -151,11 +182,18 @@ def eigenvalue_planes(spectrum: pd.DataFrame, scores: pd.DataFrame | None = None
     score = {} if scores is None else {(r.layer, r.head): r.previous_token_score
                                        for r in scores.itertuples()}
     cmap = plt.get_cmap("viridis")
-    fig, axes = plt.subplots(len(layers), len(heads), figsize=(1.5 * len(heads), 1.5 * len(layers)),
-                             squeeze=False)
+    ncols = max(1, min(ncols, len(heads)))
+    rows_per_layer = math.ceil(len(heads) / ncols)
+    nrows = rows_per_layer * len(layers)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(1.45 * ncols + (1.0 if scores is not None else 0),
+                                                    1.55 * nrows + 0.5), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat:
+        ax.axis("off")
     for i, layer in enumerate(layers):
         for j, head in enumerate(heads):
-            ax = axes[i, j]
+            ax = axes[i * rows_per_layer + j // ncols, j % ncols]
+            ax.axis("on")
             d = spectrum[(spectrum.layer == layer) & (spectrum["head"] == head)]
             s = score.get((layer, head))
             ax.scatter(d.real, d.imag, s=6, color=cmap(s) if s is not None else "C0")
@@ -166,31 +204,38 @@ def eigenvalue_planes(spectrum: pd.DataFrame, scores: pd.DataFrame | None = None
             ax.set_ylim(-lim, lim)
             ax.set_xticks([])
             ax.set_yticks([])
+            ax.set_title(f"L{layer} H{head}", fontsize=7, pad=2)
             if s is not None:
                 ax.text(0.03, 0.97, f"{s:.2f}", transform=ax.transAxes, fontsize=6, va="top")
-            if i == 0:
-                ax.set_title(f"H{head}", fontsize=7)
-            if j == 0:
-                ax.set_ylabel(f"L{layer}", fontsize=7)
     off = spectrum.offset.iloc[0]
     label = "offset NA (not rotary)" if pd.isna(off) else f"offset Δ = {int(off)}"
-    fig.suptitle(f"{title} eigenvalues of W_K^T W_Q, {label}"
-                 + (" (grid cut)" if cut else "") + ("; colour = previous-token score"
-                                                     if scores is not None else ""), fontsize=8)
+    if scores is not None:
+        fig.colorbar(ScalarMappable(Normalize(0, 1), cmap), ax=axes.ravel().tolist(), shrink=0.6,
+                     label="previous-token score")
+    fig.suptitle(f"{title} eigenvalues of W_K^T W_Q, {label}" + (" (grid cut)" if cut else ""),
+                 fontsize=8)
     return fig
 
 
 def fingerprint_plot(table: pd.DataFrame):
-    """Mean measure of the top-k previous-token heads against k, one line per model."""
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    colors = {"rope": "C3", "other": "C0", None: "grey"}
-    for model, g in table.groupby("model", sort=False):
+    """Mean measure of the top-k previous-token heads against k, one line per model.
+
+    Each model has its own colour; the line style gives its group (solid RoPE,
+    dashed other, dotted excluded), as the legend says.
+    """
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    styles = {"rope": "-", "other": "--", None: ":"}
+    names = {"rope": "RoPE", "other": "other", None: "excluded"}
+    for i, (model, g) in enumerate(table.groupby("model", sort=False)):
         group = g.group.iloc[0] if g.group.notna().any() else None
-        ax.plot(g.k, g.value, marker="o", color=colors[group], alpha=0.8,
-                label=f"{model} ({g.pe.iloc[0]})")
+        ax.plot(g.k, g.value, marker="o", color=f"C{i % 10}", ls=styles[group], alpha=0.9,
+                label=f"{model} ({g.pe.iloc[0]}, {names[group]})")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("top-k previous-token heads")
     ax.set_ylabel(f"mean {table.metric.iloc[0]}")
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(fontsize=6, ncol=1, loc="best")
     fig.tight_layout()
     return fig
 

@@ -22,7 +22,25 @@ import pandas as pd
 from ..io import atomic_write_text
 from .circuits import CircuitsView, script_safe_js
 
-__all__ = ["Report"]
+__all__ = ["Report", "fingerprint_summary", "integer_columns"]
+
+
+def integer_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with float columns that hold only whole numbers (and NA) as nullable integers.
+
+    Counts, layers, heads, steps and k often arrive as floats (a NaN in a column makes
+    pandas use float64), and would print as ``2.000``. A column of genuinely
+    real-valued scores keeps its dtype unless every value is whole, in which case
+    printing it without decimals loses nothing.
+    """
+    out = df.copy()
+    for col in out.columns:
+        s = out[col]
+        if pd.api.types.is_float_dtype(s) and s.notna().any():
+            v = s.dropna()
+            if ((v % 1) == 0).all() and (v.abs() < 2**53).all():
+                out[col] = s.astype("Int64")
+    return out
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1100px; margin: 2em auto; color: #222; }
@@ -32,6 +50,27 @@ th { background: #f3f3f3; }
 .note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.5em 1em; }
 img { max-width: 100%; }
 """
+
+
+def fingerprint_summary(tests: pd.DataFrame) -> pd.DataFrame:
+    """``fingerprint_test`` rows as a reader needs them: a ``reading`` column per k.
+
+    ``separated`` alone next to an empty p reads like a result; the reading says which
+    test ran and the smallest p the design can reach (1/C(n_R + n_O, n_R)).
+    """
+    out = tests.drop(columns=[c for c in ("note",) if c in tests.columns]).copy()
+
+    def reading(r) -> str:
+        floor = f"smallest reachable p = {r.min_possible_p:.3g}"
+        if pd.isna(r.p_permutation):
+            return (f"no permutation test (needs >= 2 models per group); Mann-Whitney p = "
+                    f"{r.p_mannwhitney:.3g}, {floor}" if pd.notna(r.p_mannwhitney)
+                    else f"no test (a group is empty); {floor}")
+        return f"permutation p = {r.p_permutation:.3g}, BH q = {r.q_bh:.3g}, {floor}"
+
+    out["reading"] = [reading(r) for r in out.itertuples()]
+    out["separated"] = out["separated"].map({True: "yes", False: "no"})
+    return out
 
 
 @dataclass
@@ -53,6 +92,7 @@ class Report:
 
     def table(self, df: pd.DataFrame, float_format: str = "{:.3f}") -> Report:
         # escape=True (pandas' default, stated): cells and column names are text.
+        df = integer_columns(df)
         self._parts.append(df.to_html(index=False, float_format=float_format.format,
                                       na_rep="", border=0, escape=True))
         return self

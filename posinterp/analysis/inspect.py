@@ -1,0 +1,411 @@
+"""Head-by-head positional inspection: the numbers behind ``posinterp inspect``.
+
+For every head of a model, on a batch of sequences (docs/inspect.md):
+
+* the **positional kernel**: mean attention weight A[i, i+Δ] and mean pre-softmax score
+  by key offset Δ = j - i <= 0 (Δ = -1 is the previous token, docs/spectra.md), first
+  averaged over the queries of each sequence, then over sequences with a 95% Student-t
+  interval (sequences are the independent units);
+* previous-token, self and first-token scores (queries i >= 1);
+* the QK spectrum (eigenvalues of B = W_K^T W_Q, float64; rotary heads at Δ = 0 and
+  Δ = -1), its rotational measures and their percentile among product-Ginibre random
+  heads of the same d_model and d_head, and a null band for the eigenvalue plane;
+* optionally the loss change when the head, or each of its spectral channels, is
+  removed;
+* per layer, the adjacency score at the residual points and at the attention output.
+
+Everything lands in one tidy DataFrame (:attr:`Inspection.table`); the HTML page of
+:func:`posinterp.viz.inspect_page` is drawn from exactly that table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from scipy import stats
+from torch import Tensor
+
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, next_token_pairs, run_cached
+from .adjacency import adjacency_by_layer, adjacency_score
+from .heads import previous_token_score
+from .similarity import cosine_self_similarity
+from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
+
+__all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "compact_pattern", "head_scores",
+           "inspect_heads", "null_band", "t_interval"]
+
+CHANNEL_ABLATIONS = ("remove_positive_real", "remove_negative_real", "remove_complex")
+COLUMNS = ["model", "hook", "layer", "head", "position", "offset", "rank", "ablation", "metric",
+           "value", "ci_low", "ci_high", "n_sequences"]
+
+
+# --- pure functions over tensors ------------------------------------------------------------
+
+def compact_pattern(values: Float[Tensor, "batch head query key"],
+                    attention_mask: Int[Tensor, "batch pos"] | None
+                    ) -> Float[Tensor, "batch head query key"]:
+    """Real tokens first on both the query and the key axis (a pad is never a position).
+
+    Entries beyond a sequence's length keep whatever the padded input held; use the
+    lengths to ignore them.
+    """
+    mask = check_attention_mask(attention_mask, (values.shape[0], values.shape[-1]))
+    if mask is None:
+        return values
+    order = torch.sort((mask == 0).long(), dim=-1, stable=True).indices  # [batch, pos]
+    b, h, n, _ = values.shape
+    rows = order[:, None, :, None].expand(b, h, n, n)
+    cols = order[:, None, None, :].expand(b, h, n, n)
+    return values.gather(2, rows).gather(3, cols)
+
+
+def t_interval(per_sequence: Float[Tensor, "batch ..."], level: float = 0.95
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Mean over dim 0 ignoring NaN, with a two-sided Student-t interval.
+
+    Returns:
+        ``(mean, low, high, n)``; ``low``/``high`` are NaN where fewer than 2 values exist.
+    """
+    x = per_sequence.double()
+    ok = ~torch.isnan(x)
+    n = ok.sum(0)
+    total = torch.where(ok, x, 0.0).sum(0)
+    mean = torch.where(n > 0, total / n.clamp_min(1), torch.nan)
+    dev = torch.where(ok, x - mean, 0.0)
+    sd = torch.sqrt((dev ** 2).sum(0) / (n - 1).clamp_min(1))
+    q = torch.tensor(stats.t.ppf(0.5 + level / 2, (n - 1).clamp_min(1).numpy()), dtype=torch.float64)
+    half = q * sd / n.clamp_min(1).sqrt()
+    low = torch.where(n >= 2, mean - half, torch.nan)
+    high = torch.where(n >= 2, mean + half, torch.nan)
+    return mean, low, high, n
+
+
+def attention_kernel(values: Float[Tensor, "batch head query key"],
+                     attention_mask: Int[Tensor, "batch pos"] | None = None
+                     ) -> Float[Tensor, "batch head lag"]:
+    """Per sequence, the mean of ``values[i, i - lag]`` over its real queries i >= lag.
+
+    ``values`` is a causal attention pattern or its pre-softmax scores; ``lag`` = i - j
+    = -Δ runs over 0..pos-1. Pads are dropped first (the k-th real token is position k),
+    and entries above the diagonal (masked, possibly -inf) are never read.
+
+    Returns:
+        ``[batch, head, pos]`` float64; NaN where a sequence has no query at that lag.
+
+    Raises:
+        ValueError: for a tensor that is not ``[batch, head, pos, pos]`` or a bad mask.
+    """
+    if values.ndim != 4 or values.shape[-1] != values.shape[-2]:
+        raise ValueError(f"values must have shape [batch, head, pos, pos], got {tuple(values.shape)}")
+    b, h, n, _ = values.shape
+    mask = check_attention_mask(attention_mask, (b, n))
+    lengths = lengths_from_mask(mask, b, n)
+    v = compact_pattern(values.detach().double(), mask)
+    i = torch.arange(n)
+    lag = i[:, None] - i[None, :]  # [query, key]
+    valid = (lag >= 0)[None] & (i[None, :, None] < lengths[:, None, None])  # [batch, q, k]
+    flat_lag = lag.clamp_min(0).flatten()
+    sums = torch.zeros(b, h, n, dtype=torch.float64)
+    sums.index_add_(2, flat_lag, torch.where(valid[:, None], v, 0.0).reshape(b, h, n * n))
+    counts = torch.zeros(b, n, dtype=torch.float64)
+    counts.index_add_(1, flat_lag, valid.reshape(b, n * n).double())
+    return torch.where(counts[:, None] > 0, sums / counts[:, None].clamp_min(1), torch.nan)
+
+
+def head_scores(pattern: Float[Tensor, "batch head query key"],
+                attention_mask: Int[Tensor, "batch pos"] | None = None
+                ) -> dict[str, Float[Tensor, "batch head"]]:
+    """Previous-token, self and first-token score of every head, per sequence.
+
+    Each is a mean over real queries i >= 1 (query 0 can only attend to itself):
+    A[i, i-1] (:func:`~posinterp.analysis.previous_token_score`), A[i, i] and A[i, 0],
+    where 0 is the first real token (the BOS when the input has one).
+
+    Raises:
+        ValueError: as :func:`~posinterp.analysis.previous_token_score` (a sequence with
+            fewer than 2 real tokens).
+    """
+    b, _, n, _ = pattern.shape
+    mask = check_attention_mask(attention_mask, (b, n))
+    out = {"previous_token_score": previous_token_score(pattern, mask)}
+    lengths = lengths_from_mask(mask, b, n)
+    p = compact_pattern(pattern.detach().double(), mask)
+    i = torch.arange(n)
+    valid = ((i[None, :] >= 1) & (i[None, :] < lengths[:, None]))[:, None]  # [batch, 1, q]
+    denom = valid.sum(-1)
+    out["self_score"] = torch.where(valid, torch.diagonal(p, dim1=-2, dim2=-1), 0.0).sum(-1) / denom
+    out["first_token_score"] = torch.where(valid, p[..., 0], 0.0).sum(-1) / denom
+    return out
+
+
+def null_band(d_model: int, d_head: int, n_heads: int = 200, quantiles=(0.05, 0.95), seed: int = 0
+              ) -> tuple[float, float]:
+    """Quantiles of |λ| over all eigenvalues of random heads with unit-variance entries.
+
+    For W_Q, W_K with i.i.d. N(0, σ_Q²), N(0, σ_K²) entries the moduli scale by σ_Q σ_K,
+    so a head's band is these numbers times the RMS entries of its W_Q and W_K
+    (docs/spectra.md, the product-Ginibre null; Ginibre 1965).
+
+    Raises:
+        ValueError: for non-positive sizes.
+    """
+    if min(d_model, d_head, n_heads) < 1:
+        raise ValueError("d_model, d_head and n_heads must be >= 1")
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(n_heads, d_model, d_head, generator=gen, dtype=torch.float64)
+    k = torch.randn(n_heads, d_model, d_head, generator=gen, dtype=torch.float64)
+    mods = eigenvalues(q, k).abs().flatten().numpy()
+    lo, hi = np.quantile(mods, quantiles)
+    return float(lo), float(hi)
+
+
+# --- the inspection --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Inspection:
+    """What :func:`inspect_heads` found.
+
+    Attributes:
+        table: the tidy DataFrame (columns :data:`COLUMNS`); ``offset`` is the key offset
+            Δ = j - i of kernel rows and the RoPE offset of spectral rows (NA otherwise).
+        patterns: ``{layer: [head, n, n]}`` attention of the first sequence (real tokens
+            only, cut to ``max_pattern_tokens``) for the pattern views.
+        str_tokens: the ``n`` token labels of that sequence.
+        notes: plain sentences about cuts and choices, shown on the page.
+        meta: model facts (``n_layers``, ``n_heads``, ``pe``, ...).
+    """
+
+    table: pd.DataFrame
+    patterns: dict[int, Tensor]
+    str_tokens: list[str]
+    notes: list[str] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)
+
+    def head_view(self) -> pd.DataFrame:
+        """Wide view: one row per (layer, head), one column per scalar score."""
+        return head_wide(self.table)
+
+
+def score_key(metric: str, offset, ablation) -> str:
+    """Column name of a scalar per-head row in the wide view (e.g. ``rotational_mass@Δ=-1``)."""
+    key = metric
+    if isinstance(ablation, str) and ablation:
+        key += f"[{ablation}]"
+    if offset is not None and not pd.isna(offset):
+        key += f"@Δ={int(offset)}"
+    return key
+
+
+_VECTOR_METRICS = ("kernel_attention", "kernel_score", "eigenvalue_real", "eigenvalue_imag")
+
+
+def head_wide(table: pd.DataFrame) -> pd.DataFrame:
+    """The scalar per-head rows of an inspection table, one column per score."""
+    t = table[table["head"].notna() & ~table.metric.isin(_VECTOR_METRICS)]
+    keys = [score_key(m, o, a) for m, o, a in zip(t.metric, t.offset, t.ablation, strict=True)]
+    wide = t.assign(score=keys).pivot_table(index=["layer", "head"], columns="score", values="value",
+                                            sort=False)
+    wide.columns.name = None
+    return wide.reset_index().astype({"layer": "int64", "head": "int64"})
+
+
+def _str_tokens(model, toks: Tensor) -> list[str]:
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return [f"#{int(t)}" for t in toks]
+    return [str(s) for s in model.to_str_tokens(toks)]
+
+
+def _rows(**cols) -> pd.DataFrame:
+    n = max(len(v) for v in cols.values() if isinstance(v, list | np.ndarray))
+    return pd.DataFrame({k: (v if isinstance(v, list | np.ndarray) else [v] * n) for k, v in cols.items()})
+
+
+def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: int) -> pd.DataFrame:
+    mean, low, high, n = t_interval(per_seq[..., :max_lag])  # [head, lag]
+    heads, lags = mean.shape
+    return _rows(hook=hook, layer=layer, head=np.repeat(np.arange(heads), lags),
+                 offset=np.tile(-np.arange(lags), heads), metric=metric,
+                 value=mean.flatten().numpy(), ci_low=low.flatten().numpy(),
+                 ci_high=high.flatten().numpy(), n_sequences=n.flatten().numpy())
+
+
+@torch.no_grad()
+def _loss(model, tokens, mask, fwd_hooks=()) -> float:
+    """Mean next-token cross-entropy (nats) from each real token to the next real one."""
+    with model.hooks(fwd_hooks=list(fwd_hooks)):
+        logits = model(tokens, attention_mask=mask)
+    cur, nxt, valid = next_token_pairs(mask, *tokens.shape)
+    rows = torch.arange(tokens.shape[0])[:, None]
+    logp = logits[rows, cur].log_softmax(-1).gather(-1, tokens[rows, nxt][..., None])[..., 0]
+    return float(-logp[valid].double().mean())
+
+
+def _zero_head(head: int):
+    def hook(z, hook):  # [batch, pos, head, d_head]
+        z = z.clone()
+        z[:, :, head] = 0.0
+        return z
+    return hook
+
+
+def _ablation_rows(model, tokens, mask, layers) -> pd.DataFrame:
+    from ..interventions.effects import ablation_effect, per_head_interventions
+
+    clean = _loss(model, tokens, mask)
+    rows = []
+    for layer in layers:
+        for head in range(model.cfg.n_heads):
+            hook = f"blocks.{layer}.attn.hook_z"
+            after = _loss(model, tokens, mask, [(hook, _zero_head(head))])
+            rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
+                             metric="loss_change", value=after - clean,
+                             n_sequences=tokens.shape[0]))
+    eff = ablation_effect(model, tokens, per_head_interventions(model, CHANNEL_ABLATIONS, layers),
+                          attention_mask=mask)
+    eff = eff[eff.metric == "loss"]
+    for r in eff.itertuples():
+        rows.append(dict(hook=r.hook, layer=r.layer, head=int(r.head), ablation=r.kind,
+                         metric="loss_change", value=r.value, n_sequences=tokens.shape[0]))
+    return pd.DataFrame(rows).assign(clean_loss=clean)
+
+
+def inspect_heads(
+    model,
+    tokens: Int[Tensor, "batch pos"],
+    attention_mask: Int[Tensor, "batch pos"] | None = None,
+    *,
+    ablate: bool = False,
+    max_offset: int | None = None,
+    max_pattern_tokens: int = 96,
+    n_null: int = 500,
+    seed: int = 0,
+    model_name: str = "model",
+) -> Inspection:
+    """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
+
+    Args:
+        model: a causal TransformerLens model (``HookedTransformer`` or compatible).
+        tokens: ``[batch, pos]`` ids, ``pos <= n_ctx``; every sequence needs >= 3 real
+            tokens (adjacency). Intervals are over sequences, so use batch >= 2.
+        attention_mask: ``[batch, pos]`` 1 for real tokens (either padding side), e.g.
+            the tokenizer's own mask. Required for a padded batch.
+        ablate: also measure the loss change (nats per token, real next-token pairs)
+            when each head's output ``hook_z`` is zeroed, and when each of its spectral
+            channels is removed (:mod:`posinterp.interventions`, Δ = 0 content form).
+        max_offset: keep kernel rows for Δ >= -max_offset only (default: every offset).
+        max_pattern_tokens: pattern views show the first this many tokens (a note says so).
+        n_null: random heads in the product-Ginibre null (percentiles and band).
+        seed: seed of the null.
+        model_name: value of the ``model`` column.
+
+    Returns:
+        :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
+        rank, ablation). Metrics: ``kernel_attention``, ``kernel_score`` (by offset, with
+        ``ci_low``/``ci_high``), ``previous_token_score``, ``self_score``,
+        ``first_token_score`` (with intervals), ``rotational_mass``, ``phase``,
+        ``antisymmetric_energy``, ``n_complex_pairs`` and ``<measure>_null_percentile``
+        (rotary: offsets 0 and -1), ``eigenvalue_real``/``eigenvalue_imag`` (by
+        ``rank``), ``null_band_low``/``null_band_high`` (5%/95% of a random head's |λ|
+        at this head's weight scale), ``loss_change`` (by ``ablation``; with
+        ``ablate``), and per layer (head NA) ``adjacency_score`` by ``hook``.
+
+    Raises:
+        ValueError: for malformed tokens or mask, a sequence with < 3 real tokens, a
+            bidirectional model, or ``max_offset``/``max_pattern_tokens`` < 1.
+    """
+    if getattr(model.cfg, "attention_dir", "causal") != "causal":
+        raise ValueError("inspect_heads needs a causal model (offsets j - i <= 0); this one is "
+                         "bidirectional")
+    for name, v in (("max_offset", max_offset), ("max_pattern_tokens", max_pattern_tokens)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v}")
+    tokens = check_tokens(model, tokens)
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    batch, pos = tokens.shape
+    lengths = lengths_from_mask(mask, batch, pos)
+    if (lengths < 3).any():
+        raise ValueError(f"every sequence needs at least 3 real tokens; got lengths {lengths.tolist()}")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    max_lag = int(lengths.max()) if max_offset is None else min(int(lengths.max()), max_offset + 1)
+    notes = []
+    if batch < 2:
+        notes.append("One sequence: intervals over sequences are not defined (shown empty).")
+
+    cache = run_cached(model, tokens, mask, lambda n: n.endswith(("hook_pattern", "hook_attn_scores",
+                                                                  "hook_attn_out")))
+    frames, patterns = [], {}
+    first_len = int(lengths[0])
+    shown = min(first_len, max_pattern_tokens)
+    sample = tokens[0][mask[0].bool()] if mask is not None else tokens[0]
+    str_tokens = _str_tokens(model, sample[:shown])
+    if first_len > shown:
+        notes.append(f"Pattern views show the first {shown} of {first_len} tokens of sequence 0 "
+                     "(cut for the browser); kernels and scores use every token.")
+    for layer in range(n_layers):
+        pat_hook, score_hook = f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_attn_scores"
+        pattern, scores = cache[pat_hook], cache[score_hook]
+        frames.append(_kernel_rows(layer, pat_hook, "kernel_attention",
+                                   attention_kernel(pattern, mask), max_lag))
+        frames.append(_kernel_rows(layer, score_hook, "kernel_score",
+                                   attention_kernel(scores, mask), max_lag))
+        for metric, per_seq in head_scores(pattern, mask).items():
+            mean, low, high, n = t_interval(per_seq)
+            frames.append(_rows(hook=pat_hook, layer=layer, head=np.arange(n_heads), metric=metric,
+                                value=mean.numpy(), ci_low=low.numpy(), ci_high=high.numpy(),
+                                n_sequences=n.numpy()))
+        patterns[layer] = compact_pattern(pattern[:1], mask[:1] if mask is not None else None
+                                          )[0, :, :shown, :shown].detach().float().cpu()
+
+    # QK spectra: measures, null percentiles, eigenvalues, null band at each head's scale.
+    meas = spectral_measures(model)
+    null = ginibre_null(model.cfg.d_model, model.cfg.d_head, n_heads=n_null, seed=seed)
+    spec = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
+    frames.append(spec.drop(columns="position"))
+    eig = qk_spectrum(model)
+    for part in ("real", "imag"):
+        frames.append(eig.rename(columns={part: "value"})[["hook", "layer", "head", "offset", "rank",
+                                                           "value"]].assign(metric=f"eigenvalue_{part}"))
+    lo, hi = null_band(model.cfg.d_model, model.cfg.d_head, n_heads=min(n_null, 200), seed=seed)
+    for layer in range(n_layers):
+        W_Q, W_K = qk_weights(model, layer)
+        scale = (W_Q.pow(2).mean((-1, -2)).sqrt() * W_K.pow(2).mean((-1, -2)).sqrt()).numpy()
+        for metric, q in (("null_band_low", lo), ("null_band_high", hi)):
+            frames.append(_rows(hook=f"blocks.{layer}.attn", layer=layer, head=np.arange(n_heads),
+                                metric=metric, value=scale * q))
+
+    # Per layer: adjacency at the residual points and at the attention output.
+    adj = adjacency_by_layer(model, tokens, mask)
+    frames.append(adj.drop(columns="position"))
+    for layer in range(n_layers):
+        hook = f"blocks.{layer}.hook_attn_out"
+        score = adjacency_score(cosine_self_similarity(cache[hook], mask), lengths).score
+        frames.append(_rows(hook=hook, layer=layer, metric="adjacency_score", value=[score],
+                            n_sequences=batch))
+
+    clean_loss = None
+    if ablate:
+        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)))
+        clean_loss = float(abl.clean_loss.iloc[0])
+        frames.append(abl.drop(columns="clean_loss"))
+    table = pd.concat([f for f in frames if len(f)], ignore_index=True)
+    for col in COLUMNS:
+        if col not in table:
+            table[col] = pd.NA
+    table = table[COLUMNS].assign(model=model_name)
+    table = table.astype({"layer": "int64", "head": "Int64", "position": "Int64", "offset": "Int64",
+                          "rank": "Int64", "n_sequences": "Int64", "value": "float64",
+                          "ci_low": "float64", "ci_high": "float64"})
+    table["ablation"] = table["ablation"].astype("string")
+    meta = dict(n_layers=n_layers, n_heads=n_heads, d_model=model.cfg.d_model, d_head=model.cfg.d_head,
+                n_ctx=model.cfg.n_ctx, pe=model.cfg.positional_embedding_type, batch=batch,
+                lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, seed=seed,
+                clean_loss=clean_loss, ablate=ablate)
+    if math.isfinite(max_lag) and max_lag < int(lengths.max()):
+        notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
+    return Inspection(table, patterns, str_tokens, notes, meta)

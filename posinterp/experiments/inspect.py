@@ -1,0 +1,143 @@
+"""``posinterp inspect``: load a model, build the input, inspect every head, write the page.
+
+Writes ``inspect.html`` (offline), ``heads.csv`` (the tidy table of
+:func:`posinterp.analysis.inspect.inspect_heads`) and ``run.json`` (model facts,
+input, versions) to the output folder (docs/inspect.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+
+__all__ = ["InspectResult", "run_inspect", "text_batch"]
+
+
+@dataclass(frozen=True)
+class InspectResult:
+    table: pd.DataFrame
+    report_path: Path
+    seconds: float
+
+
+def text_batch(model, text: str, max_len: int | None = None):
+    """Tokenize ``text`` with the model's own tokenizer: one sequence per paragraph.
+
+    Paragraphs are separated by blank lines. Each is tokenized as the tokenizer does
+    by default (its special tokens, e.g. a BOS, included), with the tokenizer's own
+    attention mask, cut to ``max_len`` (default ``n_ctx``) tokens; the batch is then
+    right-padded with mask 0. Paragraphs of fewer than 3 tokens are skipped.
+
+    Returns:
+        ``(tokens [batch, pos], attention_mask [batch, pos], notes)``.
+
+    Raises:
+        ValueError: if the model has no tokenizer or no paragraph has >= 3 tokens.
+    """
+    import torch
+
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise ValueError("this model has no tokenizer, so --text cannot be used; "
+                         "use --tokens N (random token ids) instead")
+    max_len = max_len or model.cfg.n_ctx
+    paragraphs = [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
+    ids, masks, notes, cut, short = [], [], [], 0, 0
+    for p in paragraphs:
+        enc = tok(p)
+        i, m = list(enc["input_ids"]), list(enc.get("attention_mask", [1] * len(enc["input_ids"])))
+        if len(i) > max_len:
+            cut += 1
+            i, m = i[:max_len], m[:max_len]
+        if sum(m) < 3:
+            short += 1
+            continue
+        ids.append(i)
+        masks.append(m)
+    if not ids:
+        raise ValueError("the text has no paragraph of 3 or more tokens (paragraphs are "
+                         "separated by blank lines)")
+    if cut:
+        notes.append(f"{cut} paragraph(s) longer than {max_len} tokens were cut to {max_len}.")
+    if short:
+        notes.append(f"{short} paragraph(s) with fewer than 3 tokens were skipped.")
+    n = max(len(i) for i in ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    tokens = torch.tensor([i + [pad] * (n - len(i)) for i in ids], dtype=torch.long)
+    mask = torch.tensor([m + [0] * (n - len(m)) for m in masks], dtype=torch.long)
+    return tokens, mask, notes
+
+
+def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = None,
+                n_tokens: int = 64, batch: int = 8, ablate: bool = False, seed: int = 0,
+                max_pattern_tokens: int = 96, progress: bool = True) -> InspectResult:
+    """Inspect every head of the model ``spec`` and write the page to ``out_dir``.
+
+    Args:
+        spec: anything :func:`posinterp.load_model` takes.
+        out_dir: output folder (created; must not be a file).
+        text: a UTF-8 text file; one sequence per paragraph (see :func:`text_batch`).
+            Without it, ``batch`` sequences of ``n_tokens`` uniform random token ids
+            (seeded by ``seed``; a BOS first when the tokenizer has one).
+        n_tokens: random-token length, at most the model's ``n_ctx``.
+        batch: number of random-token sequences (intervals are over sequences).
+        ablate: also measure loss changes when heads or spectral channels are removed.
+        seed: seed of the random tokens and the random-head null.
+
+    Raises:
+        ValueError: a bad argument (named), an output path that is a file, a text file
+            that cannot be used, or tokens longer than ``n_ctx``.
+        FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.
+    """
+    for name, v in (("--tokens", n_tokens), ("--batch", batch), ("--max-pattern-tokens",
+                                                                  max_pattern_tokens)):
+        if v < (3 if name == "--tokens" else 1):
+            raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
+    if text is not None and not Path(text).is_file():
+        raise FileNotFoundError(f"--text: no such file: {text}")
+    out = check_out_dir(out_dir)
+    from ..analysis.fingerprint import _has_bos
+    from ..analysis.heads import random_tokens
+    from ..analysis.inspect import inspect_heads
+    from ..models import load_model
+    from ..viz.inspect import save_inspect_page
+
+    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    t0 = time.time()
+    log(f"[posinterp] loading {spec}")
+    model, info = load_model(spec)
+    if not info.causal:
+        raise ValueError(f"{spec} is a bidirectional encoder; inspect needs a causal model")
+    if text is not None:
+        tokens, mask, notes = text_batch(model, Path(text).read_text(encoding="utf-8"))
+        source = f"text {Path(text).name}: {tokens.shape[0]} paragraph(s), up to {tokens.shape[1]} tokens"
+    else:
+        if n_tokens > model.cfg.n_ctx:
+            raise ValueError(f"--tokens must be <= the model's n_ctx = {model.cfg.n_ctx}, got {n_tokens}")
+        tokens = random_tokens(model, batch, n_tokens, seed=seed, bos=_has_bos(model))
+        mask, notes = None, []
+        source = (f"{batch} random-token sequences of {n_tokens} tokens (seed {seed}"
+                  f"{', BOS first' if _has_bos(model) else ''})")
+    log(f"[posinterp] inspecting {model.cfg.n_layers} layers x {model.cfg.n_heads} heads on {source}"
+        + (" with ablations" if ablate else ""))
+    res = inspect_heads(model, tokens, mask, ablate=ablate, seed=seed, model_name=str(spec),
+                        max_pattern_tokens=max_pattern_tokens)
+    res.notes[:0] = notes
+    with atomic_path(out / "heads.csv") as tmp:
+        res.table.to_csv(tmp, index=False)
+    seconds = round(time.time() - t0, 1)
+    facts = (f"{spec}: {info.pe} positions, {model.cfg.n_layers} layers x {model.cfg.n_heads} heads, "
+             f"d_model {model.cfg.d_model}, d_head {model.cfg.d_head}"
+             + (f", {info.n_kv_heads} KV heads" if info.n_kv_heads != info.n_heads else "")
+             + f". Input: {source}. Weight processing: "
+             + (", ".join(k for k, v in info.processing.items() if v) or "none") + ".")
+    atomic_write_json(out / "run.json", {"spec": str(spec), "model": info.to_dict(), "input": source,
+                                         "ablate": ablate, "seed": seed, "notes": res.notes,
+                                         "versions": versions(), "seconds": seconds})
+    path = save_inspect_page(res, out / "inspect.html", f"posinterp inspect: {spec}", facts)
+    return InspectResult(res.table, path, seconds)

@@ -1,0 +1,232 @@
+// The posinterp inspect page's own script (posinterp/viz/inspect.py embeds it).
+// Text from data is only ever set with textContent, never innerHTML.
+const RAW = JSON.parse(document.getElementById('inspect-data').textContent);
+const META = RAW.meta;
+const COLS = RAW.columns;
+const ROWS = RAW.rows.map(r => Object.fromEntries(COLS.map((c, i) => [c, r[i]])));
+const VECTOR = new Set(['kernel_attention', 'kernel_score', 'eigenvalue_real', 'eigenvalue_imag']);
+function key(r) {
+  let k = r.metric;
+  if (r.ablation) k += '[' + r.ablation + ']';
+  if (r.offset !== null) k += '@Δ=' + r.offset;
+  return k;
+}
+const HEADS = {};   // "l-h" -> {score key: row}
+const SCORE_KEYS = [];
+for (const r of ROWS) {
+  if (r.head === null || VECTOR.has(r.metric)) continue;
+  const id = r.layer + '-' + r.head, k = key(r);
+  (HEADS[id] = HEADS[id] || {})[k] = r;
+  if (!SCORE_KEYS.includes(k)) SCORE_KEYS.push(k);
+}
+function el(tag, attrs, text) {
+  const e = document.createElement(tag);
+  for (const [a, v] of Object.entries(attrs || {})) e.setAttribute(a, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function svg(tag, attrs, text) {
+  const e = document.createElementNS('http://www.w3.org/2000/svg', tag);
+  for (const [a, v] of Object.entries(attrs || {})) e.setAttribute(a, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function fmt(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return '';
+  if (Number.isInteger(v)) return String(v);
+  const a = Math.abs(v);
+  return (a !== 0 && (a < 1e-3 || a >= 1e4)) ? v.toExponential(2) : v.toFixed(3);
+}
+function val(id, k) { const r = (HEADS[id] || {})[k]; return r ? r.value : null; }
+function shade(t) {  // 0..1 -> light to dark blue, as the colour bar
+  const a = [247, 251, 255], b = [8, 48, 107];
+  return 'rgb(' + a.map((x, i) => Math.round(x + (b[i] - x) * t)).join(',') + ')';
+}
+function passes(id) {
+  const k = document.getElementById('filter-key').value;
+  const lim = parseFloat(document.getElementById('filter-min').value);
+  if (Number.isNaN(lim)) return true;
+  const v = val(id, k);
+  return v !== null && v >= lim;
+}
+let SELECTED = null;
+function drawGrid() {
+  const k = document.getElementById('colour-key').value;
+  const vals = Object.keys(HEADS).map(id => val(id, k)).filter(v => v !== null && !Number.isNaN(v));
+  const lo = Math.min(...vals), hi = Math.max(...vals);
+  document.getElementById('bar-lo').textContent = fmt(lo);
+  document.getElementById('bar-hi').textContent = fmt(hi);
+  const grid = document.getElementById('grid');
+  grid.replaceChildren();
+  const head = el('tr'); head.appendChild(el('th', {}, 'layer \\ head'));
+  for (let h = 0; h < META.n_heads; h++) head.appendChild(el('th', {}, 'H' + h));
+  grid.appendChild(head);
+  for (let l = 0; l < META.n_layers; l++) {
+    const tr = el('tr'); tr.appendChild(el('th', {}, 'L' + l));
+    for (let h = 0; h < META.n_heads; h++) {
+      const id = l + '-' + h, v = val(id, k);
+      const t = (v === null || hi === lo) ? 0 : (v - lo) / (hi - lo);
+      const td = el('td', {title: 'L' + l + 'H' + h + '  ' + k + ' = ' + fmt(v)}, fmt(v));
+      td.style.background = shade(t);
+      td.style.color = t > 0.55 ? '#fff' : '#111';
+      if (!passes(id)) td.classList.add('off');
+      if (id === SELECTED) td.classList.add('sel');
+      td.onclick = () => openCard(id);
+      tr.appendChild(td);
+    }
+    grid.appendChild(tr);
+  }
+  drawList();
+}
+let SORT = {key: null, desc: true};
+function drawList() {
+  const shown = SCORE_KEYS.filter(k => document.getElementById('cols-all').checked || !k.includes('_null_percentile') || k.startsWith('rotational_mass'));
+  const table = document.getElementById('list');
+  table.replaceChildren();
+  const tr = el('tr');
+  for (const c of ['layer', 'head', ...shown]) {
+    const th = el('th', {title: 'click to sort'}, c + (SORT.key === c ? (SORT.desc ? ' ▼' : ' ▲') : ''));
+    th.onclick = () => { SORT = {key: c, desc: SORT.key === c ? !SORT.desc : true}; drawList(); };
+    tr.appendChild(th);
+  }
+  table.appendChild(tr);
+  let ids = Object.keys(HEADS).filter(passes);
+  if (SORT.key) {
+    const g = id => SORT.key === 'layer' ? +id.split('-')[0] : SORT.key === 'head' ? +id.split('-')[1] : val(id, SORT.key);
+    ids.sort((a, b) => { const x = g(a), y = g(b);
+      if (x === null) return 1; if (y === null) return -1; return SORT.desc ? y - x : x - y; });
+  }
+  for (const id of ids) {
+    const row = el('tr');
+    const [l, h] = id.split('-');
+    row.appendChild(el('td', {}, l)); row.appendChild(el('td', {}, h));
+    for (const k of shown) row.appendChild(el('td', {}, fmt(val(id, k))));
+    row.onclick = () => openCard(id);
+    table.appendChild(row);
+  }
+  document.getElementById('count').textContent = ids.length + ' of ' + Object.keys(HEADS).length + ' heads shown';
+}
+function seriesOf(metric, l, h) {
+  return ROWS.filter(r => r.metric === metric && r.layer === l && r.head === h)
+             .sort((a, b) => a.offset - b.offset);
+}
+function linePlot(title, rows, ylab) {
+  const W = 360, H = 180, L = 46, R = 10, T = 18, B = 30;
+  const s = svg('svg', {width: W, height: H});
+  s.appendChild(svg('text', {x: L, y: 12}, title));
+  const pts = rows.filter(r => r.value !== null);
+  if (!pts.length) return s;
+  const xs = pts.map(r => r.offset);
+  const ys = pts.flatMap(r => [r.value, r.ci_low, r.ci_high]).filter(v => v !== null);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
+  let y0 = Math.min(...ys), y1 = Math.max(...ys); if (y1 === y0) { y1 += 1; y0 -= 1; }
+  const X = x => L + (x - x0) / (x1 - x0) * (W - L - R);
+  const Y = y => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const band = pts.filter(r => r.ci_low !== null && r.ci_high !== null);
+  if (band.length > 1) {
+    const up = band.map(r => X(r.offset) + ',' + Y(r.ci_high));
+    const dn = band.slice().reverse().map(r => X(r.offset) + ',' + Y(r.ci_low));
+    s.appendChild(svg('polygon', {points: up.concat(dn).join(' '), fill: '#9ecae1', opacity: 0.6}));
+  }
+  s.appendChild(svg('polyline', {points: pts.map(r => X(r.offset) + ',' + Y(r.value)).join(' '),
+                                 fill: 'none', stroke: '#08519c', 'stroke-width': 1.5}));
+  for (const r of pts) s.appendChild(svg('circle', {cx: X(r.offset), cy: Y(r.value), r: 1.8, fill: '#08519c'}));
+  s.appendChild(svg('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: '#666'}));
+  s.appendChild(svg('line', {x1: L, x2: L, y1: T, y2: H - B, stroke: '#666'}));
+  const step = Math.max(1, Math.ceil((x1 - x0) / 8));
+  for (let x = x1; x >= x0; x -= step) {  // integer offsets only
+    s.appendChild(svg('line', {x1: X(x), x2: X(x), y1: H - B, y2: H - B + 3, stroke: '#666'}));
+    s.appendChild(svg('text', {x: X(x), y: H - B + 13, 'text-anchor': 'middle'}, String(x)));
+  }
+  for (const y of [y0, (y0 + y1) / 2, y1])
+    s.appendChild(svg('text', {x: L - 4, y: Y(y) + 3, 'text-anchor': 'end'}, fmt(y)));
+  s.appendChild(svg('text', {x: (L + W - R) / 2, y: H - 3, 'text-anchor': 'middle'}, 'key offset Δ = j − i'));
+  s.appendChild(svg('text', {x: 10, y: (T + H - B) / 2, transform: 'rotate(-90 10 ' + (T + H - B) / 2 + ')',
+                             'text-anchor': 'middle'}, ylab));
+  return s;
+}
+function eigenPlot(l, h, offset) {
+  const S = 200, C = S / 2;
+  const s = svg('svg', {width: S, height: S + 16});
+  const match = r => r.layer === l && r.head === h && r.offset === offset;
+  const re = ROWS.filter(r => r.metric === 'eigenvalue_real' && match(r)).sort((a, b) => a.rank - b.rank);
+  const im = ROWS.filter(r => r.metric === 'eigenvalue_imag' && match(r)).sort((a, b) => a.rank - b.rank);
+  const id = l + '-' + h;
+  const blo = val(id, 'null_band_low'), bhi = val(id, 'null_band_high');
+  const rmax = Math.max(...re.map((r, i) => Math.hypot(r.value, im[i].value)), bhi || 0, 1e-12) * 1.1;
+  const P = v => C + v / rmax * (C - 4);
+  if (blo !== null && bhi !== null) {
+    const r1 = bhi / rmax * (C - 4), r0 = blo / rmax * (C - 4);
+    s.appendChild(svg('path', {d: `M ${C - r1} ${C} a ${r1} ${r1} 0 1 0 ${2 * r1} 0 a ${r1} ${r1} 0 1 0 ${-2 * r1} 0 ` +
+                                  `M ${C - r0} ${C} a ${r0} ${r0} 0 1 1 ${2 * r0} 0 a ${r0} ${r0} 0 1 1 ${-2 * r0} 0`,
+                               fill: '#ddd', 'fill-rule': 'evenodd'}));
+  }
+  s.appendChild(svg('line', {x1: 0, x2: S, y1: C, y2: C, stroke: '#999'}));
+  s.appendChild(svg('line', {x1: C, x2: C, y1: 0, y2: S, stroke: '#999'}));
+  re.forEach((r, i) => s.appendChild(svg('circle', {cx: P(r.value), cy: P(-im[i].value), r: 3,
+                                                    fill: Math.abs(im[i].value) > 0 ? '#e4572e' : '#08519c'})));
+  const k = offset === null ? '' : '@Δ=' + offset;
+  const rm = val(id, 'rotational_mass' + k), pct = val(id, 'rotational_mass_null_percentile' + k);
+  s.appendChild(svg('text', {x: 2, y: S + 12}, (offset === null ? '' : 'Δ = ' + offset + ': ') +
+                             'rot. mass ' + fmt(rm) + ' (null pct ' + fmt(pct) + ')'));
+  s.appendChild(svg('text', {x: S - 2, y: 10, 'text-anchor': 'end'}, '|λ| max ' + fmt(rmax / 1.1)));
+  return s;
+}
+function openCard(id) {
+  SELECTED = id;
+  const [l, h] = id.split('-').map(Number);
+  const card = document.getElementById('card');
+  card.replaceChildren();
+  card.appendChild(el('h2', {}, 'Layer ' + l + ', head ' + h));
+  const t = el('table', {class: 'scores'});
+  t.appendChild(el('tr')).append(el('th', {}, 'score'), el('th', {}, 'value'), el('th', {}, '95% interval over sequences'));
+  for (const k of ['previous_token_score', 'self_score', 'first_token_score']) {
+    const r = HEADS[id][k];
+    const tr = el('tr');
+    tr.append(el('td', {}, k), el('td', {}, fmt(r.value)),
+              el('td', {}, r.ci_low === null ? '' : fmt(r.ci_low) + ' … ' + fmt(r.ci_high)));
+    t.appendChild(tr);
+  }
+  card.appendChild(t);
+  card.appendChild(el('h3', {}, 'Positional kernel'));
+  const plots = el('div', {class: 'plots'});
+  plots.appendChild(linePlot('mean attention weight A[i, i+Δ]', seriesOf('kernel_attention', l, h), 'attention'));
+  plots.appendChild(linePlot('mean pre-softmax score', seriesOf('kernel_score', l, h), 'score'));
+  card.appendChild(plots);
+  card.appendChild(el('p', {class: 'facts'}, 'Means over each sequence\'s queries, then over sequences; the band is a 95% Student-t interval over sequences.'));
+  card.appendChild(el('h3', {}, 'QK eigenvalues (W_K^T W_Q)'));
+  const eig = el('div', {class: 'plots'});
+  const offs = META.rotary ? [0, -1] : [null];
+  for (const o of offs) eig.appendChild(eigenPlot(l, h, o));
+  card.appendChild(eig);
+  card.appendChild(el('p', {class: 'facts'}, 'Red: complex eigenvalues (rotational channel), blue: real. Grey band: 5%–95% of |λ| of random heads with this head\'s weight scale. Percentile: rotational mass among ' + META.n_null + ' random heads of the same shape.'));
+  const abl = Object.keys(HEADS[id]).filter(k => k.startsWith('loss_change'));
+  if (abl.length) {
+    card.appendChild(el('h3', {}, 'Loss change when removed (clean loss ' + fmt(META.clean_loss) + ' nats)'));
+    const at = el('table');
+    at.appendChild(el('tr')).append(el('th', {}, 'removed'), el('th', {}, 'Δ loss (nats/token)'));
+    for (const k of abl) { const tr = el('tr'); tr.append(el('td', {}, HEADS[id][k].ablation), el('td', {}, fmt(HEADS[id][k].value))); at.appendChild(tr); }
+    card.appendChild(at);
+  }
+  card.appendChild(el('h3', {}, 'Attention pattern on sequence 0'));
+  const holder = el('div');
+  card.appendChild(holder);
+  const render = RENDERS[id];
+  if (render) { holder.appendChild(el('div', {id: render.element})); render.fn(); }
+  drawGrid();
+}
+function init() {
+  for (const sel of ['colour-key', 'filter-key']) {
+    const s = document.getElementById(sel);
+    for (const k of SCORE_KEYS) s.appendChild(el('option', {value: k}, k));
+  }
+  document.getElementById('colour-key').value = 'previous_token_score';
+  document.getElementById('filter-key').value = 'previous_token_score';
+  for (const id of ['colour-key', 'filter-key', 'filter-min', 'cols-all'])
+    document.getElementById(id).addEventListener('input', drawGrid);
+  drawGrid();
+  let best = null;
+  for (const id of Object.keys(HEADS)) if (best === null || val(id, 'previous_token_score') > val(best, 'previous_token_score')) best = id;
+  openCard(best);
+}
+init();

@@ -1,0 +1,175 @@
+"""The ``posinterp inspect`` page: a layer x head grid and one card per head, offline.
+
+The page is drawn in the browser from one embedded JSON copy of the inspection's tidy
+table (``<script type="application/json" id="inspect-data">``), so what a reader sees
+is what :attr:`posinterp.analysis.inspect.Inspection.table` holds. Attention patterns
+are circuitsvis views whose bundle is inlined once (viz.circuits) and rendered when a
+card opens. Every string is escaped for where it lands: ``html.escape`` for markup, and
+:func:`~posinterp.viz.circuits.script_json` for data inside ``<script>``; the page's
+own script builds text with ``textContent`` and never with ``innerHTML`` from data.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..io import atomic_write_text
+from .circuits import script_json, script_safe_js, split_local_src
+
+__all__ = ["inspect_data", "inspect_page", "save_inspect_page"]
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.2em 2em; color: #222; }
+h1 { font-size: 1.4em; margin-bottom: 0.2em; }
+.note { background: #fff8e1; border-left: 4px solid #f0b400; padding: 0.4em 1em; margin: 0.4em 0; }
+.facts { color: #555; font-size: 0.9em; }
+.controls { margin: 0.8em 0; display: flex; gap: 1.2em; flex-wrap: wrap; align-items: center; }
+.controls label { font-size: 0.9em; }
+#layout { display: flex; gap: 1.5em; align-items: flex-start; }
+#left { flex: 0 1 auto; overflow-x: auto; max-width: 55%; }
+#card { flex: 1 1 0; min-width: 420px; border: 1px solid #ccc; border-radius: 6px; padding: 0.6em 1em; }
+table { border-collapse: collapse; font-size: 0.82em; }
+td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; white-space: nowrap; }
+th { background: #f3f3f3; cursor: pointer; white-space: nowrap; }
+#grid td { width: 3.2em; height: 1.9em; text-align: center; cursor: pointer; font-size: 0.78em; }
+#grid td.sel { outline: 3px solid #e4572e; }
+#grid td.off { color: #bbb; background: #fafafa !important; }
+#list tr { cursor: pointer; }
+#list tr:hover td { background: #eef4ff; }
+.bar { display: inline-block; width: 140px; height: 10px; vertical-align: middle;
+       background: linear-gradient(to right, #f7fbff, #08306b); border: 1px solid #999; }
+.scores td:first-child { text-align: left; }
+.plots { display: flex; flex-wrap: wrap; gap: 0.6em; }
+svg text { font-size: 10px; fill: #333; }
+.layer-adj { margin: 0.4em 0 1em 0; }
+"""
+
+def _script() -> str:
+    """The page's script, kept in ``inspect.js`` next to this module (package data)."""
+    from importlib.resources import files
+
+    return files("posinterp.viz").joinpath("inspect.js").read_text(encoding="utf-8")
+
+
+
+
+def _clean(v):
+    if v is None or v is pd.NA:
+        return None
+    if isinstance(v, float | np.floating):
+        return None if math.isnan(v) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def inspect_data(inspection) -> dict:
+    """The JSON object the page embeds: ``meta`` and the table as ``columns`` + ``rows``.
+
+    Missing values (NA, NaN) become ``null``; nothing is rounded.
+    """
+    t = inspection.table
+    rows = [[_clean(v) for v in row] for row in t.itertuples(index=False, name=None)]
+    meta = {**{k: _clean(v) if not isinstance(v, list) else v for k, v in inspection.meta.items()},
+            "rotary": inspection.meta.get("pe") == "rotary"}
+    return {"meta": meta, "columns": list(t.columns), "rows": rows}
+
+
+def _pattern_renders(inspection) -> tuple[str | None, dict[str, tuple[str, str]]]:
+    """circuitsvis bundle and ``{"l-h": (element id, render call)}`` for every head."""
+    import circuitsvis as cv
+
+    bundle, renders = None, {}
+    for layer, pat in inspection.patterns.items():
+        for head in range(pat.shape[0]):
+            att = np.round(pat[head].double().numpy(), 3)  # 3 decimals: a smaller page
+            view = split_local_src(cv.attention.attention_pattern(
+                tokens=list(inspection.str_tokens), attention=att).local_src)
+            bundle = bundle or view.bundle
+            renders[f"{layer}-{head}"] = (view.element_id, view.render_call)
+    return bundle, renders
+
+
+def _adjacency_table(table: pd.DataFrame) -> str:
+    adj = table[(table.metric == "adjacency_score") & table["head"].isna()]
+    if adj.empty:
+        return ""
+
+    def site(hook: str) -> str:
+        return hook.split(".")[-1].removeprefix("hook_")
+
+    view = adj.assign(site=[site(h) for h in adj.hook]).pivot_table(
+        index="layer", columns="site", values="value", sort=False)
+    order = [c for c in ("resid_pre", "attn_out", "resid_mid", "resid_post") if c in view.columns]
+    view = view[order]
+    view.columns.name = None  # else pandas prints "site" as an extra header cell
+    view = view.reset_index()
+    view["layer"] = ["embedding (-1)" if v == -1 else str(v) for v in view.layer]
+    return view.to_html(index=False, float_format="{:.3f}".format, na_rep="", border=0, escape=True)
+
+
+def inspect_page(inspection, title: str, facts: str = "") -> str:
+    """The whole offline HTML page for one model's :class:`Inspection`.
+
+    Args:
+        inspection: from :func:`posinterp.analysis.inspect.inspect_heads`.
+        title: page title (escaped).
+        facts: one line about the model and input (escaped).
+    """
+    bundle, renders = _pattern_renders(inspection)
+    render_js = ",\n".join(
+        f"{script_json(key)}: {{element: {script_json(elem)}, fn: function () {{ {call} }}}}"
+        for key, (elem, call) in renders.items())
+    notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in inspection.notes)
+    esc = html.escape
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{esc(title)}</title><style>{_STYLE}</style></head>
+<body>
+<h1>{esc(title)}</h1>
+<p class="facts">{esc(facts)}</p>
+<p class="note">How to read this page: the grid colours every head by the chosen score (the
+bar gives the scale). Click a head for its card: the positional kernel (how attention falls
+with the key offset Δ = j − i; Δ = −1 is the previous token), its previous-token / self /
+first-token scores, its QK eigenvalues against random heads, and, when measured, the loss
+change when it or one of its spectral channels is removed. A positional head shows a kernel
+peaked at a fixed offset; a rotational QK spectrum (RoPE) puts mass on complex eigenvalues.</p>
+{notes}
+<div class="controls">
+ <label>colour by <select id="colour-key"></select></label>
+ <span><span id="bar-lo"></span> <span class="bar"></span> <span id="bar-hi"></span></span>
+ <label>show heads with <select id="filter-key"></select> &ge;
+   <input id="filter-min" type="number" step="any" style="width:6em" placeholder="any"></label>
+ <label><input id="cols-all" type="checkbox"> all percentile columns</label>
+ <span id="count" class="facts"></span>
+</div>
+<div id="layout">
+ <div id="left"><table id="grid"></table>
+  <h3>Heads (click a column to sort)</h3><table id="list"></table>
+  <h3>Adjacency score per layer</h3>
+  <p class="facts">Probability that a token is more cosine-similar to the nearer of two earlier
+  tokens (0.5 = chance), at the embedding, the attention output, after attention
+  (resid_mid) and after the block (resid_post).</p>
+  <div class="layer-adj">{_adjacency_table(inspection.table)}</div>
+ </div>
+ <div id="card"></div>
+</div>
+<script type="application/json" id="inspect-data">{script_json(inspect_data(inspection))}</script>
+{f"<script>{chr(10)}{script_safe_js(bundle)}{chr(10)}</script>" if bundle else ""}
+<script>
+const RENDERS = {{
+{render_js}
+}};
+{script_safe_js(_script())}
+</script>
+</body></html>
+"""
+
+
+def save_inspect_page(inspection, path: str | Path, title: str, facts: str = "") -> Path:
+    """Write :func:`inspect_page` atomically to ``path``; returns the path."""
+    return atomic_write_text(path, inspect_page(inspection, title, facts))

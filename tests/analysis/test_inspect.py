@@ -1,0 +1,228 @@
+"""inspect_heads: kernels, scores and ablations against closed forms and independent code."""
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from posinterp.analysis.heads import previous_token_score
+from posinterp.analysis.inspect import (
+    attention_kernel,
+    head_scores,
+    head_wide,
+    inspect_heads,
+    t_interval,
+)
+from posinterp.models import alibi_slopes
+from posinterp.viz.inspect import inspect_data, inspect_page
+from tests.helpers import random_tokens, tiny_model
+
+
+def uniform_causal(batch, heads, n):
+    """A[i, j] = 1/(i+1) for j <= i: what a head with zero queries attends."""
+    i = torch.arange(n)
+    A = torch.where(i[None, :] <= i[:, None], 1.0 / (i[:, None] + 1.0), 0.0)
+    return A.expand(batch, heads, n, n).clone()
+
+
+def test_kernel_of_uniform_attention_is_the_closed_form():
+    n = 9
+    k = attention_kernel(uniform_causal(2, 3, n))  # [batch, head, lag]
+    for lag in range(n):
+        expected = np.mean([1 / (i + 1) for i in range(lag, n)])
+        assert torch.allclose(k[..., lag], torch.tensor(expected, dtype=torch.float64))
+
+
+def test_kernel_drops_pads_on_either_side():
+    n, pad = 7, 3
+    A = uniform_causal(1, 2, n)
+    big = torch.zeros(2, 2, n + pad, n + pad)
+    big[0, :, pad:, pad:] = A[0]           # left padding
+    big[1, :, :n, :n] = A[0]               # right padding
+    mask = torch.ones(2, n + pad, dtype=torch.long)
+    mask[0, :pad] = 0
+    mask[1, n:] = 0
+    k = attention_kernel(big, mask)
+    ref = attention_kernel(A)
+    assert torch.allclose(k[:, :, :n], ref.expand(2, -1, -1))
+    assert torch.isnan(k[:, :, n:]).all()  # no query that far back
+
+
+def test_head_scores_of_a_constructed_pattern():
+    n, a = 8, 0.7
+    A = torch.zeros(1, 1, n, n)
+    A[0, 0, 0, 0] = 1
+    for i in range(1, n):
+        A[0, 0, i, i - 1] = a
+        A[0, 0, i, i] = 1 - a
+    s = head_scores(A)
+    assert s["previous_token_score"].item() == pytest.approx(a)
+    assert s["self_score"].item() == pytest.approx(1 - a)
+    # Only query 1 puts weight on token 0 (its previous token).
+    assert s["first_token_score"].item() == pytest.approx(a / (n - 1))
+
+
+def test_t_interval_matches_scipy():
+    from scipy import stats
+
+    x = torch.tensor([[0.1], [0.4], [0.35], [0.2]], dtype=torch.float64)
+    mean, low, high, n = t_interval(x)
+    lo, hi = stats.t.interval(0.95, 3, loc=x.mean().item(), scale=stats.sem(x.numpy()[:, 0]))
+    assert (mean.item(), low.item(), high.item(), n.item()) == pytest.approx((x.mean().item(), lo, hi, 4))
+
+
+def _zero_queries(model, layer):
+    with torch.no_grad():
+        model.blocks[layer].attn.W_Q.zero_()
+        model.blocks[layer].attn.b_Q.zero_()
+
+
+def test_model_kernel_of_a_zero_query_alibi_head_is_slope_times_offset():
+    """With q = 0 the pre-softmax score is the ALiBi bias alone: m_h * Δ (Press et al. §3)."""
+    model = tiny_model("alibi")
+    _zero_queries(model, 0)
+    toks = random_tokens(model, 3, 10)
+    t = inspect_heads(model, toks).table
+    rows = t[(t.metric == "kernel_score") & (t.layer == 0)]
+    slopes = alibi_slopes(model.cfg.n_heads)
+    expected = slopes[rows["head"].to_numpy().astype(int)].numpy() * rows.offset.to_numpy().astype(float)
+    assert np.allclose(rows.value.to_numpy(), expected, atol=1e-5)
+    # Every sequence sees the same scores: the interval has zero width.
+    assert np.allclose(rows.ci_high - rows.ci_low, 0, atol=1e-5)
+
+
+def test_model_kernel_of_a_zero_query_nope_head_is_uniform():
+    model = tiny_model("nope")
+    _zero_queries(model, 0)
+    n = 10
+    toks = random_tokens(model, 2, n)
+    t = inspect_heads(model, toks).table
+    att = t[(t.metric == "kernel_attention") & (t.layer == 0) & (t["head"] == 1)].sort_values("offset")
+    expected = [np.mean([1 / (i + 1) for i in range(-o, n)]) for o in att.offset]
+    assert np.allclose(att.value, expected, atol=1e-6)
+
+
+def test_previous_token_score_equals_kernel_at_minus_one():
+    model = tiny_model("rotary")
+    toks = random_tokens(model, 4, 12)
+    mask = torch.ones_like(toks)
+    mask[1, :3] = 0  # left padding
+    t = inspect_heads(model, toks, mask).table
+    _, cache = model.run_with_cache(toks, attention_mask=mask)
+    for layer in range(model.cfg.n_layers):
+        ref = previous_token_score(cache[f"blocks.{layer}.attn.hook_pattern"], mask).mean(0)
+        sel = t[(t.layer == layer)]
+        prev = sel[sel.metric == "previous_token_score"].sort_values("head").value.to_numpy()
+        kern = sel[(sel.metric == "kernel_attention") & (sel.offset == -1)].sort_values("head").value
+        assert np.allclose(prev, ref.numpy())
+        assert np.allclose(prev, kern.to_numpy())
+
+
+def test_zero_head_loss_change_matches_zeroed_output_weights():
+    model = tiny_model("absolute")
+    toks = random_tokens(model, 3, 10)
+    res = inspect_heads(model, toks, ablate=True)
+    t = res.table
+    row = t[(t.metric == "loss_change") & (t.ablation == "zero_head") & (t.layer == 1) & (t["head"] == 2)]
+
+    def loss(m):
+        logits = m(toks)
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 toks[:, 1:].reshape(-1)).item()
+    clean = loss(model)
+    with torch.no_grad():
+        model.blocks[1].attn.W_O[2].zero_()  # head output z W_O: same as z = 0
+    assert row.value.item() == pytest.approx(loss(model) - clean, abs=1e-5)
+    assert res.meta["clean_loss"] == pytest.approx(clean, abs=1e-5)
+    kinds = set(t[t.metric == "loss_change"].ablation)
+    assert kinds == {"zero_head", "remove_positive_real", "remove_negative_real", "remove_complex"}
+
+
+def test_rotary_spectra_at_offsets_zero_and_minus_one_with_percentiles():
+    model = tiny_model("rotary")
+    t = inspect_heads(model, random_tokens(model, 2, 8), n_null=100).table
+    pct = t[t.metric == "rotational_mass_null_percentile"]
+    assert set(pct.offset) == {0, -1}
+    assert pct.value.between(0, 100).all()
+    assert len(pct) == 2 * model.cfg.n_layers * model.cfg.n_heads
+    band = head_wide(t)
+    assert (band.null_band_low < band.null_band_high).all()
+
+
+def test_per_layer_adjacency_covers_residual_points_and_attention_output():
+    model = tiny_model("nope")
+    t = inspect_heads(model, random_tokens(model, 2, 8)).table
+    hooks = set(t[(t.metric == "adjacency_score") & t["head"].isna()].hook)
+    assert "blocks.0.hook_resid_pre" in hooks
+    for layer in range(model.cfg.n_layers):
+        assert {f"blocks.{layer}.hook_attn_out", f"blocks.{layer}.hook_resid_post"} <= hooks
+
+
+def test_long_input_thins_the_pattern_view_with_a_note():
+    model = tiny_model("nope", n_ctx=64)
+    res = inspect_heads(model, random_tokens(model, 2, 40), max_pattern_tokens=16)
+    assert res.patterns[0].shape == (model.cfg.n_heads, 16, 16)
+    assert len(res.str_tokens) == 16
+    assert any("first 16 of 40" in n for n in res.notes)
+    # The kernel still uses every token.
+    assert res.table[res.table.metric == "kernel_attention"].offset.min() == -39
+
+
+def _page_data(page: str) -> dict:
+    m = re.search(r'<script type="application/json" id="inspect-data">(.*?)</script>', page, re.S)
+    return json.loads(m.group(1))
+
+
+def test_page_embeds_exactly_the_table():
+    model = tiny_model("rotary")
+    res = inspect_heads(model, random_tokens(model, 2, 8), ablate=True, n_null=50)
+    page = inspect_page(res, "t", "f")
+    data = _page_data(page)
+    assert data == json.loads(json.dumps(inspect_data(res)))
+    table = pd.DataFrame(data["rows"], columns=data["columns"])
+    assert len(table) == len(res.table)
+    for col in ("layer", "head", "offset", "rank", "value", "ci_low", "ci_high"):
+        a = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
+        b = pd.to_numeric(res.table[col], errors="coerce").to_numpy(dtype=float)
+        assert np.array_equal(a, b, equal_nan=True), col
+    assert list(table.metric) == list(res.table.metric)
+
+
+def test_page_is_offline_and_escapes_token_text():
+    model = tiny_model("nope")
+    res = inspect_heads(model, random_tokens(model, 2, 6))
+    res.str_tokens[:] = ["</script><b>x</b>", "<!--", "a&b", "d", "e", "f"][: len(res.str_tokens)]
+    res.notes.append("<i>note</i>")
+    page = inspect_page(res, "<title>", "<facts>")
+    assert "<b>x</b>" not in page and "<i>note</i>" not in page and "<title><" not in page
+    assert page.count("</script>") == page.count("<script")  # no script ended early
+    # No src/href that leaves the file (the bundle's URL strings are text, not requests).
+    assert not re.search(r'\s(?:src|href)\s*=\s*["\']?(?:https?:)?//', page)
+
+
+def test_twelve_heads_per_layer():
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = HookedTransformerConfig(n_layers=1, d_model=48, n_heads=12, d_head=4, n_ctx=16, d_vocab=20,
+                                  act_fn="gelu", attn_only=True, seed=0)
+    model = HookedTransformer(cfg)
+    res = inspect_heads(model, torch.randint(0, 20, (2, 10), generator=torch.Generator().manual_seed(0)))
+    wide = head_wide(res.table)
+    assert len(wide) == 12 and list(wide["head"]) == list(range(12))
+    assert res.patterns[0].shape[0] == 12
+
+
+@pytest.mark.parametrize("bad", [dict(max_offset=0), dict(max_pattern_tokens=0)])
+def test_bad_arguments_are_named(bad):
+    model = tiny_model("nope")
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        inspect_heads(model, random_tokens(model, 2, 6), **bad)
+
+
+def test_too_short_sequences_are_refused():
+    model = tiny_model("nope")
+    with pytest.raises(ValueError, match="at least 3 real tokens"):
+        inspect_heads(model, random_tokens(model, 2, 2))
