@@ -89,6 +89,7 @@ class PosinterpAttention(nn.Module):
         scores = torch.einsum("bihd,bjhd->bhij", q, k) / self.scale
         if self.posinterp_alibi_slopes is not None:
             bias = alibi_bias(self.posinterp_alibi_slopes.to(scores.device), n, n, attention_mask)
+            self.posinterp_alibi = bias  # read back by positions.alibi_bias_of (symmetrization)
             scores = scores + bias.to(scores.dtype)
         blocked = self.causal_mask[:n, :n][None, None]
         if attention_mask is not None:

@@ -103,7 +103,75 @@ def _tl_view(folder: Path, hf_config):
         yield view
 
 
+def _load_local_hf_bridge(folder: Path, processing: dict, dtype):
+    """TL 4: ``TransformerBridge.boot_transformers`` on the folder, offline.
+
+    HF's own modules run (its RoPE frequencies, its ALiBi slopes, which are the paper's),
+    so nothing is installed; the weight processing TL 3.9 applies at load time is applied
+    through ``enable_compatibility_mode`` with the same flags, so W_Q W_K^T is the same
+    matrix under either version (docs/tl4.md).
+    """
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from ..tasks.tokenizer import build_byte_tokenizer
+
+    raw_cfg = _read_config(folder)
+    architecture = raw_cfg["architectures"][0]
+    pe = scheme_for_architecture(architecture)
+    if architecture.startswith("Bert"):
+        raise NotImplementedError(
+            "BERT encoders are not yet supported on TransformerLens 4 by posinterp "
+            "(docs/tl4.md, status); use TransformerLens 3.9 for all-MiniLM-L6-v2")
+    weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (folder / p).is_file()]
+    if not weights and not list(folder.glob("model*.safetensors")):
+        raise FileNotFoundError(
+            f"{folder} has no weights: expected model.safetensors or pytorch_model.bin")
+    hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    tl_overrides(architecture, hf_config, pe)  # the same refusals as under TL 3.9
+    has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+                 if has_tokenizer else build_byte_tokenizer())  # placeholder: boot needs one
+    with _offline():
+        try:
+            model = TransformerBridge.boot_transformers(str(folder), device="cpu", dtype=dtype,
+                                                        tokenizer=tokenizer)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"could not read the weights in {folder}: "
+                             f"{type(err).__name__}: {err}") from None
+    if not has_tokenizer:
+        model.tokenizer = None
+    done = _processing_done(processing, model.cfg.normalization_type,
+                            bool(getattr(model.cfg, "final_rms", False)))
+    model.enable_compatibility_mode(disable_warnings=True, no_processing=not any(processing.values()),
+                                    **processing)
+    model.eval()
+    slopes = alibi_slopes(model.cfg.n_heads).tolist() if pe == "alibi" else None
+    return model, ModelInfo.from_model(
+        model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
+        alibi_slopes=slopes, rope_parameters=_rope_record(pe, hf_config), processing=done,
+        weights={"path": str(folder.resolve()), "files": weights})
+
+
+@contextlib.contextmanager
+def _offline():
+    """HF_HUB_OFFLINE=1 for the duration: a local folder must never reach the hub."""
+    before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HF_HUB_OFFLINE"]
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+
+
 def _load_local_hf(folder: Path, processing: dict, dtype):
+    from .backend import TL_MAJOR
+
+    if TL_MAJOR >= 4:
+        return _load_local_hf_bridge(folder, processing, dtype)
     import transformers
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens import loading_from_pretrained as tl_loading
