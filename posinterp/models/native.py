@@ -208,8 +208,11 @@ def build_native_toy(config, tokenizer=None):
     if native.pos is not None and config.pe != "absolute":
         # NoPE/ALiBi: no learned positions; zero and frozen, so no optimizer moves it.
         native.pos.weight.requires_grad_(False)
+    # TL 4 "configures" a tokenizer it is given, adding a BOS token (id d_vocab, outside the
+    # vocabulary, and growing d_vocab) to the byte tokenizer: attach ours afterwards, as is.
     bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
-                                      tokenizer=tokenizer, model_name=cfg.model_name)
+                                      tokenizer=None, model_name=cfg.model_name)
+    bridge.tokenizer = tokenizer
     for layer in range(config.n_layers):
         hooks = bridge.blocks[layer].attn
         # A plain attribute would register the bridge as a submodule of its own child.
