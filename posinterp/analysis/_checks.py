@@ -99,17 +99,11 @@ def masked_scores(scores: torch.Tensor) -> torch.Tensor:
     return scores <= torch.finfo(scores.dtype).min
 
 
-def run_cached(model, tokens: torch.Tensor, mask: torch.Tensor | None, names_filter):
-    """``run_with_cache`` across model kinds: the one place that knows their differences.
+def run_cached(model, tokens: torch.Tensor, mask: torch.Tensor | None, names_filter,
+               return_logits: bool = False):
+    """``run_with_cache`` across model kinds (TL 3.9 ``HookedTransformer``/``HookedEncoder``,
+    TL 4 ``TransformerBridge``): see :func:`posinterp.models.backend.run_cached`, the one
+    place that knows their differences."""
+    from ..models.backend import run_cached as backend_run_cached
 
-    TransformerLens's ``HookedEncoder`` (BERT) takes ``one_zero_attention_mask`` and no
-    ``return_type=None``; ``HookedTransformer`` takes ``attention_mask``.
-    """
-    bidirectional = getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
-    kwargs = {"names_filter": names_filter}
-    if mask is not None:
-        kwargs["one_zero_attention_mask" if bidirectional else "attention_mask"] = mask
-    if not bidirectional:
-        kwargs["return_type"] = None
-    _, cache = model.run_with_cache(tokens, **kwargs)
-    return cache
+    return backend_run_cached(model, tokens, mask, names_filter, return_logits)

@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from .heads import previous_token_scores, random_tokens
-from .spectral import MEASURES, ginibre_null, null_percentiles, spectral_measures
+from .spectral import MEASURES, ginibre_null, is_rotary, null_percentiles, spectral_measures
 
 __all__ = ["fingerprint_table", "fingerprint_test", "head_dynamics", "head_table", "scheme_group"]
 
@@ -49,7 +49,7 @@ def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 
     toks = random_tokens(model, n_sequences, n_tok, seed=seed, bos=_has_bos(model))
     prev = previous_token_scores(model, toks)[["layer", "head", "value"]]
     prev = prev.rename(columns={"value": "previous_token_score"})
-    offset = 0 if model.cfg.positional_embedding_type == "rotary" else None
+    offset = 0 if is_rotary(model) else None
     meas = spectral_measures(model, offset=offset, k_e=k_e)
     null = ginibre_null(model.cfg.d_model, model.cfg.d_head, n_heads=n_null, std=null_std,
                         k_e=k_e, seed=seed)

@@ -157,8 +157,16 @@ def _select(name: str, chosen, n: int) -> list[int]:
     return list(range(n)) if chosen is None else check_indices(name, chosen, n)
 
 
+def _scheme(model) -> str:
+    from ..models.backend import positional_type
+
+    return positional_type(model)
+
+
 def is_rotary(model) -> bool:
-    return model.cfg.positional_embedding_type == "rotary"
+    from ..models.backend import positional_type
+
+    return positional_type(model) == "rotary"
 
 
 def qk_weights(model, layer: int, offset: int | None = None
@@ -173,14 +181,16 @@ def qk_weights(model, layer: int, offset: int | None = None
             silently pick a layer from the end), an ``offset`` on a non-rotary model, or
             TL RoPE scaling on a model whose frequencies posinterp did not install.
     """
+    from ..models.backend import attention_weights
+
     check_indices("layer", layer if is_int(layer) else [layer], model.cfg.n_layers)
-    attn = model.blocks[layer].attn
-    W_Q, W_K = attn.W_Q.detach().double(), attn.W_K.detach().double()
+    weights = attention_weights(model, layer)  # K expanded over grouped-query heads
+    W_Q, W_K = weights["W_Q"], weights["W_K"]
     if offset is None or offset == 0:
         return W_Q, W_K
     if not is_rotary(model):
         raise ValueError(f"offset={offset} applies only to rotary heads; this model's "
-                         f"positional_embedding_type is {model.cfg.positional_embedding_type!r}")
+                         f"positional scheme is {_scheme(model)!r}")
     R = model_rotary_matrix(model, -offset, layer)
     return W_Q, W_K @ R.T
 
@@ -193,19 +203,18 @@ def model_rotary_matrix(model, angle_steps: float, layer: int = 0) -> Float[Tens
         ValueError: from :func:`posinterp.models.positions.rotary_inv_freq` (non-rotary
             model, or TL RoPE scaling it cannot reproduce).
     """
-    from ..models.positions import rotary_inv_freq
+    from ..models.backend import rotary_spec
 
-    cfg = model.cfg
-    return rotary_matrix(cfg.d_head, cfg.rotary_dim, angle_steps,
-                         adjacent_pairs=bool(cfg.rotary_adjacent_pairs),
-                         inv_freq=rotary_inv_freq(model, layer))
+    spec = rotary_spec(model, layer)  # the layout and frequencies the model really uses
+    return rotary_matrix(model.cfg.d_head, spec.rotary_dim, angle_steps,
+                         adjacent_pairs=spec.adjacent_pairs, inv_freq=spec.inv_freq)
 
 
 def _offsets(model, offset) -> list[int | None]:
     if offset is not None:
         if not is_rotary(model):
             raise ValueError(f"offset applies only to rotary heads; this model's "
-                             f"positional_embedding_type is {model.cfg.positional_embedding_type!r}")
+                             f"positional scheme is {_scheme(model)!r}")
         return [int(offset)]
     return [0, -1] if is_rotary(model) else [None]
 

@@ -105,6 +105,13 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None) -> None:
     """
     if kind not in CONSTRAINTS:
         raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {kind!r}")
+    from ..models.backend import MissingFeatureError, is_bridge
+
+    if is_bridge(model):
+        raise MissingFeatureError(
+            "constrain_qk parametrizes HookedTransformer's W_K parameter; a TransformerLens 4 "
+            "bridge has no such parameter (W_K is a view of k.weight); use TransformerLens 3.9 "
+            "for constrained training (docs/tl4.md)")
     if model.cfg.n_key_value_heads is not None:
         raise ValueError("constrain_qk needs one key per query head (no grouped-query attention)")
     # Every layer is checked before any is changed: a bad one leaves the model untouched.

@@ -13,6 +13,7 @@ from ..analysis._checks import (
     check_tokens,
     lengths_from_mask,
     next_token_pairs,
+    run_cached,
 )
 from ..analysis.adjacency import adjacency_score
 from ..analysis.heads import previous_token_score
@@ -60,9 +61,9 @@ def _targets(tokens, mask, answer_mask):
 @torch.no_grad()
 def _measure(model, tokens, mask, answer_mask, lengths) -> dict:
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    logits, cache = model.run_with_cache(
-        tokens, attention_mask=mask,
-        names_filter=lambda n: n.endswith("attn.hook_pattern") or n == last)
+    logits, cache = run_cached(model, tokens, mask,
+                               lambda n: n.endswith("attn.hook_pattern") or n == last,
+                               return_logits=True)
     cur, nxt, target = _targets(tokens, mask, answer_mask)
     rows = torch.arange(tokens.shape[0])[:, None]
     pred = logits[rows, cur]  # [batch, pos-1, d_vocab]: predicts tokens[rows, nxt]

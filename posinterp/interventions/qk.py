@@ -32,6 +32,13 @@ from torch import Tensor
 from .._validate import is_int
 from ..analysis._checks import masked_scores
 from ..analysis.spectral import model_rotary_matrix, qk_weights
+from ..models.backend import (
+    attn_scale,
+    positional_type,
+    rotated_qk_hooks,
+    scores_hook,
+    scores_include_bias,
+)
 from ..models.positions import alibi_bias_of
 from .channels import CHANNELS, channel_projectors, top_k_projector
 
@@ -128,12 +135,18 @@ def _projection_hook(projectors: dict[int, Tensor]):
 
 def _score_hooks(model, iv: QKIntervention):
     heads = check_intervention(model, iv)
-    rotary = model.cfg.positional_embedding_type == "rotary"
+    rotary = positional_type(model) == "rotary"
     offset_variant = rotary and iv.rope_variant == "offset"
     captured: dict[str, Tensor] = {}
     prefix = f"blocks.{iv.layer}.attn."
-    q_name, k_name = ("hook_q", "hook_k") if (offset_variant or not rotary) else \
-        ("hook_rot_q", "hook_rot_k")
+    # Hooks whose meaning differs across TL versions come from the backend, which raises
+    # (naming the missing feature) where a model has no pre-softmax or rotated-q/k hook.
+    scores_name = scores_hook(model, iv.layer)
+    if offset_variant or not rotary:
+        q_name, k_name = prefix + "hook_q", prefix + "hook_k"
+    else:
+        q_name, k_name = rotated_qk_hooks(model, iv.layer)
+    bias_in_scores = scores_include_bias(model, iv.layer)
 
     def capture(name):
         def hook(x, hook):
@@ -142,7 +155,7 @@ def _score_hooks(model, iv: QKIntervention):
         return hook
 
     sign = 1.0 if iv.kind == "symmetric" else -1.0
-    scale = model.cfg.attn_scale
+    scale = attn_scale(model, iv.layer)
 
     def offset_terms(q, k):
         """RoPE with unrotated q, k: o[i, j] = q_i R(i - j) k_j (the model's own score) and
@@ -175,10 +188,15 @@ def _score_hooks(model, iv: QKIntervention):
         direct, transposed = content_terms(q, k)
         content = 0.5 * (direct + sign * transposed) / scale
         n = scores.shape[-1]
-        # The bias the model added in this very call (mask positions, any length).
-        bias = alibi_bias_of(model, iv.layer)
-        if bias is not None:
-            content = content + bias[:, heads].to(scores.device).double()
+        if bias_in_scores:
+            # A bridged HF ALiBi model (BLOOM) adds its bias inside the scores and exposes it
+            # nowhere else: it is the score minus the content q_i·k_j / scale it started from.
+            content = content + (scores[:, heads].double() - direct / scale)
+        else:
+            # The bias the model added in this very call (mask positions, any length).
+            bias = alibi_bias_of(model, iv.layer)
+            if bias is not None:
+                content = content + bias[:, heads].to(scores.device).double()
         causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
         # Padding masks are not visible to hooks: keep every entry the model, or a user's
         # hook that ran before this one, masked (-inf in TransformerLens, finfo.min in HF).
@@ -200,8 +218,7 @@ def _score_hooks(model, iv: QKIntervention):
         k_hook = capture_k
     else:
         k_hook = capture(k_name)
-    return [(prefix + q_name, capture(q_name)), (prefix + k_name, k_hook),
-            (prefix + "hook_attn_scores", replace)]
+    return [(q_name, capture(q_name)), (k_name, k_hook), (scores_name, replace)]
 
 
 def intervention_hooks(model, interventions) -> list[tuple[str, object]]:

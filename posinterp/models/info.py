@@ -90,15 +90,21 @@ class ModelInfo:
                    processing: dict | None = None,
                    weights: dict | None = None) -> ModelInfo:
         """Fill the attention/rotary fields from ``model.cfg``."""
+        from .backend import is_bridge, rotary_spec
+
         cfg = model.cfg
         rotary = pe == "rotary"
+        spec_ = rotary_spec(model) if rotary and is_bridge(model) else None
         return cls(
             spec=spec, source=source,
-            architecture=architecture or str(cfg.original_architecture),
+            architecture=architecture or str(getattr(cfg, "original_architecture", None)
+                                              or getattr(cfg, "architecture", "")),
             pe=pe, causal=causal, n_heads=cfg.n_heads,
             n_kv_heads=cfg.n_key_value_heads or cfg.n_heads, d_head=cfg.d_head,
-            rotary_dim=cfg.rotary_dim if rotary else None,
-            rotary_adjacent_pairs=bool(cfg.rotary_adjacent_pairs) if rotary else None,
+            # TL 4 configs leave rotary_dim unset: read what the attention applies.
+            rotary_dim=(spec_.rotary_dim if spec_ else cfg.rotary_dim) if rotary else None,
+            rotary_adjacent_pairs=(spec_.adjacent_pairs if spec_ else bool(cfg.rotary_adjacent_pairs))
+            if rotary else None,
             rotary_base=float(cfg.rotary_base) if rotary else None,
             alibi_slopes=tuple(float(s) for s in alibi_slopes) if alibi_slopes is not None else None,
             rope_parameters=dict(rope_parameters) if rope_parameters else None,

@@ -152,9 +152,14 @@ def alibi_bias_of(model, layer: int) -> Float[Tensor, "batch_or_1 n_heads query 
         ValueError: an ALiBi model whose bias posinterp did not install (e.g. built by TL
             directly): its TL bias uses TL's slopes and index distances.
     """
-    if model.cfg.positional_embedding_type != "alibi":
+    from .backend import is_bridge, positional_type
+
+    if positional_type(model) != "alibi":
         return None
-    bias = getattr(model.blocks[layer].attn, "posinterp_alibi", None)
+    attn = model.blocks[layer].attn
+    if is_bridge(model):  # posinterp's TL 4 toy attention keeps it on the wrapped module
+        attn = getattr(attn, "original_component", attn)
+    bias = getattr(attn, "posinterp_alibi", None)
     if bias is None:
         raise ValueError("this ALiBi model has no posinterp bias: build it with posinterp "
                          "(build_model / load_model) or call install_alibi(model, slopes)")

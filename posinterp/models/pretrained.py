@@ -135,7 +135,102 @@ def _tl_view(folder: Path, hf_config):
         yield view
 
 
+def _load_local_hf_bridge(folder: Path, processing: dict, dtype):
+    """TL 4: ``TransformerBridge.boot_transformers`` on the folder, offline.
+
+    HF's own modules run (its RoPE frequencies, its ALiBi slopes, which are the paper's),
+    so nothing is installed; the weight processing TL 3.9 applies at load time is applied
+    through ``enable_compatibility_mode`` with the same flags, so W_Q W_K^T is the same
+    matrix under either version (docs/tl4.md).
+    """
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from ..tasks.tokenizer import build_byte_tokenizer
+    from .backend import TL_VERSION
+    from .hf_config import UnsupportedConfigError
+
+    raw_cfg = _read_config(folder)
+    architecture = raw_cfg["architectures"][0]
+    pe = scheme_for_architecture(architecture)
+    if architecture.startswith("Bert"):
+        raise NotImplementedError(
+            "BERT encoders are not yet supported on TransformerLens 4 by posinterp "
+            "(docs/tl4.md, status); use TransformerLens 3.9 for all-MiniLM-L6-v2")
+    weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (folder / p).is_file()]
+    if not weights and not list(folder.glob("model*.safetensors")):
+        raise FileNotFoundError(
+            f"{folder} has no weights: expected model.safetensors or pytorch_model.bin")
+    hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    tl_overrides(architecture, hf_config, pe)  # the same refusals as under TL 3.9
+    has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+                 if has_tokenizer else build_byte_tokenizer())  # placeholder: boot needs one
+    with _offline():
+        try:
+            model = TransformerBridge.boot_transformers(str(folder), device="cpu", dtype=dtype,
+                                                        tokenizer=tokenizer)
+        except Exception as err:  # safetensors, torch and HF each raise their own types
+            raise ValueError(f"could not read the weights in {folder}: "
+                             f"{type(err).__name__}: {err}") from None
+    if not has_tokenizer:
+        model.tokenizer = None
+    done = _processing_done(processing, model.cfg.normalization_type,
+                            bool(getattr(model.cfg, "final_rms", False)))
+    model.eval()
+    before = _probe_log_probs(model)
+    model.enable_compatibility_mode(disable_warnings=True, no_processing=not any(processing.values()),
+                                    **processing)
+    model.eval()
+    # Folding and centering preserve log-probabilities exactly in exact arithmetic; TL 4.3's
+    # processing does not for some architectures (GPT-NeoX: 4e-3 nats on a 2-layer model),
+    # so every processed bridge is checked against itself before processing.
+    drift = float((_probe_log_probs(model) - before).abs().max())
+    if drift > PROCESSING_TOL:
+        flags = sorted(k for k, v in processing.items() if v)
+        raise UnsupportedConfigError(
+            f"TransformerLens {TL_VERSION}'s weight processing ({flags})"
+            f" changes {architecture}'s log-probabilities by {drift:.2e} nats (> {PROCESSING_TOL:g}); "
+            "load it with fold_ln=False, center_writing_weights=False, center_unembed=False, "
+            "fold_value_biases=False")
+    slopes = alibi_slopes(model.cfg.n_heads).tolist() if pe == "alibi" else None
+    return model, ModelInfo.from_model(
+        model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
+        alibi_slopes=slopes, rope_parameters=_rope_record(pe, hf_config), processing=done,
+        weights={"path": str(folder.resolve()), "files": weights})
+
+
+PROCESSING_TOL = 1e-4
+
+
+def _probe_log_probs(model):
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, model.cfg.d_vocab, (2, min(32, model.cfg.n_ctx)), generator=gen)
+    with torch.no_grad():
+        return model(toks).double().log_softmax(-1)
+
+
+@contextlib.contextmanager
+def _offline():
+    """HF_HUB_OFFLINE=1 for the duration: a local folder must never reach the hub."""
+    before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["HF_HUB_OFFLINE"]
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+
+
 def _load_local_hf(folder: Path, processing: dict, dtype):
+    from .backend import TL_MAJOR
+
+    if TL_MAJOR >= 4:
+        return _load_local_hf_bridge(folder, processing, dtype)
     import transformers
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens import loading_from_pretrained as tl_loading
@@ -197,6 +292,12 @@ def _load_bert(folder: Path, spec: str, processing: dict):
 
 
 def _load_hub(name: str, processing: dict, dtype, **kwargs):
+    from .backend import TL_MAJOR
+
+    if TL_MAJOR >= 4:
+        raise NotImplementedError(
+            f"hub names ({name!r}) are not yet loaded by posinterp on TransformerLens 4; download "
+            "the checkpoint and pass its local folder (docs/tl4.md)")
     import transformers
     from transformer_lens import HookedTransformer
 
@@ -222,7 +323,13 @@ def _load_hub(name: str, processing: dict, dtype, **kwargs):
 
 
 def _load_llama2c(path: Path, processing: dict):
-    from .llama2c import load_llama2c
+    from .backend import TL_MAJOR
+    from .llama2c import load_llama2c, read_llama2c
+
+    if TL_MAJOR >= 4:
+        read_llama2c(path)  # a missing or corrupt file is named first, as under TL 3.9
+        raise NotImplementedError(
+            "llama2.c files are not yet loaded by posinterp on TransformerLens 4 (docs/tl4.md)")
 
     model, extra = load_llama2c(path, **processing)
     done = _processing_done(processing, model.cfg.normalization_type, bool(model.cfg.final_rms))

@@ -27,7 +27,7 @@ from .positions import alibi_slopes, install_alibi
 
 __all__ = [
     "PE_SCHEMES", "PRESETS", "ToyModelConfig", "alibi_slopes", "build_model", "init_weights",
-    "preset",
+    "preset", "toy_state_dict",
 ]
 
 PE = Literal["nope", "absolute", "rotary", "alibi"]
@@ -158,14 +158,57 @@ def init_weights(model, mean: float = 0.0, std: float = 0.02, seed: int = 0) -> 
     identical weights everywhere else. docs/concepts.md ("Initialization ablation").
     """
     for name, p in model.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf.startswith("W_"):
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std + mean)
-        elif leaf == "w":  # LayerNorm / RMSNorm weight
-            p.fill_(1.0)
-        else:  # biases, including LayerNorm "b"
-            p.zero_()
+        p.copy_(_initial_value(name, tuple(p.shape), mean, std, seed))
+
+
+def _initial_value(name: str, shape: tuple[int, ...], mean: float, std: float, seed: int) -> torch.Tensor:
+    """The value :func:`init_weights` gives the TransformerLens 3.9 parameter ``name``."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf.startswith("W_"):
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std + mean
+    if leaf == "w":  # LayerNorm / RMSNorm weight
+        return torch.ones(shape)
+    return torch.zeros(shape)  # biases, including LayerNorm "b"
+
+
+def toy_parameter_shapes(config: ToyModelConfig) -> dict[str, tuple[int, ...]]:
+    """Names (TransformerLens 3.9 ``HookedTransformer`` convention) and shapes of the
+    parameters of the toy model for ``config``, NoPE's ``W_pos`` included (it is drawn,
+    then replaced by zeros, so that every other weight is the same for every scheme)."""
+    c = config
+    H, D, dh, V = c.n_heads, c.d_model, c.d_head, c.d_vocab
+    norm = {"LN": ("w", "b"), "RMS": ("w",), None: ()}[c.normalization]
+    shapes: dict[str, tuple[int, ...]] = {"embed.W_E": (V, D), "pos_embed.W_pos": (c.n_ctx, D)}
+    for layer in range(c.n_layers):
+        p = f"blocks.{layer}"
+        for ln in ("ln1",) if c.attn_only else ("ln1", "ln2"):
+            shapes.update({f"{p}.{ln}.{leaf}": (D,) for leaf in norm})
+        for w in ("W_Q", "W_K", "W_V"):
+            shapes[f"{p}.attn.{w}"] = (H, D, dh)
+            shapes[f"{p}.attn.b_{w[-1]}"] = (H, dh)
+        shapes[f"{p}.attn.W_O"] = (H, dh, D)
+        shapes[f"{p}.attn.b_O"] = (D,)
+        if not c.attn_only:
+            shapes.update({f"{p}.mlp.W_in": (D, c.d_mlp), f"{p}.mlp.b_in": (c.d_mlp,),
+                           f"{p}.mlp.W_out": (c.d_mlp, D), f"{p}.mlp.b_out": (D,)})
+    shapes.update({f"ln_final.{leaf}": (D,) for leaf in norm})
+    shapes.update({"unembed.W_U": (D, V), "unembed.b_U": (V,)})
+    return shapes
+
+
+def toy_state_dict(config: ToyModelConfig) -> dict[str, torch.Tensor]:
+    """The initial weights of the toy model for ``config``, keyed by TransformerLens 3.9
+    names, as :func:`init_weights` draws them (``W_pos`` zero for NoPE and ALiBi).
+
+    A pure function of the config: TransformerLens 4 models are built from it, so the
+    same config and seed give the same weights under either version (docs/tl4.md).
+    """
+    sd = {name: _initial_value(name, shape, config.init_mean, config.init_std, config.seed)
+          for name, shape in toy_parameter_shapes(config).items()}
+    if config.pe in ("nope", "alibi"):
+        sd["pos_embed.W_pos"] = torch.zeros_like(sd["pos_embed.W_pos"])
+    return sd
 
 
 def make_nope(model) -> None:
@@ -177,22 +220,33 @@ def make_nope(model) -> None:
 
 
 def build_model(config: ToyModelConfig, tokenizer=None):
-    """Build a ``HookedTransformer`` for ``config``, initialized from ``config.seed``.
+    """Build the toy model for ``config``, initialized from ``config.seed``.
+
+    With TransformerLens 3.9 a ``HookedTransformer``; with TransformerLens 4 a
+    ``TransformerBridge`` around a TL-native model carrying the same weights
+    (:func:`toy_state_dict`) and posinterp's attention (docs/tl4.md).
 
     Args:
         config: the architecture.
         tokenizer: a HF tokenizer; default: the local one named by ``config.tokenizer``.
 
     Returns:
-        transformer_lens.HookedTransformer with ``model.posinterp_config = config``.
+        the model, with ``model.posinterp_config = config``.
         Shapes follow TransformerLens: ``W_Q`` is ``[n_layers, n_heads, d_model, d_head]``.
 
     Raises:
         ValueError: from :class:`ToyModelConfig` validation.
     """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     from ..tasks.tokenizer import build_byte_tokenizer, build_tokenizer
+    from .backend import TL_MAJOR
+
+    if tokenizer is None and config.tokenizer is not None:
+        tokenizer = {"char": build_tokenizer, "byte": build_byte_tokenizer}[config.tokenizer]()
+    if TL_MAJOR >= 4:
+        from .native import build_native_toy
+
+        return build_native_toy(config, tokenizer)
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(
         n_layers=config.n_layers,
@@ -214,8 +268,6 @@ def build_model(config: ToyModelConfig, tokenizer=None):
         device="cpu",
         model_name=f"posinterp-toy-{config.pe}",
     )
-    if tokenizer is None and config.tokenizer is not None:
-        tokenizer = {"char": build_tokenizer, "byte": build_byte_tokenizer}[config.tokenizer]()
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
     init_weights(model, config.init_mean, config.init_std, config.seed)
     if config.pe in ("nope", "alibi"):

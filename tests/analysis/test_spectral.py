@@ -13,6 +13,7 @@ from posinterp.analysis.spectral import (
     spectral_measures,
 )
 from posinterp.models import ToyModelConfig, build_model
+from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
 from tests.helpers import gqa_model, tiny_model
 
 
@@ -104,7 +105,7 @@ def test_scores_predicted_from_m_offset_equal_model_scores(adjacent, rotary_dim)
         for j in range(i + 1):
             W_Q, W_K = qk_weights(model, 0, offset=j - i)
             M = W_Q @ W_K.mT  # [head, d_model, d_model]
-            pred = torch.einsum("d,hde,e->h", x[i], M, x[j]) / model.cfg.attn_scale
+            pred = torch.einsum("d,hde,e->h", x[i], M, x[j]) / attn_scale(model)
             torch.testing.assert_close(pred, scores[:, i, j], rtol=1e-4, atol=1e-5)
 
 

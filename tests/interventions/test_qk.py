@@ -12,6 +12,7 @@ from posinterp.interventions import (
     intervention_hooks,
     top_k_projector,
 )
+from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
 from tests.helpers import gqa_model, random_tokens, tiny_model
 
 PES = ["nope", "absolute", "rotary", "alibi"]
@@ -62,10 +63,10 @@ def test_top_k_keeps_conjugate_pairs_whole():
 
 def _scores_and_content(model, toks, layer=0):
     _, cache = model.run_with_cache(toks)
-    rot = model.cfg.positional_embedding_type == "rotary"
+    rot = positional_type(model) == "rotary"
     q = cache[f"blocks.{layer}.attn.hook_{'rot_' if rot else ''}q"].double()
     k = cache[f"blocks.{layer}.attn.hook_{'rot_' if rot else ''}k"].double()
-    content = torch.einsum("bihd,bjhd->bhij", q, k) / model.cfg.attn_scale
+    content = torch.einsum("bihd,bjhd->bhij", q, k) / attn_scale(model)
     return cache[f"blocks.{layer}.attn.hook_attn_scores"].double(), content
 
 
@@ -103,7 +104,7 @@ def test_offset_symmetric_rope_matches_weight_space():
             W_Q, W_K = qk_weights(model, 0, offset=j - i)
             M = W_Q @ W_K.mT
             sym = 0.5 * (M + M.mT)
-            want = torch.einsum("d,hde,e->h", x[i], sym, x[j]) / model.cfg.attn_scale
+            want = torch.einsum("d,hde,e->h", x[i], sym, x[j]) / attn_scale(model)
             torch.testing.assert_close(got[:, i, j], want, rtol=1e-4, atol=1e-5)
 
 
@@ -158,12 +159,11 @@ def test_bad_interventions():
 
 def test_grouped_query_symmetrization():
     model = gqa_model()
-    cfg = model.cfg
     toks = torch.randint(0, 10, (1, 6), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(toks)
     q = cache["blocks.0.attn.hook_rot_q"].double()
     k = torch.repeat_interleave(cache["blocks.0.attn.hook_rot_k"].double(), 2, dim=2)
-    c = torch.einsum("bihd,bjhd->bhij", q, k) / cfg.attn_scale
+    c = torch.einsum("bihd,bjhd->bhij", q, k) / attn_scale(model)
     got = _hooked_scores(model, toks, QKIntervention("symmetric", 0))
     lower = torch.ones(6, 6, dtype=torch.bool).tril()
     torch.testing.assert_close(got[..., lower], (0.5 * (c + c.mT))[..., lower], rtol=1e-5,
@@ -244,7 +244,7 @@ def test_symmetrized_alibi_keeps_the_bias_of_mask_positions():
     mask[1, 6:9] = 0
     _, cache = model.run_with_cache(toks, attention_mask=mask)
     q, k = cache["blocks.0.attn.hook_q"].double(), cache["blocks.0.attn.hook_k"].double()
-    content = torch.einsum("bihd,bjhd->bhij", q, k) / model.cfg.attn_scale
+    content = torch.einsum("bihd,bjhd->bhij", q, k) / attn_scale(model)
     pos = (mask.cumsum(-1) - 1).double()
     bias = alibi_slopes(6)[None, :, None, None] * (pos[:, None, None, :] - pos[:, None, :, None])
     want = 0.5 * (content + content.transpose(-1, -2)) + bias

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from posinterp.models import ARCHITECTURE_SCHEMES, load_model, scheme_for_architecture
+from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
 from tests.helpers import HF_VOCAB as VOCAB
 from tests.helpers import tiny_hf_configs
 
@@ -139,7 +140,7 @@ def test_hub_names_are_delegated_to_transformerlens(monkeypatch):
     toks = torch.randint(4, model.cfg.d_vocab, (1, 5))
     _, cache = model.run_with_cache(toks)
     q, k = cache["blocks.0.attn.hook_q"][0], cache["blocks.0.attn.hook_k"][0]
-    content = torch.einsum("ihd,jhd->hij", q, k) / model.cfg.attn_scale
+    content = torch.einsum("ihd,jhd->hij", q, k) / attn_scale(model)
     pos = torch.arange(5)
     bias = torch.tensor(info.alibi_slopes)[:, None, None] * (pos[None, :] - pos[:, None])
     scores = cache["blocks.0.attn.hook_attn_scores"][0]

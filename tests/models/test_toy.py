@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from posinterp.models import PRESETS, ToyModelConfig, alibi_slopes, build_model, preset
+from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
 from posinterp.tasks import CHAR_VOCAB
 from tests.helpers import random_tokens, tiny_model
 
@@ -99,7 +100,7 @@ def _alibi_scores_check(model, toks, mask=None):
     mask = torch.ones_like(toks) if mask is None else mask
     for b in range(toks.shape[0]):
         q, k = cache["blocks.0.attn.hook_q"][b], cache["blocks.0.attn.hook_k"][b]  # [pos, head, d]
-        content = torch.einsum("ihd,jhd->hij", q, k) / model.cfg.attn_scale
+        content = torch.einsum("ihd,jhd->hij", q, k) / attn_scale(model)
         pos = mask[b].cumsum(0) - 1
         slopes = alibi_slopes(model.cfg.n_heads)[:, None, None].float()
         bias = slopes * (pos[None, :] - pos[:, None]).float()

@@ -1,0 +1,222 @@
+"""Toy models on TransformerLens 4: a ``TransformerBridge`` around a TL-native model.
+
+TL 4.3's native model (``model_bridge/sources/native``) has no ALiBi, fires
+``hook_attn_scores`` with the post-softmax pattern (edits discarded), never fires
+``hook_rot_q``/``hook_rot_k``, rotates adjacent pairs, and has no unembedding bias
+(docs/tl4.md). posinterp's toy models therefore swap in :class:`PosinterpAttention`, a
+``NativeAttention`` whose forward computes what TL 3.9's ``HookedTransformer`` computes
+for the same weights:
+
+* RoPE on split halves (p, p + d_head/2) with TL 3.9's cos/sin tables, then
+  ``hook_rot_q``/``hook_rot_k`` (``[batch, pos, head, d_head]``);
+* scores q·k / sqrt(d_head), plus ALiBi ``m_h (pos_j - pos_i)`` with the paper's
+  slopes and positions from the attention mask (:func:`.positions.alibi_bias`), masked
+  with ``-inf``, then ``hook_attn_scores`` — pre-softmax, edits take effect;
+* softmax, ``hook_pattern`` (through the bridge's ``pattern_fn`` seam), values, W_O.
+
+The weights are :func:`.toy.toy_state_dict`'s, so a config and seed give the same
+function on either TL version. NoPE keeps TL-native's position table at zero and
+frozen.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .positions import alibi_bias, alibi_slopes
+
+__all__ = ["PosinterpAttention", "build_native_toy", "load_tl_state_dict"]
+
+
+def _tl39_rotary_tables(rotary_dim: int, n_ctx: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[n_ctx, rotary_dim]`` exactly as TL 3.9's ``calculate_sin_cos_rotary``
+    (float32, split-half layout, no scaling)."""
+    pos = torch.arange(n_ctx, dtype=torch.float32)
+    dim = torch.arange(rotary_dim // 2, dtype=torch.float32)
+    freq = base ** (dim / (rotary_dim / 2))
+    freq = torch.cat([freq, freq])  # einops "d -> (2 d)"
+    angles = pos[:, None] / freq[None, :]
+    return torch.cos(angles), torch.sin(angles)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[-1] // 2
+    return torch.cat([-x[..., n:], x[..., :n]], dim=-1)
+
+
+def _fire(hook_point, x: torch.Tensor) -> torch.Tensor:
+    """Run a bridge HookPoint on ``x`` ``[batch, pos, head, d]``; a HookPoint with a
+    rotary conversion expects HF's ``[batch, head, pos, d]``."""
+    if getattr(hook_point, "hook_conversion", None) is None:
+        return hook_point(x)
+    return hook_point(x.transpose(1, 2)).transpose(1, 2)
+
+
+class PosinterpAttention(nn.Module):
+    """Mixin body for ``NativeAttention`` (see the module docstring); the class is made
+    by :func:`_attention_class` so that importing this module does not import TL 4."""
+
+    posinterp_attention = True
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, pattern_fn=None,
+                **kwargs):
+        b, n, _ = hidden_states.shape
+        H, Hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
+        hooks = self.posinterp_hooks  # the AttentionBridge wrapping this module
+        q = self.q(hidden_states).reshape(b, n, H, dh)
+        k = self.k(hidden_states).reshape(b, n, Hkv, dh)
+        v = self.v(hidden_states).reshape(b, n, Hkv, dh)
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError("posinterp toy models take a [batch, pos] 0/1 attention_mask, got "
+                             f"shape {tuple(attention_mask.shape)}")
+        if self.posinterp_rotary_dim:
+            pos = (torch.arange(n, device=q.device)[None].expand(b, n) if position_ids is None
+                   else position_ids.to(q.device).clamp(min=0))
+            rd = self.posinterp_rotary_dim
+            cos, sin = self.posinterp_cos[pos][:, :, None], self.posinterp_sin[pos][:, :, None]
+
+            def rope(x):
+                x_rot, x_pass = x[..., :rd], x[..., rd:]
+                return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
+
+            q = _fire(hooks.hook_rot_q, rope(q))
+            k = _fire(hooks.hook_rot_k, rope(k))
+        if Hkv != H:
+            k = k.repeat_interleave(H // Hkv, dim=2)
+            v = v.repeat_interleave(H // Hkv, dim=2)
+        scores = torch.einsum("bihd,bjhd->bhij", q, k) / self.scale
+        if self.posinterp_alibi_slopes is not None:
+            bias = alibi_bias(self.posinterp_alibi_slopes.to(scores.device), n, n, attention_mask)
+            self.posinterp_alibi = bias  # read back by positions.alibi_bias_of (symmetrization)
+            scores = scores + bias.to(scores.dtype)
+        blocked = self.causal_mask[:n, :n][None, None]
+        if attention_mask is not None:
+            blocked = blocked | ~attention_mask.bool()[:, None, None, :]
+        scores = hooks.hook_attn_scores(scores.masked_fill(blocked, float("-inf")))
+        pattern = F.softmax(scores, dim=-1)
+        pattern = torch.where(torch.isnan(pattern), torch.zeros_like(pattern), pattern)
+        if pattern_fn is not None:
+            pattern = pattern_fn(pattern)
+        z = torch.einsum("bhij,bjhd->bihd", pattern, v).reshape(b, n, H * dh)
+        # No second output: the bridge would fire hook_attn_scores again with the pattern.
+        return self.o(z), None
+
+
+_CLASS = None
+
+
+def _attention_class():
+    global _CLASS
+    if _CLASS is None:
+        from transformer_lens.model_bridge.sources.native.model import NativeAttention
+
+        _CLASS = type("PosinterpAttention", (PosinterpAttention, NativeAttention), {})
+    return _CLASS
+
+
+def _native_config(config):
+    from transformer_lens import TransformerBridgeConfig
+
+    return TransformerBridgeConfig(
+        n_layers=config.n_layers, d_model=config.d_model, n_heads=config.n_heads,
+        d_head=config.d_head, d_mlp=None if config.attn_only else config.d_mlp,
+        n_ctx=config.n_ctx, d_vocab=config.d_vocab, act_fn=config.act_fn,
+        attn_only=config.attn_only, normalization_type=config.normalization,
+        # ALiBi and NoPE run on the "standard" layout (position table zero); "rotary" drops
+        # the table and makes the bridge create hook_rot_q/k, which posinterp's RoPE fires.
+        positional_embedding_type="rotary" if config.pe == "rotary" else "standard",
+        init_weights=False, seed=config.seed,
+        device="cpu", model_name=f"posinterp-toy-{config.pe}")
+
+
+@torch.no_grad()
+def load_tl_state_dict(native_model, sd: dict[str, torch.Tensor], n_layers: int) -> None:
+    """Copy TL 3.9-named weights (``blocks.{l}.attn.W_Q`` ``[head, d_model, d_head]``, ...)
+    into a TL-native model's ``nn.Linear``/``nn.Embedding`` modules.
+
+    Raises:
+        KeyError: a TL-native parameter with no TL 3.9 counterpart in ``sd``.
+    """
+    def flat_in(W):  # [head, d_model, d_head] -> nn.Linear weight [head * d_head, d_model]
+        return W.permute(0, 2, 1).reshape(-1, W.shape[1])
+
+    targets = {"tok_embed.weight": sd["embed.W_E"], "head.weight": sd["unembed.W_U"].T,
+               "head.bias": sd["unembed.b_U"]}
+    if native_model.pos is not None:
+        targets["pos.weight"] = sd["pos_embed.W_pos"]
+    for leaf, tl in (("weight", "w"), ("bias", "b")):
+        if f"ln_final.{tl}" in sd:
+            targets[f"ln_out.{leaf}"] = sd[f"ln_final.{tl}"]
+    for layer in range(n_layers):
+        p, t = f"layers.{layer}", f"blocks.{layer}"
+        for x in "QKV":
+            targets[f"{p}.attn.{x.lower()}.weight"] = flat_in(sd[f"{t}.attn.W_{x}"])
+            targets[f"{p}.attn.{x.lower()}.bias"] = sd[f"{t}.attn.b_{x}"].reshape(-1)
+        W_O = sd[f"{t}.attn.W_O"]
+        targets[f"{p}.attn.o.weight"] = W_O.reshape(-1, W_O.shape[-1]).T
+        targets[f"{p}.attn.o.bias"] = sd[f"{t}.attn.b_O"]
+        for ln in ("ln1", "ln2"):
+            for leaf, tl in (("weight", "w"), ("bias", "b")):
+                if f"{t}.{ln}.{tl}" in sd:
+                    targets[f"{p}.{ln}.{leaf}"] = sd[f"{t}.{ln}.{tl}"]
+        if f"{t}.mlp.W_in" in sd:
+            targets.update({f"{p}.mlp.fc_in.weight": sd[f"{t}.mlp.W_in"].T,
+                            f"{p}.mlp.fc_in.bias": sd[f"{t}.mlp.b_in"],
+                            f"{p}.mlp.fc_out.weight": sd[f"{t}.mlp.W_out"].T,
+                            f"{p}.mlp.fc_out.bias": sd[f"{t}.mlp.b_out"]})
+    params = dict(native_model.named_parameters())
+    missing = sorted(set(params) - set(targets))
+    if missing:
+        raise KeyError(f"no TransformerLens 3.9 weight for native parameters {missing}")
+    for name, value in targets.items():
+        params[name].copy_(value.reshape(params[name].shape))
+
+
+def build_native_toy(config, tokenizer=None):
+    """The toy model for ``config`` as a TL 4 ``TransformerBridge`` (module docstring).
+
+    Returns:
+        the bridge, in eval mode, with ``model.posinterp_config = config``.
+    """
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+    from transformer_lens.model_bridge.sources.native.model import NativeModel
+
+    from .toy import toy_state_dict
+
+    cfg = _native_config(config)
+    native = NativeModel(cfg)
+    # TL 3.9's unembedding has a bias; TL-native's has none.
+    native.head = nn.Linear(config.d_model, config.d_vocab, bias=True)
+    cls = _attention_class()
+    cos = sin = inv = None
+    if config.pe == "rotary":
+        cos, sin = _tl39_rotary_tables(config.d_head, config.n_ctx, config.rotary_base)
+        half = config.d_head // 2
+        inv = 1.0 / float(config.rotary_base) ** (torch.arange(half, dtype=torch.float64) / half)
+    slopes = alibi_slopes(config.n_heads) if config.pe == "alibi" else None
+    for block in native.layers:
+        attn = block.attn
+        attn.__class__ = cls
+        attn.posinterp_rotary_dim = config.d_head if config.pe == "rotary" else 0
+        attn.register_buffer("posinterp_cos", cos, persistent=False)
+        attn.register_buffer("posinterp_sin", sin, persistent=False)
+        attn.posinterp_inv_freq = inv
+        attn.posinterp_alibi_slopes = slopes
+    load_tl_state_dict(native, toy_state_dict(config), config.n_layers)
+    if native.pos is not None and config.pe != "absolute":
+        # NoPE/ALiBi: no learned positions; zero and frozen, so no optimizer moves it.
+        native.pos.weight.requires_grad_(False)
+    # TL 4 "configures" a tokenizer it is given, adding a BOS token (id d_vocab, outside the
+    # vocabulary, and growing d_vocab) to the byte tokenizer: attach ours afterwards, as is.
+    bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
+                                      tokenizer=None, model_name=cfg.model_name)
+    bridge.tokenizer = tokenizer
+    for layer in range(config.n_layers):
+        hooks = bridge.blocks[layer].attn
+        # A plain attribute would register the bridge as a submodule of its own child.
+        object.__setattr__(hooks.original_component, "posinterp_hooks", hooks)
+    bridge.posinterp_config = config
+    bridge.eval()
+    return bridge

@@ -1,0 +1,114 @@
+"""The model surface on either TransformerLens version (posinterp.models.backend, docs/tl4.md).
+
+Each test checks a property that must hold on TL 3.9 and TL 4 alike, or, marked, a TL 4
+refusal. Cross-version equality of the numbers is benchmarks/tl_parity.py's job (two
+processes); here the references are independent: the pure weight generator, HF's own
+weights, and the softmax of the scores.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from posinterp.interventions import QKIntervention, intervention_hooks
+from posinterp.models import backend
+from posinterp.models.toy import toy_state_dict
+from tests.helpers import parity_cases, random_tokens, save_tiny_checkpoint, tiny_hf_configs, tiny_model
+
+PES = ("nope", "absolute", "rotary", "alibi")
+tl4_only = pytest.mark.skipif(backend.TL_MAJOR < 4, reason="a TransformerLens 4 behaviour")
+
+
+@pytest.mark.parametrize("pe", PES)
+def test_toy_weights_are_the_pure_generator_s(pe):
+    model = tiny_model(pe)
+    sd = toy_state_dict(model.posinterp_config)
+    for layer in range(model.cfg.n_layers):
+        w = backend.attention_weights(model, layer)
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q"):
+            assert torch.equal(w[name], sd[f"blocks.{layer}.attn.{name}"].double()), name
+    assert torch.equal(model.W_E, sd["embed.W_E"])
+    assert torch.equal(model.W_U, sd["unembed.W_U"])
+
+
+@pytest.mark.parametrize("pe", PES)
+def test_scores_hook_is_pre_softmax_and_edits_take_effect(pe):
+    model = tiny_model(pe)
+    toks = random_tokens(model, 2, 9, seed=1)
+    name = backend.scores_hook(model, 0)
+    logits, cache = model.run_with_cache(toks)
+    scores, pattern = cache[name], cache["blocks.0.attn.hook_pattern"]
+    torch.testing.assert_close(scores.softmax(-1), pattern)
+    assert torch.isneginf(scores[..., ~torch.ones(9, 9, dtype=torch.bool).tril()]).all()
+    edited = model.run_with_hooks(toks, fwd_hooks=[(name, lambda s, hook: s * 3.0)])
+    assert not torch.allclose(edited, logits)
+
+
+def test_rotated_q_and_k_hooks_fire_for_rope_toys():
+    model = tiny_model("rotary")
+    toks = random_tokens(model, 1, 7, seed=2)
+    q_name, k_name = backend.rotated_qk_hooks(model, 0)
+    _, cache = model.run_with_cache(toks)
+    q, q_rot = cache["blocks.0.attn.hook_q"], cache[q_name]
+    assert q_rot.shape == q.shape
+    torch.testing.assert_close(q_rot[:, 0], q[:, 0])  # position 0 is not rotated
+    assert not torch.allclose(q_rot[:, 1:], q[:, 1:])
+    # RoPE rotates, so it keeps each head's norm at every position.
+    torch.testing.assert_close(q_rot.norm(dim=-1), q.norm(dim=-1))
+    assert cache[k_name].shape == cache["blocks.0.attn.hook_k"].shape
+
+
+def test_alibi_toy_reports_its_scheme():
+    model = tiny_model("alibi")
+    assert backend.positional_type(model) == "alibi"
+    assert backend.attn_scale(model) == pytest.approx(model.cfg.d_head ** 0.5)
+
+
+def test_grouped_query_keys_expand_as_hf_shares_them(tmp_path):
+    save_tiny_checkpoint("LlamaForCausalLM", tiny_hf_configs()["llama-gqa"], tmp_path / "ck")
+    import posinterp as pi
+
+    model, info = pi.load_model(tmp_path / "ck", fold_ln=False, center_writing_weights=False,
+                                center_unembed=False, fold_value_biases=False)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ck"), local_files_only=True)
+    H, kv, dh = info.n_heads, info.n_kv_heads, info.d_head
+    assert kv < H
+    w = backend.attention_weights(model, 0)
+    k_proj = hf.model.layers[0].self_attn.k_proj.weight.detach().double()  # [kv * dh, d_model]
+    for h in range(H):
+        g = h // (H // kv)
+        torch.testing.assert_close(w["W_K"][h], k_proj[g * dh:(g + 1) * dh].T)
+
+
+@tl4_only
+def test_raw_native_models_refuse_what_their_hooks_cannot_give():
+    from transformer_lens import TransformerBridgeConfig
+    from transformer_lens.model_bridge.sources.native import boot
+
+    model = boot(TransformerBridgeConfig(n_layers=1, d_model=16, n_heads=2, d_head=8, n_ctx=8,
+                                         d_vocab=11, positional_embedding_type="rotary", seed=0))
+    with pytest.raises(backend.MissingFeatureError, match="post-softmax pattern"):
+        backend.scores_hook(model, 0)
+    with pytest.raises(backend.MissingFeatureError, match="hook_rot_q"):
+        backend.rotated_qk_hooks(model, 0)
+    with pytest.raises(backend.MissingFeatureError, match="pre-softmax"):
+        intervention_hooks(model, QKIntervention("symmetric", 0))
+    # Its RoPE pairs adjacent dims, whatever its config says.
+    assert backend.rotary_spec(model).adjacent_pairs and not model.cfg.rotary_adjacent_pairs
+
+
+@tl4_only
+def test_weight_processing_that_changes_outputs_is_refused(tmp_path):
+    import posinterp as pi
+    from posinterp.models.hf_config import UnsupportedConfigError
+    from posinterp.models.parity import hf_parity
+
+    arch, make, _ = parity_cases()["neox"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "neox")
+    with pytest.raises(UnsupportedConfigError, match="weight processing"):
+        pi.load_model(tmp_path / "neox")
+    off = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
+               fold_value_biases=False)
+    assert hf_parity(tmp_path / "neox", lengths=(8, 32), **off).value.max() <= 1e-5
