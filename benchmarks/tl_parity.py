@@ -84,6 +84,7 @@ def _numbers(model) -> dict[str, list[float]]:
 
 def dump(path: Path, ck: Path) -> None:
     import transformer_lens  # noqa: F401
+
     from posinterp.models.backend import TL_VERSION
 
     torch.set_num_threads(1)

@@ -133,6 +133,11 @@ def test_mistyped_local_path_is_short(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError) as err:
         load_model("ck2/tiny-gpt3")
     assert str(err.value) == "no such folder or file: ck2/tiny-gpt3"
+
+
+def test_unknown_hub_name_is_short():
+    from posinterp import load_model
+
     with pytest.raises(FileNotFoundError, match="no such folder or file: elsewhere/tiny-gpt3") as err:
         load_model("elsewhere/tiny-gpt3")  # not local, and not a name TL knows
     assert len(str(err.value)) < 400
@@ -296,14 +301,12 @@ def test_fingerprint_summary_reads_an_untestable_design():
 
 
 def test_eigenvalue_planes_wrap_twelve_heads_and_have_a_colour_bar():
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     from posinterp.analysis import head_table, qk_spectrum
+    from posinterp.models import ToyModelConfig, build_model
     from posinterp.viz import eigenvalue_planes
 
-    cfg = HookedTransformerConfig(n_layers=2, d_model=48, n_heads=12, d_head=4, n_ctx=16,
-                                  d_vocab=20, act_fn="gelu", attn_only=True, seed=0)
-    model = HookedTransformer(cfg)
+    model = build_model(ToyModelConfig(n_layers=2, d_model=48, n_heads=12, d_head=4, n_ctx=16,
+                                       tokenizer=None, d_vocab=20, attn_only=True))
     fig = eigenvalue_planes(qk_spectrum(model), head_table(model, n_sequences=2, n_tokens=8, n_null=20))
     panels = [ax for ax in fig.axes if ax.get_title().startswith("L")]
     assert len(panels) == 24

@@ -435,6 +435,10 @@ def _check_hub_name(name: str) -> None:
         FileNotFoundError: if ``name`` is neither a local path nor one of TransformerLens's
             official model names, or the hub cannot be reached and nothing is cached.
     """
+    from .backend import TL_MAJOR
+
+    if TL_MAJOR >= 4:  # no hub loading on TL 4 yet: _load_hub says so by name
+        return
     from transformer_lens import loading_from_pretrained as tl_loading
 
     try:

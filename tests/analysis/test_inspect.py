@@ -204,11 +204,10 @@ def test_page_is_offline_and_escapes_token_text():
 
 
 def test_twelve_heads_per_layer():
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from posinterp.models import ToyModelConfig, build_model
 
-    cfg = HookedTransformerConfig(n_layers=1, d_model=48, n_heads=12, d_head=4, n_ctx=16, d_vocab=20,
-                                  act_fn="gelu", attn_only=True, seed=0)
-    model = HookedTransformer(cfg)
+    model = build_model(ToyModelConfig(n_layers=1, d_model=48, n_heads=12, d_head=4, n_ctx=16,
+                                       tokenizer=None, d_vocab=20, attn_only=True))
     res = inspect_heads(model, torch.randint(0, 20, (2, 10), generator=torch.Generator().manual_seed(0)))
     wide = head_wide(res.table)
     assert len(wide) == 12 and list(wide["head"]) == list(range(12))
