@@ -1,9 +1,9 @@
 """Causal interventions on QK circuits: spectral-channel ablation and symmetrization."""
 
-from .channels import CHANNELS, channel_projectors, top_k_projector
+from .channels import CHANNELS, channel_decomposition, channel_projectors, top_k_projector
 from .qk import KINDS, QKIntervention, intervene, intervention_hooks
 
-__all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_projectors", "intervene",
+__all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_decomposition", "channel_projectors", "intervene",
            "intervention_hooks", "top_k_projector"]
 
 from .constraints import CONSTRAINTS, TiedKey, constrain_qk, effective_x  # noqa: E402

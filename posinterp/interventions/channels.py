@@ -8,6 +8,12 @@ real (pairs are kept together), Π_c B = B Π_c, Π_c^2 = Π_c and Σ_c Π_c = I
 The channel's part of the circuit is M_c = W_Q Π_c W_K^T, whose content score is
 q_i Π_c k_j^T, so removing c scores with q_i (I - Π_c) k_j^T and keeps every shape.
 
+The null channel is not empty content: where B is singular, M_null = W_Q Π_null W_K^T
+can be nonzero (nilpotent: W_Q = [e1, e2], W_K = [e1, e3] give M = e1 e1^T + e2 e3^T,
+B = diag(1, 0) and M_null = e2 e3^T, with eigenvalues 0 yet a score). So
+:func:`channel_decomposition` reports its Frobenius norm next to the channels', and
+removing "every channel" must remove it too (``remove_all`` does).
+
 Projectors come from a sorted real Schur form (``scipy.linalg.schur``) and a Sylvester
 equation (``scipy.linalg.solve_sylvester``) that decouples the selected block, which
 stays stable where an eigenvector basis would be ill-conditioned.
@@ -21,7 +27,8 @@ from jaxtyping import Float
 from scipy import linalg
 from torch import Tensor
 
-__all__ = ["CHANNELS", "channel_of", "channel_projectors", "top_k_projector"]
+__all__ = ["CHANNELS", "channel_decomposition", "channel_of", "channel_projectors",
+           "top_k_projector"]
 
 CHANNELS = ("positive_real", "negative_real", "complex")
 
@@ -96,3 +103,35 @@ def top_k_projector(B: Float[Tensor, "d_head d_head"], k: int) -> Float[Tensor, 
         return torch.eye(len(mods), dtype=torch.float64)
     threshold = mods[k - 1] * (1 - 1e-9)  # conjugate partners share |λ|: both pass
     return torch.from_numpy(_projector(b, lambda re, im: np.hypot(re, im) >= threshold))
+
+
+def channel_decomposition(W_Q: Float[Tensor, "d_model d_head"], W_K: Float[Tensor, "d_model d_head"],
+                          eps: float = 1e-8, null_tol: float = 1e-10) -> dict[str, float]:
+    """Frobenius norms ||M_c||_F of M = W_Q W_K^T split by B's channels, null included.
+
+    M_c = W_Q Π_c W_K^T for c in :data:`CHANNELS` and ``null`` (the null-space
+    remainder: content that no eigenvalue carries, e.g. a nilpotent part). The M_c sum
+    to M exactly; their norms do not add (the parts need not be orthogonal). Computed
+    without a d_model x d_model matrix: ||W_Q P W_K^T||_F^2 = tr(P^T Q P K) with
+    Q = W_Q^T W_Q and K = W_K^T W_K. Units: those of M (score units times attn_scale).
+
+    Returns:
+        ``{"positive_real", "negative_real", "complex", "null", "total"}`` -> float,
+        ``total`` being ||M||_F.
+
+    Raises:
+        ValueError: if W_Q and W_K are not both ``[d_model, d_head]``.
+
+    Source: DESIGN.md section 2, "Spectral channels of a head" (the null channel belongs
+    to no channel, so the Π_c sum to I minus the null projector).
+    """
+    if W_Q.ndim != 2 or W_Q.shape != W_K.shape:
+        raise ValueError(f"W_Q and W_K must both be [d_model, d_head], got {tuple(W_Q.shape)} "
+                         f"and {tuple(W_K.shape)}")
+    q, k = W_Q.detach().double().cpu(), W_K.detach().double().cpu()
+    Q, K = q.T @ q, k.T @ k
+    P = channel_projectors(k.T @ q, eps, null_tol)
+    out = {c: float(torch.sqrt(torch.clamp(torch.trace(p.T @ Q @ p @ K), min=0.0)))
+           for c, p in P.items()}
+    out["total"] = float(torch.sqrt(torch.clamp((Q * K).sum(), min=0.0)))
+    return out
