@@ -18,7 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from .heads import previous_token_scores, random_tokens
-from .spectral import MEASURES, ginibre_null, null_percentiles, spectral_measures
+from .spectral import MEASURES, NULL_HEADS, ginibre_null, null_percentiles, spectral_measures
 
 __all__ = ["fingerprint_table", "fingerprint_test", "head_dynamics", "head_table", "scheme_group"]
 
@@ -29,7 +29,7 @@ def _has_bos(model) -> bool:
 
 
 def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 0,
-               k_e: int | None = None, n_null: int = 1000, null_std: float = 0.02) -> pd.DataFrame:
+               k_e: int | None = None, n_null: int = NULL_HEADS, null_std: float = 0.02) -> pd.DataFrame:
     """One row per head: previous-token score, rotational measures, null percentiles.
 
     The previous-token score is measured on ``n_sequences`` uniform random token
@@ -40,7 +40,9 @@ def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 
 
     Returns:
         Wide DataFrame: ``layer, head, previous_token_score``, the measures,
-        ``<measure>_null_percentile`` (0-100), and ``offset``.
+        ``<measure>_null_percentile`` (0-100) with ``<measure>_null_percentile_se`` (its
+        Monte Carlo standard error, percentile points; <= 1 with the default
+        ``n_null``), and ``offset``.
 
     Raises:
         ValueError: as :func:`~posinterp.analysis.spectral_measures`.

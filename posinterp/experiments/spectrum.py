@@ -96,7 +96,7 @@ def _report(specs, heads, spectra, table, tests, dyn_df, infos, measure) -> Repo
         rep.heading(f"{spec} ({info['pe']}, {'causal' if info['causal'] else 'bidirectional'})")
         top = heads[spec].sort_values("previous_token_score", ascending=False).head(5)
         rep.table(top[["layer", "head", "previous_token_score", "rotational_mass", "phase",
-                       "antisymmetric_energy", "rotational_mass_null_percentile"]])
+                       "antisymmetric_energy", "rotational_mass_null_percentile", "rotational_mass_null_percentile_se"]])
         first = spec_df[spec_df.offset.isna() | (spec_df.offset == 0)]
         rep.figure(eigenvalue_planes(first, heads[spec], title=spec), f"{spec} eigenvalues")
     if dyn_df is not None:

@@ -149,10 +149,26 @@ def test_null_calibration_at_init_with_128_heads():
     meas = spectral_measures(model)
     null = ginibre_null(64, 16, n_heads=2000, std=cfg.init_std, seed=3)
     pct = null_percentiles(meas, null)
+    pct = pct[~pct.metric.str.endswith("_se")]
     for metric, g in pct.groupby("metric"):
         assert len(g) == 128
         inside = g.value.between(2.5, 97.5).mean()
         assert inside >= 0.9, (metric, inside)
+
+
+def test_null_percentile_se_matches_the_spread_over_null_seeds():
+    model = tiny_model("nope")
+    meas = spectral_measures(model, layers=[0], heads=[0])
+    pcts, ses = [], []
+    for seed in range(40):
+        null = ginibre_null(32, 8, n_heads=200, seed=seed)
+        out = null_percentiles(meas, null).set_index("metric").value
+        pcts.append(out["rotational_mass_null_percentile"])
+        ses.append(out["rotational_mass_null_percentile_se"])
+    ratio = np.std(pcts, ddof=1) / np.mean(ses)
+    assert 0.7 < ratio < 1.4, ratio  # the binomial SE is the seed-to-seed spread
+    big = null_percentiles(meas, ginibre_null(32, 8, seed=0))  # default size
+    assert big[big.metric.str.endswith("_se")].value.max() <= 1.0
 
 
 def test_measures_table_is_tidy():
