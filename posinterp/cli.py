@@ -63,12 +63,18 @@ def _spectrum(args: argparse.Namespace) -> int:
 
     from .experiments.spectrum import run_spectrum
 
+    if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
+        raise ValueError(f"--min-prev-score must be in [0, 1], got {args.min_prev_score}")
+    extra = {} if args.min_prev_score is None else {"min_prev_score": args.min_prev_score}
     res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, units=args.units, markdown=args.markdown,
+                       command=" ".join(["posinterp", *args.argv]), **extra)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         if len(res.tests):
             print(res.tests.drop(columns="note").to_string(index=False))
             print(res.tests.note.iloc[0])
+        else:
+            print(res.tests.attrs.get("note", "no test"))
     print(f"report: {res.report_path.resolve()}")
     return 0
 
@@ -98,9 +104,16 @@ def _experiment(args: argparse.Namespace) -> int:
             if value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
             grid = dataclasses.replace(grid, **{name: value})
-    summary = run_qk_constraints(grid, args.out, progress=not args.no_progress)
+    command = " ".join(["posinterp", *args.argv])
+    summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
+                                 markdown=args.markdown, command=command)
     with pd.option_context("display.width", 220, "display.max_columns", 20):
         print(summary.to_string(index=False))
+    import json
+
+    run = json.loads((Path(args.out) / "run.json").read_text())
+    print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
+          f"target {grid.target}")
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
 
@@ -148,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", default="posinterp-spectrum")
     sp.add_argument("--top-k", type=int, default=5, help="K: top-k previous-token heads")
     sp.add_argument("--dynamics", action="store_true", help="also analyse zoo snapshots")
+    sp.add_argument("--units", choices=["family", "model"], default="family",
+                    help="independent units of the test: 'family' (default) pools zoo seeds "
+                    "of one scheme into one unit; 'model' counts each seed")
+    sp.add_argument("--min-prev-score", type=float, default=None,
+                    help="a model whose best previous-token score is below this has no "
+                    "previous-token head and is left out of the test (default 0.3)")
+    sp.add_argument("--markdown", default=None, metavar="PATH",
+                    help="also write the reproduction page (tables from this run's outputs)")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(func=_spectrum)
 
@@ -168,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="processes sharing the cells, one torch thread each (default 2)")
     ex.add_argument("--out", default="posinterp-qk-constraints",
                     help="output folder (default posinterp-qk-constraints)")
+    ex.add_argument("--markdown", default=None, metavar="PATH",
+                    help="also write the reproduction page (tables from this run's outputs)")
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(func=_experiment)
     return p
@@ -175,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posinterp`` command; returns the exit status (2 on bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command line, recorded with results
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

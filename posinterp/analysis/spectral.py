@@ -39,7 +39,8 @@ from torch import Tensor
 from .._validate import check_indices, is_int
 
 __all__ = [
-    "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm", "effective_weights",
+    "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm", "channel_masses",
+    "effective_weights",
     "eigenvalues", "ginibre_null", "null_percentiles", "qk_convention", "qk_spectrum",
     "model_rotary_matrix", "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
 ]
@@ -127,6 +128,25 @@ def rotational_measures(lam: Complex[Tensor, "... n"], k_e: int | None = None,
     phase = torch.where(total > 0, (w * torch.sin(lam.angle()).abs()).sum(-1) / safe, zero)
     pairs = ((is_complex & keep).sum(-1) / 2).floor()
     return {"rotational_mass": rot, "phase": phase, "n_complex_pairs": pairs}
+
+
+def channel_masses(lam: Complex[Tensor, "... n"], eps: float = DEFAULT_EPS) -> dict[str, Tensor]:
+    """Share of the spectral mass Σ|λ| in each channel: positive-real, negative-real, complex.
+
+    λ is complex when |Im λ| > eps · max|λ| (as :func:`rotational_measures`; ``complex``
+    equals its rotational mass with all eigenvalues). The three shares sum to 1, or are
+    all 0 for an all-zero spectrum. Source: DESIGN.md section 2 ("Spectral channels").
+    """
+    lam = lam.to(torch.complex128)
+    mod = lam.abs()
+    top = mod.amax(-1, keepdim=True)
+    is_complex = lam.imag.abs() > eps * top
+    total = mod.sum(-1)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    parts = {"positive_real": ~is_complex & (lam.real > 0), "negative_real": ~is_complex & (lam.real < 0),
+             "complex": is_complex}
+    return {c: torch.where(total > 0, (mod * m).sum(-1) / safe, torch.zeros_like(total))
+            for c, m in parts.items()}
 
 
 def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float = 10000.0,

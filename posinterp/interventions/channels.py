@@ -27,8 +27,8 @@ from jaxtyping import Float
 from scipy import linalg
 from torch import Tensor
 
-__all__ = ["CHANNELS", "channel_decomposition", "channel_of", "channel_projectors",
-           "top_k_projector"]
+__all__ = ["CHANNELS", "channel_decomposition", "channel_of", "channel_projector",
+           "channel_projectors", "top_k_projector"]
 
 CHANNELS = ("positive_real", "negative_real", "complex")
 
@@ -61,6 +61,21 @@ def _projector(B: np.ndarray, select) -> np.ndarray:
     return Z @ P @ Z.T
 
 
+def channel_projector(B: np.ndarray, channel: str, eps: float = 1e-8, null_tol: float = 1e-10
+                      ) -> np.ndarray:
+    """Π_c of one channel of a float64 numpy B (``[d_head, d_head]``); 0 if B = 0.
+
+    Raises:
+        ValueError: for a ``channel`` not in :data:`CHANNELS` or ``null``.
+    """
+    if channel not in (*CHANNELS, "null"):
+        raise ValueError(f"channel must be one of {(*CHANNELS, 'null')}, got {channel!r}")
+    scale = float(np.abs(np.linalg.eigvals(B)).max()) if B.size else 0.0
+    if scale == 0.0:
+        return np.eye(len(B)) if channel == "null" else np.zeros_like(B)
+    return _projector(B, lambda re, im: channel_of(re, im, scale, eps, null_tol) == channel)
+
+
 def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
                        null_tol: float = 1e-10) -> dict[str, Float[Tensor, "d_head d_head"]]:
     """Π_c for c in :data:`CHANNELS` plus ``null``, float64, for one head's B = W_K^T W_Q.
@@ -79,14 +94,8 @@ def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
     if B.ndim != 2 or B.shape[0] != B.shape[1]:
         raise ValueError(f"B must be a square [d_head, d_head] matrix, got {tuple(B.shape)}")
     b = B.detach().double().cpu().numpy()
-    scale = float(np.abs(np.linalg.eigvals(b)).max()) if b.size else 0.0
-    out = {}
-    for c in (*CHANNELS, "null"):
-        if scale == 0.0:
-            out[c] = np.eye(len(b)) if c == "null" else np.zeros_like(b)
-            continue
-        out[c] = _projector(b, lambda re, im, c=c: channel_of(re, im, scale, eps, null_tol) == c)
-    return {c: torch.from_numpy(p) for c, p in out.items()}
+    return {c: torch.from_numpy(channel_projector(b, c, eps, null_tol))
+            for c in (*CHANNELS, "null")}
 
 
 def top_k_projector(B: Float[Tensor, "d_head d_head"], k: int) -> Float[Tensor, "d_head d_head"]:
