@@ -693,7 +693,7 @@ def render_markdown(out_dir) -> str:
              f"2-core machine shared with other jobs (torch {run['versions'].get('torch', '?')}). "
              "Outputs: `runs.csv` (one row per cell), `summary.csv`, `heads.csv`, `claims.csv`, "
              "`run.json`, `report.html`; the CSVs and run.json are committed in "
-             "[data/qk-constraints](data/qk-constraints).\n")
+             "`docs/reproductions/data/qk-constraints`.\n")
     p.append("## Task and its ceiling\n")
     p.append("Induction at random offsets: a period of p distinct random tokens "
              f"(p uniform in [{max(2, g['n_ctx'] // 4)}, {g['n_ctx'] // 2}], per sequence), "

@@ -205,7 +205,7 @@ def render_markdown(out_dir) -> str:
          "M(0) (for RoPE heads the unrotated form, the claim's object). Each head is placed "
          "in a product-Ginibre null of its shape; the percentile carries its Monte Carlo "
          "standard error (binomial, 2,500 null heads). Data: "
-         "[data/fingerprints](data/fingerprints).\n",
+         "`docs/reproductions/data/fingerprints`.\n",
          "## One weight convention for every loader\n",
          "Spectra are those of W_Q and W_K acting on the normalized residual: the gain of "
          "the norm before attention folded in, LayerNorm's centering applied, which is what "
@@ -293,14 +293,17 @@ def render_markdown(out_dir) -> str:
         p.append("Not run: the dynamics need training snapshots (zoo models, `--dynamics`).\n")
     zoo = [s for s in run["models"] if s.startswith("zoo:")]
     if not zoo:
+        rope = table[(table.group == "rope")].drop_duplicates("model")
+        with_head = rope[rope.has_prev_head.astype(bool)]
         p.append("## What this run cannot say, and the run that can\n")
-        p.append("No zoo model was available to this run, and the one trained RoPE model "
-                 "offline has no previous-token head by the threshold above, so the "
-                 "fingerprint claim is **not tested here**. Earlier numbers on this page "
-                 "(from raw, unfolded zoo weights, with zoo seeds counted as independent "
-                 "models and no committed dynamics code) are withdrawn. The multi-model "
-                 "table needs the zoo (about 75 min per 8 models on 2 cores) and this "
-                 "command:\n")
+        p.append(f"No zoo model was available to this run; of its {len(rope)} RoPE model(s), "
+                 f"{len(with_head)} {'has' if len(with_head) == 1 else 'have'} a "
+                 "previous-token head by the threshold above"
+                 + (", so the fingerprint claim is **not tested here**" if not len(tests) else "")
+                 + ". Earlier numbers on this page (from raw, unfolded zoo weights, with zoo "
+                 "seeds counted as independent models and no committed dynamics code) are "
+                 "withdrawn. The multi-model table needs the zoo (about 75 min per 8 models "
+                 "on 2 cores) and this command:\n")
         p.append(f"```bash\n{ZOO_COMMAND}\n```\n")
         p.append("Even then the zoo gives one unit per scheme (seeds are one unit), so a "
                  "test with power needs independent pretrained models of each scheme "
