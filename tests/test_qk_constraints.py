@@ -12,6 +12,7 @@ from posinterp.experiments.qk_constraints import (
     induction_batch,
     induction_ceiling,
     induction_scores,
+    render_markdown,
     run_qk_constraints,
 )
 from tests.helpers import tiny_model
@@ -69,7 +70,12 @@ def test_induction_score_of_an_exact_induction_pattern_is_one():
 
 def test_grid_runs_resumes_and_summarizes(tmp_path):
     grid = ConstraintGrid(**TINY, workers=1)
-    summary = run_qk_constraints(grid, tmp_path, progress=False)
+    summary = run_qk_constraints(grid, tmp_path, progress=False, markdown=tmp_path / "page.md",
+                                 command="posinterp experiment qk-constraints --tiny")
+    page = (tmp_path / "page.md").read_text()
+    assert page == render_markdown(tmp_path) and "--tiny" in page
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["induction_ceiling"] == 1.0 and run["calls"][0]["cells_run"] == 6
     assert list(zip(summary.constraint, summary.control, strict=True)) == [
         ("none", ""), ("tied", "none"), ("symmetric", "tied"), ("symmetric", "none")]
     assert (summary.censored == 2).all()  # 4 steps cannot reach 90%: censored, not dropped
@@ -174,6 +180,19 @@ def test_claims_verdicts_follow_the_definitions():
     assert claims_table(lower.assign(ci_low=3.5), grid).verdict.iloc[0] == "fails"
     upper = summary.iloc[[0]].assign(control_censored=5, ratio=1.5, ci_low=1.0, ci_high=2.0)
     assert claims_table(upper, grid).verdict.iloc[0] == "fails"
+
+
+def test_bans_start_matched_and_end_empty(tmp_path):
+    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "ban_complex", "tied"), "seeds": 1,
+                             "d_model": 64, "n_heads": 4}, workers=1)  # the grid's heads
+    run_qk_constraints(grid, tmp_path, progress=False)
+    runs = pd.read_csv(tmp_path / "runs.csv").set_index("constraint")
+    np.testing.assert_allclose(runs.init_norm_M, runs.init_norm_M["none"], rtol=1e-5)
+    assert runs.init_mass_complex["ban_complex"] < 1e-5 < runs.init_mass_complex["none"]
+    assert runs.final_max_banned_mass["ban_complex"] < 1e-5
+    assert runs.induction_score.between(0, 1).all()
+    summary = pd.read_csv(tmp_path / "summary.csv", keep_default_na=False, na_values=[""])
+    assert summary.set_index("constraint").control["ban_complex"] == "none"
 
 
 def test_a_grid_without_its_controls_still_writes_its_tables(tmp_path):

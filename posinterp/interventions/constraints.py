@@ -261,14 +261,15 @@ def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int
 
     Scales the free parameters the constraint leaves (W_Q for untied and banned heads,
     X's A and L for tied ones), so the constraint still holds exactly. Exact in one step
-    where M is linear in the scaled parameter; iterated for the half-planes.
+    where M is linear in the scaled parameter; iterated for the half-planes. A head whose
+    M is 0 (a ban that removed its whole spectrum) cannot be scaled and stays 0: compare
+    the returned norms with ``target``.
 
     Returns:
         The norms reached, ``[n_layers, n_heads]`` float64.
 
     Raises:
-        ValueError: for a ``target`` of the wrong shape or with non-positive entries, or
-            a head whose M is 0 (nothing to scale).
+        ValueError: for a ``target`` of the wrong shape or with non-positive entries.
     """
     shape = (model.cfg.n_layers, model.cfg.n_heads)
     target = torch.as_tensor(target, dtype=torch.float64)
@@ -277,9 +278,7 @@ def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int
                          f"got shape {list(target.shape)}")
     for _ in range(max_iter):
         now = qk_norms(model)
-        if (now == 0).any():
-            raise ValueError("a head has M = 0: its norm cannot be matched by scaling")
-        ratio = target / now
+        ratio = torch.where(now > 0, target / now.clamp_min(1e-300), torch.ones_like(now))
         if ((ratio - 1).abs() <= rtol).all():
             break
         for layer in range(shape[0]):
