@@ -98,6 +98,8 @@ def _experiment(args: argparse.Namespace) -> int:
     from .experiments.qk_constraints import ConstraintGrid, run_qk_constraints
 
     grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
+    if args.pes is not None:
+        grid = dataclasses.replace(grid, pes=tuple(args.pes))
     for name in ("seeds", "workers"):
         value = getattr(args, name)
         if value is not None:
@@ -185,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("name", choices=["qk-constraints"])
     ex.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
     ex.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 5)")
+    ex.add_argument("--pes", nargs="+", default=None,
+                    help="positional schemes (default: absolute rotary; also nope, alibi)")
     ex.add_argument("--workers", type=int, default=None,
                     help="processes sharing the cells, one torch thread each (default 2)")
     ex.add_argument("--out", default="posinterp-qk-constraints",

@@ -110,8 +110,9 @@ def test_workers_do_not_change_the_numbers(tmp_path):
                              progress=False)
     pd.testing.assert_frame_equal(one, two)
     for cell in (tmp_path / "one" / "cells").iterdir():
-        assert json.loads(cell.read_text()) == json.loads(
-            (tmp_path / "two" / "cells" / cell.name).read_text())
+        a, b = (json.loads(p.read_text()) for p in (cell, tmp_path / "two" / "cells" / cell.name))
+        assert a.pop("cell_seconds") >= 0 and b.pop("cell_seconds") >= 0  # timing only
+        assert a == b
 
 
 def test_resuming_with_another_budget_is_refused_and_keeps_the_cells(tmp_path):

@@ -153,7 +153,7 @@ def _report(specs, heads, spectra, table, tests, dyn_df, infos, measure) -> Repo
 
 
 ZOO_COMMAND = """export POSINTERP_HOME=$PWD/posinterp-home
-posinterp zoo train --seeds 3 --threads 1          # 12 models, ~10-19 min each on 2 cores
+posinterp zoo train --seeds 3 --threads 1          # 12 models
 posinterp spectrum zoo:nope:0 zoo:nope:1 zoo:nope:2 zoo:absolute:0 zoo:absolute:1 \\
   zoo:absolute:2 zoo:rotary:0 zoo:rotary:1 zoo:rotary:2 zoo:alibi:0 zoo:alibi:1 zoo:alibi:2 \\
   path/to/stories260K.bin all-MiniLM-L6-v2 --dynamics --out spectrum-zoo \\
@@ -302,8 +302,8 @@ def render_markdown(out_dir) -> str:
                  + (", so the fingerprint claim is **not tested here**" if not len(tests) else "")
                  + ". Earlier numbers on this page (from raw, unfolded zoo weights, with zoo "
                  "seeds counted as independent models and no committed dynamics code) are "
-                 "withdrawn. The multi-model table needs the zoo (about 75 min per 8 models "
-                 "on 2 cores) and this command:\n")
+                 "withdrawn. The multi-model table needs the zoo, trained and analysed by "
+                 "this command:\n")
         p.append(f"```bash\n{ZOO_COMMAND}\n```\n")
         p.append("Even then the zoo gives one unit per scheme (seeds are one unit), so a "
                  "test with power needs independent pretrained models of each scheme "
