@@ -74,10 +74,11 @@ class ConstraintGrid:
 
     ``init_scale`` multiplies the untied model's per-head ||M||_F, which every cell (every
     family, the controls included) starts from. Sized to this project's 2-core machine:
-    untied models reach 90% in ~100-200 steps, so the 1,000-step cap is 5-10x that; a
-    censored ban cell costs a few minutes on one shared core, and the default 60 cells
-    take about half an hour with 2 workers (the page states the measured wall time,
-    docs/reproductions/qk-constraints.md, written by :func:`render_markdown`).
+    untied models reach 90% in ~100-200 steps, so the 3,000-step cap is 15-30x that
+    (a censored run then says more than "slower"); a censored cell costs a few minutes
+    on one shared core, and the default 60 cells take well under 40 minutes with 2
+    workers (the page states the measured wall time, docs/reproductions/qk-constraints.md,
+    written by :func:`render_markdown`).
 
     Raises:
         ValueError: for non-positive counts, a ``target`` outside (0, 1], unknown or
@@ -95,7 +96,7 @@ class ConstraintGrid:
     n_heads: int = 4
     batch_size: int = 32
     lr: float = 3e-3
-    max_steps: int = 1000
+    max_steps: int = 3000
     eval_every: int = 10
     target: float = 0.9
     init_scale: float = 1.0
@@ -730,14 +731,23 @@ def render_markdown(out_dir) -> str:
              f"||M||_F (norm gain folded, [Spectra](../spectra.md)) is set to the untied "
              f"model's times init_scale = {g['init_scale']}. Mean over heads, median over "
              "seeds; spectral mass = share of sum |lambda| per channel at init:\n")
+    n_heads_total = g["n_heads"] * 2  # 2 layers
+    # a head whose whole spectrum lies in the banned channel has M = 0 (masses all 0)
+    runs = runs.assign(dead=((1 - runs[[f"init_mass_{c}" for c in CHANNELS]].sum(axis=1))
+                             * n_heads_total).round().astype(int))
     init = runs.groupby(["pe", "constraint"], sort=False).agg(
         norm=("init_norm_M", "median"), pos=("init_mass_positive_real", "median"),
-        neg=("init_mass_negative_real", "median"), cplx=("init_mass_complex", "median")
-    ).reset_index()
+        neg=("init_mass_negative_real", "median"), cplx=("init_mass_complex", "median"),
+        dead=("dead", "sum")).reset_index()
     p.append(_md_table(pd.DataFrame({
         "pe": init.pe, "constraint": init.constraint, "‖M‖_F at init": init.norm.map("{:.4f}".format),
         "mass +real / -real / complex": [f"{a:.2f} / {b:.2f} / {c:.2f}" for a, b, c in
-                                         zip(init.pos, init.neg, init.cplx, strict=True)]})) + "\n")
+                                         zip(init.pos, init.neg, init.cplx, strict=True)],
+        "heads emptied by the ban": init.dead})) + "\n")
+    if init.dead.sum():
+        p.append(f"A head whose whole spectrum lies in the banned channel has M = 0 after the "
+                 f"ban and cannot be rescaled ({int(init.dead.sum())} heads in all, of "
+                 f"{n_heads_total} per model): its model starts below the matched norm.\n")
     p.append("The tied control starts from a random (Ginibre) X, so its spectrum matches the "
              "untied model's; the constrained families' spectra differ by construction.\n")
     bans = heads[heads.constraint.isin(BANS)]
@@ -764,7 +774,7 @@ def render_markdown(out_dir) -> str:
              "(slower than the control). Bans are compared with the untied model (`none`); "
              "the tied family with `tied` and with `none`.\n")
     p.append(_md_table(pd.DataFrame({
-        "pe": summary.pe, "constraint": summary.constraint, "control": summary.control,
+        "pe": summary.pe, "constraint": summary.constraint, "control": summary.control.fillna(""),
         "censored": [f"{int(r.censored)}/{int(r.n)}" for r in summary.itertuples()],
         "median steps": summary.median_steps.map("{:.0f}".format),
         "ratio [95% CI]": [_fmt_ratio(r) for r in summary.itertuples()],
