@@ -92,13 +92,19 @@ def _zoo_list(args: argparse.Namespace) -> int:
 def _spectrum(args: argparse.Namespace) -> int:
     from .experiments.spectrum import run_spectrum
 
+    if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
+        raise ValueError(f"--min-prev-score must be in [0, 1], got {args.min_prev_score}")
+    extra = {} if args.min_prev_score is None else {"min_prev_score": args.min_prev_score}
     res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, units=args.units, markdown=args.markdown,
+                       command=" ".join(["posinterp", *args.argv]), **extra)
     if len(res.tests):
         from .viz.report import fingerprint_summary
 
         print(_table(fingerprint_summary(res.tests)))
         print(res.tests.note.iloc[0])
+    else:
+        print(res.tests.attrs.get("note", "no test"))
     print(f"report: {res.report_path.resolve()}")
     return 0
 
@@ -135,12 +141,21 @@ def _experiment(args: argparse.Namespace) -> int:
     from .experiments.qk_constraints import ConstraintGrid, run_qk_constraints
 
     grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
+    if args.pes is not None:
+        grid = dataclasses.replace(grid, pes=tuple(args.pes))
     for name in ("seeds", "workers"):
         value = getattr(args, name)
         if value is not None:
             grid = dataclasses.replace(grid, **{name: value})
-    summary = run_qk_constraints(grid, args.out, progress=not args.no_progress)
+    import json
+
+    command = " ".join(["posinterp", *args.argv])
+    summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
+                                 markdown=args.markdown, command=command)
     print(_table(summary))
+    run = json.loads((Path(args.out) / "run.json").read_text())
+    print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
+          f"target {grid.target}")
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
 
@@ -237,6 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--top-k", type=pos1, default=5,
                     help="K: compare the top 1..K previous-token heads (default 5)")
     sp.add_argument("--dynamics", action="store_true", help="also analyse zoo snapshots")
+    sp.add_argument("--units", choices=["family", "model"], default="family",
+                    help="independent units of the test: 'family' (default) pools zoo seeds "
+                    "of one scheme into one unit; 'model' counts each seed")
+    sp.add_argument("--min-prev-score", type=float, default=None,
+                    help="a model whose best previous-token score is below this has no "
+                    "previous-token head and is left out of the test (default 0.3)")
+    sp.add_argument("--markdown", default=None, metavar="PATH",
+                    help="also write the reproduction page (tables from this run's outputs)")
     _no_progress(sp)
 
     rp = _parser(sub, "reproduce", "rerun a paper's results with posinterp",
@@ -258,10 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("name", choices=["qk-constraints"], help="which experiment (choices: qk-constraints)")
     ex.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
     ex.add_argument("--seeds", type=pos1, default=None, help="seeds per cell (default 5)")
+    ex.add_argument("--pes", nargs="+", default=None, choices=["nope", "absolute", "rotary", "alibi"],
+                    help="positional schemes (default: absolute rotary)")
     ex.add_argument("--workers", type=pos1, default=None,
                     help="processes sharing the cells, one torch thread each (default 2)")
     ex.add_argument("--out", type=_out_folder, default="posinterp-qk-constraints",
                     help="output folder (default posinterp-qk-constraints)")
+    ex.add_argument("--markdown", default=None, metavar="PATH",
+                    help="also write the reproduction page (tables from this run's outputs)")
     _no_progress(ex)
     return p
 
@@ -284,7 +311,9 @@ def _interrupted(err: KeyboardInterrupt, args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posinterp`` command; returns the exit status (2 on bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command line, recorded with results
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

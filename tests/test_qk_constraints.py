@@ -1,6 +1,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -9,8 +10,12 @@ from posinterp.experiments.qk_constraints import (
     ConstraintGrid,
     claims_table,
     induction_batch,
+    induction_ceiling,
+    induction_scores,
+    render_markdown,
     run_qk_constraints,
 )
+from tests.helpers import tiny_model
 
 TINY = dict(pes=("absolute",), constraints=("none", "tied", "symmetric"), seeds=2,
             max_steps=4, eval_every=2, d_model=16, n_heads=2, n_ctx=12)
@@ -20,16 +25,57 @@ def test_induction_batches_are_periodic_with_random_periods():
     toks, mask = induction_batch(torch.Generator().manual_seed(0), 64, 32, 16)
     periods = set()
     for b in range(64):
-        p = int(mask[b].argmax())
+        p = int(mask[b].argmax()) - 1  # the first repeat (token p) is not scored
         periods.add(p)
-        assert 8 <= p <= 16 and (mask[b, :p] == 0).all() and (mask[b, p:] == 1).all()
+        assert 8 <= p <= 16 and (mask[b, : p + 1] == 0).all() and (mask[b, p + 1:] == 1).all()
         assert torch.equal(toks[b, p:], toks[b, : 32 - p])
+        assert len(set(toks[b, :p].tolist())) == p  # distinct within a period
     assert len(periods) > 3  # random offsets, not a fixed repeat
+    # plain induction is right on every scored token: the task's ceiling is 1
+    assert induction_ceiling(toks, mask) == 1.0
+    with pytest.raises(ValueError, match="d_vocab"):
+        induction_batch(torch.Generator(), 2, 32, 8)
+
+
+def test_induction_ceiling_in_closed_form():
+    # period 4 with a repeat inside it: 1 2 1 3 | 1 2 1 3. Scored t >= 5: at t = 5 the
+    # most recent 1 before position 4 is at 2, followed by 3, not 2 (a miss); t = 6
+    # (after 2: 1) hits; t = 7 (after 1 at 6? no: x6 = 1, last 1 before 6 is at 4,
+    # followed by 2, not 3) misses. 1 of 3.
+    toks = torch.tensor([[1, 2, 1, 3, 1, 2, 1, 3]])
+    mask = (torch.arange(8) >= 5).long()[None]
+    assert induction_ceiling(toks, mask) == pytest.approx(1 / 3)
+
+
+def test_induction_score_of_an_exact_induction_pattern_is_one():
+    model = tiny_model("nope", n_ctx=32)
+    toks, mask = induction_batch(torch.Generator().manual_seed(1), 4, 32, 16)
+    periods = mask.argmax(-1) - 1
+
+    def perfect(pattern, hook):  # attend from t to t - p + 1 once the token repeats
+        out = torch.zeros_like(pattern)
+        for b, p in enumerate(periods.tolist()):
+            for t in range(32):
+                out[b, :, t, t - p + 1 if t >= p else t] = 1.0
+        return out
+
+    model.add_hook("blocks.1.attn.hook_pattern", perfect)
+    try:
+        scores = induction_scores(model, toks + 4, mask)  # ids >= 4 skip special tokens
+    finally:
+        model.reset_hooks()
+    assert scores[scores.layer == 1].value.tolist() == pytest.approx([1.0] * model.cfg.n_heads)
+    assert (scores[scores.layer == 0].value < 1).all()
 
 
 def test_grid_runs_resumes_and_summarizes(tmp_path):
     grid = ConstraintGrid(**TINY, workers=1)
-    summary = run_qk_constraints(grid, tmp_path, progress=False)
+    summary = run_qk_constraints(grid, tmp_path, progress=False, markdown=tmp_path / "page.md",
+                                 command="posinterp experiment qk-constraints --tiny")
+    page = (tmp_path / "page.md").read_text()
+    assert page == render_markdown(tmp_path) and "--tiny" in page
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["induction_ceiling"] == 1.0 and run["calls"][0]["cells_run"] == 6
     assert list(zip(summary.constraint, summary.control, strict=True)) == [
         ("none", ""), ("tied", "none"), ("symmetric", "tied"), ("symmetric", "none")]
     assert (summary.censored == 2).all()  # 4 steps cannot reach 90%: censored, not dropped
@@ -64,8 +110,9 @@ def test_workers_do_not_change_the_numbers(tmp_path):
                              progress=False)
     pd.testing.assert_frame_equal(one, two)
     for cell in (tmp_path / "one" / "cells").iterdir():
-        assert json.loads(cell.read_text()) == json.loads(
-            (tmp_path / "two" / "cells" / cell.name).read_text())
+        a, b = (json.loads(p.read_text()) for p in (cell, tmp_path / "two" / "cells" / cell.name))
+        assert a.pop("cell_seconds") >= 0 and b.pop("cell_seconds") >= 0  # timing only
+        assert a == b
 
 
 def test_resuming_with_another_budget_is_refused_and_keeps_the_cells(tmp_path):
@@ -82,7 +129,9 @@ def test_resuming_with_another_budget_is_refused_and_keeps_the_cells(tmp_path):
                                         ({"constraints": ("none", "sym")}, "constraints"),
                                         ({"constraints": ("none", "none")}, "repeats"),
                                         ({"constraints": ()}, "constraints"),
-                                        ({"pes": ("Absolute",)}, "pes"), ({"pes": ()}, "pes")])
+                                        ({"pes": ("Absolute",)}, "pes"), ({"pes": ()}, "pes"),
+                                        ({"init_scale": 0.0}, "init_scale"),
+                                        ({"d_vocab": 8}, "d_vocab")])
 def test_bad_grid_names_the_parameter(bad, match):
     with pytest.raises(ValueError, match=match):
         ConstraintGrid(**bad)
@@ -99,23 +148,28 @@ def test_claims_verdicts_follow_the_definitions():
     summary = pd.DataFrame([
         _row("absolute", "symmetric", "tied", 3.1, 2.0, 4.0, 0.01),       # 2.9 inside the CI
         _row("absolute", "symmetric", "none", 1.2, 1.0, 1.5, 0.2),        # 2.9 outside
-        _row("rotary", "no_positive_real", "tied", 2.0, 1.5, 3.0, 0.03, censored=1),
-        _row("rotary", "no_negative_real", "tied", 1.0, 0.8, 1.2, 0.6),
+        _row("rotary", "ban_positive_real", "none", 2.0, 1.5, 3.0, 0.03, censored=1),
+        _row("rotary", "ban_negative_real", "none", 1.0, 0.8, 1.2, 0.6),
     ])
     c = claims_table(summary, grid).set_index("claim").verdict
     assert c["symmetric M slows absolute PE ~2.9x (vs tied)"] == "holds"
     assert c["symmetric M slows absolute PE ~2.9x (vs none)"] == "fails"
-    assert c["rotary: banning via no_positive_real slows learning (q <= 0.05)"] == "holds"
-    assert c["rotary: no_positive_real never prevents learning"] == "fails"  # one censored
-    assert c["rotary: banning via no_negative_real slows learning (q <= 0.05)"] == "fails"
-    assert c["rotary: no_negative_real never prevents learning"] == "holds"
+    assert c["rotary: ban_positive_real slows learning (q <= 0.05 vs none)"] == "holds"
+    assert c["rotary: ban_positive_real never prevents learning"] == "fails"  # one censored
+    assert c["rotary: ban_negative_real slows learning (q <= 0.05 vs none)"] == "fails"
+    assert c["rotary: ban_negative_real never prevents learning"] == "holds"
     blind = claims_table(summary.iloc[[2]].assign(censored=5, control_censored=5, q_bh=1.0),
                          grid)
     assert (blind.verdict == "undetermined").all()  # the control never learned either
     heads = pd.DataFrame([dict(pe="rotary", constraint="symmetric", median_prev_score=0.8,
-                               max_antisymmetric_energy_offset0=1e-15)])
+                               max_antisymmetric_energy_offset0=1e-15, max_banned_mass=np.nan),
+                          dict(pe="rotary", constraint="ban_complex", median_prev_score=0.8,
+                               max_antisymmetric_energy_offset0=0.3, max_banned_mass=3e-7)])
     routes = claims_table(summary, grid, heads).set_index("claim").verdict
     assert routes["rotary: a head with symmetric M(0) still routes by position"] == "holds"
+    assert routes["rotary: ban_complex leaves its channel empty after training"] == "holds"
+    leaky = claims_table(summary, grid, heads.assign(max_banned_mass=1e-3)).set_index("claim")
+    assert leaky.verdict["rotary: ban_complex leaves its channel empty after training"] == "fails"
     weak = claims_table(summary, grid, heads.assign(median_prev_score=0.2))
     assert weak.verdict.iloc[-1] == "fails"
     both_censored = summary.iloc[[0]].assign(censored=5, control_censored=5)
@@ -127,6 +181,19 @@ def test_claims_verdicts_follow_the_definitions():
     assert claims_table(lower.assign(ci_low=3.5), grid).verdict.iloc[0] == "fails"
     upper = summary.iloc[[0]].assign(control_censored=5, ratio=1.5, ci_low=1.0, ci_high=2.0)
     assert claims_table(upper, grid).verdict.iloc[0] == "fails"
+
+
+def test_bans_start_matched_and_end_empty(tmp_path):
+    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "ban_complex", "tied"), "seeds": 1,
+                             "d_model": 64, "n_heads": 4}, workers=1)  # the grid's heads
+    run_qk_constraints(grid, tmp_path, progress=False)
+    runs = pd.read_csv(tmp_path / "runs.csv").set_index("constraint")
+    np.testing.assert_allclose(runs.init_norm_M, runs.init_norm_M["none"], rtol=1e-5)
+    assert runs.init_mass_complex["ban_complex"] < 1e-5 < runs.init_mass_complex["none"]
+    assert runs.final_max_banned_mass["ban_complex"] < 1e-5
+    assert runs.induction_score.between(0, 1).all()
+    summary = pd.read_csv(tmp_path / "summary.csv", keep_default_na=False, na_values=[""])
+    assert summary.set_index("constraint").control["ban_complex"] == "none"
 
 
 def test_a_grid_without_its_controls_still_writes_its_tables(tmp_path):

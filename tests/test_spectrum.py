@@ -12,10 +12,19 @@ def test_spectrum_on_a_tiny_zoo(tmp_path, corpus, monkeypatch):  # noqa: F811
     train_zoo(cfg, seeds=2, home=tmp_path / "zoo", progress=False, corpus=corpus)
     monkeypatch.setenv("POSINTERP_HOME", str(tmp_path))
     specs = ["zoo:rotary:0", "zoo:rotary:1", "zoo:absolute:0", "zoo:absolute:1"]
-    res = run_spectrum(specs, tmp_path / "out", K=2, dynamics=True, progress=False)
+    # 6-step models have no previous-token head: count every seed and flag none, to
+    # exercise the test's machinery (the defaults pool seeds and leave them out, below)
+    res = run_spectrum(specs, tmp_path / "out", K=2, dynamics=True, progress=False,
+                       units="model", min_prev_score=0.0, markdown=tmp_path / "page.md")
     for name in ("heads.csv", "spectrum.csv", "fingerprint.csv", "fingerprint_test.csv",
-                 "dynamics.csv", "run.json", "report.html"):
+                 "dynamics.csv", "dynamics_correlation.csv", "dynamics_summary.csv",
+                 "convention.csv", "run.json", "report.html"):
         assert (tmp_path / "out" / name).exists(), name
+    from posinterp.experiments.spectrum import render_markdown
+
+    assert (tmp_path / "page.md").read_text() == render_markdown(tmp_path / "out")
+    conv = pd.read_csv(tmp_path / "out" / "convention.csv")
+    assert set(conv.model) == set(specs)  # zoo weights are raw: posinterp folds the gains
     assert list(res.tests.k) == [1, 2]
     assert (res.tests.min_possible_p == 1 / 6).all()  # 2 vs 2 models: 1 / C(4, 2)
     assert res.tests.p_permutation.between(1 / 6, 1).all()
@@ -23,6 +32,8 @@ def test_spectrum_on_a_tiny_zoo(tmp_path, corpus, monkeypatch):  # noqa: F811
     assert set(dyn.step) == {0, 1, 2, 6}
     html = res.report_path.read_text()
     assert external_refs(html) == [] and "offset" in html
+    pooled = run_spectrum(specs, tmp_path / "pooled", K=2, progress=False)
+    assert len(pooled.tests) == 0 and "left out" in pooled.tests.attrs["note"]
 
 
 def test_spectrum_cli_bad_spec(capsys, tmp_path):

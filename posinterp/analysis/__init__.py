@@ -1,7 +1,15 @@
 """Pure metric functions over tensors, with thin TransformerLens hook plumbing."""
 
 from .adjacency import AdjacencyScore, adjacency_by_layer, adjacency_row, adjacency_score
-from .fingerprint import fingerprint_table, fingerprint_test, head_dynamics, head_table
+from .fingerprint import (
+    dynamics_summary,
+    fingerprint_table,
+    fingerprint_test,
+    head_dynamics,
+    head_table,
+    model_unit,
+    trajectory_correlations,
+)
 from .heads import previous_token_score, previous_token_scores, random_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
@@ -13,9 +21,11 @@ from .similarity import (
 )
 from .spectral import (
     antisymmetric_energy,
+    channel_masses,
     eigenvalues,
     ginibre_null,
     null_percentiles,
+    qk_convention,
     qk_spectrum,
     rotational_measures,
     spectral_measures,
@@ -24,7 +34,8 @@ from .variance import position_variance, variance_by_layer
 
 __all__ = [
     "Inspection", "attention_kernel", "head_scores", "inspect_heads",
-    "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
+    "dynamics_summary", "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
+    "model_unit", "trajectory_correlations", "channel_masses", "qk_convention",
     "ProbeConfig", "fit_probe", "position_features", "probe_positions",
     "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
     "rotational_measures", "spectral_measures", "position_variance", "variance_by_layer",

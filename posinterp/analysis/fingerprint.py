@@ -5,12 +5,24 @@ rotational measure (offset 0 for rotary heads) of the top-k heads, k = 1..K, and
 RoPE with non-RoPE models at each k with an exact one-sided permutation test, then
 Benjamini-Hochberg across k (docs/concepts.md, "PE-scheme statistics").
 
-**Power.** With n_R RoPE and n_O other models the smallest reachable p is
-1 / C(n_R + n_O, n_R): 4 vs 3 models give 1/35 = 0.029. Every table says so.
+**Units.** The test counts independent models, one value per unit: zoo models that
+differ only in their seed are one unit (``units="family"``, the default: their values
+are averaged first), since they share data, architecture and code; ``units="model"``
+counts each seed. A model whose best previous-token score (random tokens) is below
+``min_prev_score`` has no previous-token head to fingerprint: it is flagged and left
+out of the test (still tabulated).
+
+**Power.** With n_R RoPE and n_O other units the smallest reachable p is
+1 / C(n_R + n_O, n_R): 4 vs 3 give 1/35 = 0.029. Every table says so.
+
+**Dynamics.** :func:`trajectory_correlations` correlates, within each head, its
+previous-token score and its rotational mass over training snapshots (Spearman, one
+value per head); :func:`dynamics_summary` gives one value per model.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -18,9 +30,48 @@ import pandas as pd
 from scipy import stats
 
 from .heads import previous_token_scores, random_tokens
-from .spectral import MEASURES, ginibre_null, is_rotary, null_percentiles, spectral_measures
+from .spectral import (
+    MEASURES,
+    NULL_HEADS,
+    ginibre_null,
+    is_rotary,
+    null_percentiles,
+    spectral_measures,
+)
 
-__all__ = ["fingerprint_table", "fingerprint_test", "head_dynamics", "head_table", "scheme_group"]
+__all__ = ["MIN_PREV_SCORE", "dynamics_summary", "fingerprint_table", "fingerprint_test",
+           "head_dynamics", "head_table", "model_unit", "scheme_group", "trajectory_correlations"]
+
+# A model's best previous-token score on random tokens must reach this to count as
+# having a previous-token head. Fixed in advance: uniform causal attention over 64
+# tokens scores mean(1/(i+1)) ~ 0.07, a head that puts a third of its attention on the
+# previous token is well clear of that.
+MIN_PREV_SCORE = 0.3
+UNITS = ("family", "model")
+
+
+def model_unit(spec: str, units: str = "family") -> str:
+    """The independent unit a model spec belongs to.
+
+    ``family``: ``zoo:<pe>[:<seed>][@<step>]`` -> ``zoo:<pe>`` (seeds of one zoo scheme
+    share data, architecture and code: one unit); anything else is its own unit.
+    ``model``: every spec (without ``@step``) is its own unit.
+
+    Raises:
+        ValueError: for ``units`` not in ``("family", "model")``.
+    """
+    if units not in UNITS:
+        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    body = str(spec).split("@")[0]
+    if units == "family" and body.startswith("zoo:"):
+        return ":".join(body.split(":")[:2])
+    return body
+
+
+@functools.lru_cache(maxsize=8)
+def _null(d_model: int, d_head: int, n_null: int, std: float, k_e, seed: int) -> pd.DataFrame:
+    # the same null serves every snapshot and every model of one shape (read-only)
+    return ginibre_null(d_model, d_head, n_heads=n_null, std=std, k_e=k_e, seed=seed)
 
 
 def _has_bos(model) -> bool:
@@ -29,7 +80,7 @@ def _has_bos(model) -> bool:
 
 
 def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 0,
-               k_e: int | None = None, n_null: int = 1000, null_std: float = 0.02) -> pd.DataFrame:
+               k_e: int | None = None, n_null: int = NULL_HEADS, null_std: float = 0.02) -> pd.DataFrame:
     """One row per head: previous-token score, rotational measures, null percentiles.
 
     The previous-token score is measured on ``n_sequences`` uniform random token
@@ -40,7 +91,9 @@ def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 
 
     Returns:
         Wide DataFrame: ``layer, head, previous_token_score``, the measures,
-        ``<measure>_null_percentile`` (0-100), and ``offset``.
+        ``<measure>_null_percentile`` (0-100) with ``<measure>_null_percentile_se`` (its
+        Monte Carlo standard error, percentile points; <= 1 with the default
+        ``n_null``), and ``offset``.
 
     Raises:
         ValueError: as :func:`~posinterp.analysis.spectral_measures`.
@@ -51,8 +104,7 @@ def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 
     prev = prev.rename(columns={"value": "previous_token_score"})
     offset = 0 if is_rotary(model) else None
     meas = spectral_measures(model, offset=offset, k_e=k_e)
-    null = ginibre_null(model.cfg.d_model, model.cfg.d_head, n_heads=n_null, std=null_std,
-                        k_e=k_e, seed=seed)
+    null = _null(model.cfg.d_model, model.cfg.d_head, n_null, null_std, k_e, seed)
     long = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
     wide = long.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
     wide.columns.name = None
@@ -76,7 +128,8 @@ def scheme_group(pe: str, causal: bool = True, nope: str = "exclude") -> str | N
 
 
 def fingerprint_table(heads: dict[str, pd.DataFrame], schemes: dict[str, tuple[str, bool]],
-                      K: int = 5, measure: str = "rotational_mass", nope: str = "exclude"
+                      K: int = 5, measure: str = "rotational_mass", nope: str = "exclude",
+                      units: str = "family", min_prev_score: float = MIN_PREV_SCORE
                       ) -> pd.DataFrame:
     """Mean ``measure`` over each model's top-k previous-token heads, k = 1..K.
 
@@ -84,12 +137,16 @@ def fingerprint_table(heads: dict[str, pd.DataFrame], schemes: dict[str, tuple[s
         heads: model name -> :func:`head_table`.
         schemes: model name -> (pe, causal).
         K: largest k (capped at each model's head count).
+        units: how models group into independent units (:func:`model_unit`).
+        min_prev_score: a model whose best previous-token score is below this is
+            flagged (``has_prev_head`` False) and left out of :func:`fingerprint_test`.
 
     Returns:
-        Tidy rows ``model, pe, group, k, metric, value`` (``metric`` = ``measure``).
+        Tidy rows ``model, unit, pe, group, has_prev_head, best_prev_score, k, metric,
+        value`` (``metric`` = ``measure``).
 
     Raises:
-        ValueError: for an unknown measure, K < 1 or a model without a scheme.
+        ValueError: for an unknown measure or ``units``, K < 1 or a model without a scheme.
     """
     if measure not in MEASURES:
         raise ValueError(f"measure must be one of {MEASURES}, got {measure!r}")
@@ -101,26 +158,41 @@ def fingerprint_table(heads: dict[str, pd.DataFrame], schemes: dict[str, tuple[s
             raise ValueError(f"no (pe, causal) given for model {name!r}")
         pe, causal = schemes[name]
         ranked = table.sort_values("previous_token_score", ascending=False, kind="stable")
+        best = float(ranked.previous_token_score.iloc[0])
         for k in range(1, min(K, len(ranked)) + 1):
-            rows.append(dict(model=name, pe=pe, group=scheme_group(pe, causal, nope), k=k,
+            rows.append(dict(model=name, unit=model_unit(name, units), pe=pe,
+                             group=scheme_group(pe, causal, nope),
+                             has_prev_head=best >= min_prev_score, best_prev_score=best, k=k,
                              metric=measure, value=float(ranked[measure].iloc[:k].mean())))
     return pd.DataFrame(rows)
 
 
 def fingerprint_test(table: pd.DataFrame) -> pd.DataFrame:
-    """RoPE > other at each k: exact one-sided permutation test, BH across k.
+    """RoPE > other at each k over independent units: exact one-sided permutation test,
+    BH across k.
 
-    The statistic is the difference of group means; all C(n, n_R) relabellings are
-    enumerated (``scipy.stats.permutation_test``). Also reports Mann-Whitney's exact
-    one-sided p and the smallest p the design can reach.
+    Rows of models without a previous-token head (``has_prev_head`` False) or outside
+    both groups are left out; the remaining models' values are averaged within each
+    ``unit`` (one value per unit). The statistic is the difference of group means; all
+    C(n, n_R) relabellings are enumerated (``scipy.stats.permutation_test``). Also
+    reports Mann-Whitney's exact one-sided p and the smallest p the design can reach.
 
     Returns:
-        One row per k: ``k, n_rope, n_other, mean_rope, mean_other, p_permutation,
-        q_bh, p_mannwhitney, min_possible_p, separated`` (``separated``: every RoPE
-        value above every other) and a ``note`` on power.
+        One row per k: ``k, n_rope, n_other`` (units), ``mean_rope, mean_other,
+        p_permutation, q_bh, p_mannwhitney, min_possible_p, separated`` (every RoPE
+        value above every other) and a ``note`` on power and exclusions; empty (with
+        the note) when no unit is left.
     """
+    table = table.copy()
+    if "has_prev_head" not in table:
+        table["has_prev_head"] = True
+    if "unit" not in table:
+        table["unit"] = table.model
+    used = table[table.group.notna() & table.has_prev_head.astype(bool)]
+    flagged = sorted(set(table[~table.has_prev_head.astype(bool)].model))
+    used = used.groupby(["unit", "group", "k"], as_index=False).value.mean()
     rows = []
-    for k, g in table[table.group.notna()].groupby("k"):
+    for k, g in used.groupby("k"):
         rope = g[g.group == "rope"].value.to_numpy()
         other = g[g.group == "other"].value.to_numpy()
         n_r, n_o = len(rope), len(other)
@@ -146,11 +218,18 @@ def fingerprint_test(table: pd.DataFrame) -> pd.DataFrame:
         out.loc[ok, "q_bh"] = stats.false_discovery_control(out.loc[ok, "p_permutation"], method="bh")
     else:
         out["q_bh"] = np.nan
+    left_out = (f"; left out (no previous-token head): {', '.join(flagged)}" if flagged else "")
     if len(out):
         min_p = out.min_possible_p.iloc[0]
         out["note"] = (f"{int(out.n_rope.iloc[0])} RoPE vs {int(out.n_other.iloc[0])} other "
-                       f"models: the smallest reachable p is {min_p:.3g}"
-                       + ("; this design cannot reach p < 0.05" if not min_p < 0.05 else ""))
+                       f"units: the smallest reachable p is {min_p:.3g}"
+                       + ("; this design cannot reach p < 0.05" if not min_p < 0.05 else "")
+                       + left_out)
+    else:
+        out = pd.DataFrame(columns=["k", "n_rope", "n_other", "mean_rope", "mean_other",
+                                    "p_permutation", "p_mannwhitney", "min_possible_p",
+                                    "separated", "q_bh", "note"])
+        out.attrs["note"] = "no unit left to test" + left_out
     return out
 
 
@@ -165,3 +244,55 @@ def head_dynamics(snapshots, **head_table_kwargs) -> pd.DataFrame:
     """
     frames = [head_table(model, **head_table_kwargs).assign(step=step) for step, model in snapshots]
     return pd.concat(frames, ignore_index=True)
+
+
+def trajectory_correlations(dynamics: pd.DataFrame, x: str = "previous_token_score",
+                            y: str = "rotational_mass") -> pd.DataFrame:
+    """Within-head Spearman correlation of ``x`` and ``y`` over training snapshots.
+
+    One value per head (model, layer, head), from that head's own trajectory: heads and
+    snapshots are never pooled. A head whose ``x`` or ``y`` is constant over its
+    snapshots gets NaN.
+
+    Args:
+        dynamics: :func:`head_dynamics` output stacked over models, with a ``model`` column
+            (one is added if missing).
+
+    Returns:
+        ``model, layer, head, n_steps, rho, final_<x>`` rows.
+
+    Raises:
+        ValueError: if a head has fewer than 3 snapshots (no correlation to speak of).
+
+    Source: issue 14 (the dynamics statistic as committed code); Spearman via
+    ``scipy.stats.spearmanr``.
+    """
+    dyn = dynamics if "model" in dynamics else dynamics.assign(model="model")
+    rows = []
+    for (model, layer, head), g in dyn.groupby(["model", "layer", "head"], sort=False):
+        g = g.sort_values("step")
+        if len(g) < 3:
+            raise ValueError(f"head {model} L{layer}H{head} has {len(g)} snapshots; need >= 3")
+        const = g[x].nunique() < 2 or g[y].nunique() < 2
+        rho = np.nan if const else float(stats.spearmanr(g[x], g[y]).statistic)
+        rows.append({"model": model, "layer": int(layer), "head": int(head), "n_steps": len(g),
+                     "rho": rho, f"final_{x}": float(g[x].iloc[-1])})
+    return pd.DataFrame(rows)
+
+
+def dynamics_summary(corr: pd.DataFrame, x: str = "previous_token_score") -> pd.DataFrame:
+    """One row per model from :func:`trajectory_correlations`.
+
+    Columns: ``n_heads``, ``median_rho`` (over heads), ``share_negative`` (heads with
+    rho < 0 among those with a value), and ``rho_top_head``: rho of the head with the
+    highest final ``x`` (the model's strongest previous-token head at the end).
+    """
+    rows = []
+    for model, g in corr.groupby("model", sort=False):
+        ok = g.rho.dropna()
+        top = g.loc[g[f"final_{x}"].idxmax()]
+        rows.append({"model": model, "n_heads": len(g), "median_rho": float(ok.median()) if len(ok)
+                     else np.nan, "share_negative": float((ok < 0).mean()) if len(ok) else np.nan,
+                     "top_head": f"L{int(top.layer)}H{int(top['head'])}",
+                     "rho_top_head": float(top.rho)})
+    return pd.DataFrame(rows)

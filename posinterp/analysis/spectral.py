@@ -12,6 +12,16 @@ M(Δ) = W_Q R(-Δ) W_K^T, where R rotates the first ``rotary_dim`` dims of a hea
 pairs (adjacent or split-half, as the model's ``rotary_adjacent_pairs`` says) and leaves
 the rest alone. The fingerprint claim concerns Δ = 0, the raw W_Q W_K^T; Δ = -1 is the
 previous token. Results always carry their ``offset`` (NA for non-rotary heads).
+
+**One weight convention for every loader** (:data:`QK_CONVENTION`). The circuit is the
+one acting on the *normalized* residual, the attention input x̂ before the norm's
+gain: W_Q^eff = C diag(g) W_Q (and W_K likewise), with g the gain of the norm that
+feeds attention and C = I - 11^T/d_model for LayerNorm (its output is mean-free, so
+the component along 1 never reaches W) or C = I for RMSNorm. This is what
+TransformerLens's ``fold_ln`` writes into the weights, so a model loaded raw (llama2.c
+files, zoo and toy models) and the same model loaded processed (HF checkpoints) give
+the same spectra; the gain g is folded here when the model still has it
+(:func:`qk_convention` says which). ``weights="stored"`` gives the raw stored matrices.
 """
 
 from __future__ import annotations
@@ -29,11 +39,19 @@ from torch import Tensor
 from .._validate import check_indices, is_int
 
 __all__ = [
-    "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
+    "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm", "channel_masses",
+    "effective_weights",
+    "eigenvalues", "ginibre_null", "null_percentiles", "qk_convention", "qk_spectrum",
     "model_rotary_matrix", "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
 ]
 
+QK_CONVENTION = ("effective: W_Q, W_K acting on the normalized residual (the gain of the norm "
+                 "feeding attention folded in, LayerNorm's centering applied), as "
+                 "TransformerLens's fold_ln writes them")
+WEIGHTS = ("effective", "stored")
+
 DEFAULT_EPS = 1e-8
+NULL_HEADS = 2500  # Monte Carlo SE of a null percentile <= 1 point (binomial, p = 0.5)
 MEASURES = ("rotational_mass", "phase", "antisymmetric_energy")
 
 
@@ -112,6 +130,25 @@ def rotational_measures(lam: Complex[Tensor, "... n"], k_e: int | None = None,
     return {"rotational_mass": rot, "phase": phase, "n_complex_pairs": pairs}
 
 
+def channel_masses(lam: Complex[Tensor, "... n"], eps: float = DEFAULT_EPS) -> dict[str, Tensor]:
+    """Share of the spectral mass Σ|λ| in each channel: positive-real, negative-real, complex.
+
+    λ is complex when |Im λ| > eps · max|λ| (as :func:`rotational_measures`; ``complex``
+    equals its rotational mass with all eigenvalues). The three shares sum to 1, or are
+    all 0 for an all-zero spectrum. Source: docs/concepts.md ("Spectral channels").
+    """
+    lam = lam.to(torch.complex128)
+    mod = lam.abs()
+    top = mod.amax(-1, keepdim=True)
+    is_complex = lam.imag.abs() > eps * top
+    total = mod.sum(-1)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    parts = {"positive_real": ~is_complex & (lam.real > 0), "negative_real": ~is_complex & (lam.real < 0),
+             "complex": is_complex}
+    return {c: torch.where(total > 0, (mod * m).sum(-1) / safe, torch.zeros_like(total))
+            for c, m in parts.items()}
+
+
 def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float = 10000.0,
                   adjacent_pairs: bool = False, inv_freq: Tensor | None = None
                   ) -> Float[Tensor, "d_head d_head"]:
@@ -142,6 +179,60 @@ def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float 
     return R
 
 
+def effective_weights(W: Float[Tensor, "... d_model d_head"], gain: Float[Tensor, "d_model"] | None,
+                      center: bool) -> Float[Tensor, "... d_model d_head"]:
+    """C diag(gain) W: a query/key weight as it acts on the normalized residual.
+
+    ``gain`` None means already folded (or no norm); ``center`` subtracts the mean over
+    d_model (LayerNorm's output is mean-free; idempotent, so a centred W is unchanged).
+    Float64. Source: this module's docstring; TransformerLens ``fold_layer_norm``.
+    """
+    W = W.detach().double()
+    if gain is not None:
+        W = W * gain.double()[:, None]
+    if center:
+        W = W - W.mean(-2, keepdim=True)
+    return W
+
+
+def attention_input_norm(model, layer: int) -> tuple[Tensor | None, bool, str]:
+    """``(gain, center, where)`` of the norm whose output feeds ``layer``'s attention.
+
+    Pre-norm blocks: ``blocks.{layer}.ln1`` (``LN``/``RMS``: gain still there;
+    ``LNPre``/``RMSPre``: gain folded by the loader). Post-norm encoders (BERT): the
+    previous block's ``ln2``, or ``embed.ln`` for layer 0. ``gain`` is None when it is
+    already folded or there is no norm; ``center`` is True for LayerNorm.
+    """
+    norm_type = model.cfg.normalization_type
+    center = norm_type in ("LN", "LNPre")
+    block = model.blocks[layer]
+    if type(block).__name__ == "BertBlock":  # post-LN: the input is an earlier norm's output
+        norm = model.embed.ln if layer == 0 else model.blocks[layer - 1].ln2
+        where = "embed.ln" if layer == 0 else f"blocks.{layer - 1}.ln2"
+    else:
+        norm, where = getattr(block, "ln1", None), f"blocks.{layer}.ln1"
+    gain = getattr(norm, "w", None) if norm_type in ("LN", "RMS") else None
+    if norm_type is None:
+        where = "none"
+    return (gain.detach() if gain is not None else None), center, where
+
+
+def qk_convention(model) -> dict:
+    """How :func:`qk_weights` forms W_Q, W_K for ``model`` (recorded in ``ModelInfo``).
+
+    Returns:
+        ``{"convention", "normalization", "norm_gain", "centered", "norm"}``, where
+        ``norm_gain`` is ``"folded by the loader"``, ``"folded by posinterp.spectral"``
+        or ``"no norm before attention"``.
+    """
+    norm_type = model.cfg.normalization_type
+    gain, center, where = attention_input_norm(model, 0)
+    how = ("no norm before attention" if norm_type is None
+           else "folded by posinterp.spectral" if gain is not None else "folded by the loader")
+    return {"convention": QK_CONVENTION, "normalization": norm_type, "norm_gain": how,
+            "centered": bool(center), "norm": where if norm_type else "none"}
+
+
 # --- model plumbing --------------------------------------------------------------------------
 
 def _check_model(model) -> None:
@@ -169,23 +260,32 @@ def is_rotary(model) -> bool:
     return positional_type(model) == "rotary"
 
 
-def qk_weights(model, layer: int, offset: int | None = None
+def qk_weights(model, layer: int, offset: int | None = None, weights: str = "effective"
                ) -> tuple[Float[Tensor, "n_heads d_model d_head"], Float[Tensor, "n_heads d_model d_head"]]:
     """(W_Q, W_K') in float64 for every head of ``layer``, with M(Δ) = W_Q W_K'^T.
 
+    ``weights="effective"`` (default, :data:`QK_CONVENTION`): C diag(g) W for both, with
+    the attention input norm's gain g (:func:`attention_input_norm`), so raw and
+    ``fold_ln``-processed loads of one model agree; ``"stored"``: the matrices as stored.
     W_K is expanded over grouped-query heads. For rotary heads and an ``offset`` Δ,
-    W_K' = W_K R(-Δ)^T, so M(Δ) = W_Q R(-Δ) W_K^T; Δ = None or 0 gives the raw W_K.
+    W_K' = W_K R(-Δ)^T, so M(Δ) = W_Q R(-Δ) W_K^T; Δ = None or 0 gives the unrotated W_K.
 
     Raises:
         ValueError: for a ``layer`` outside ``[0, n_layers)`` (a negative index would
             silently pick a layer from the end), an ``offset`` on a non-rotary model, or
-            TL RoPE scaling on a model whose frequencies posinterp did not install.
+            TL RoPE scaling on a model whose frequencies posinterp did not install, or
+            ``weights`` not in ``("effective", "stored")``.
     """
     from ..models.backend import attention_weights
 
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     check_indices("layer", layer if is_int(layer) else [layer], model.cfg.n_layers)
-    weights = attention_weights(model, layer)  # K expanded over grouped-query heads
-    W_Q, W_K = weights["W_Q"], weights["W_K"]
+    stored = attention_weights(model, layer)  # K expanded over grouped-query heads
+    W_Q, W_K = stored["W_Q"], stored["W_K"]
+    if weights == "effective":
+        gain, center, _ = attention_input_norm(model, layer)
+        W_Q, W_K = effective_weights(W_Q, gain, center), effective_weights(W_K, gain, center)
     if offset is None or offset == 0:
         return W_Q, W_K
     if not is_rotary(model):
@@ -219,20 +319,26 @@ def _offsets(model, offset) -> list[int | None]:
     return [0, -1] if is_rotary(model) else [None]
 
 
-def _selected_weights(model, layers, heads, offset):
+def _selected_weights(model, layers, heads, offset, weights="effective"):
     """Yield ``(offset, layer, head_ids, W_Q, W_K')`` for every offset and selected layer."""
     _check_model(model)
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     layer_ids = _select("layers", layers, model.cfg.n_layers)
     head_ids = _select("heads", heads, model.cfg.n_heads)
     for off in _offsets(model, offset):
         for layer in layer_ids:
-            W_Q, W_K = qk_weights(model, layer, off)
+            W_Q, W_K = qk_weights(model, layer, off, weights)
             yield off, layer, head_ids, W_Q[head_ids], W_K[head_ids]
 
 
 def qk_spectrum(model, layers: int | Sequence[int] | None = None,
-                heads: int | Sequence[int] | None = None, offset: int | None = None) -> pd.DataFrame:
+                heads: int | Sequence[int] | None = None, offset: int | None = None,
+                weights: str = "effective") -> pd.DataFrame:
     """Eigenvalues of every selected head's QK circuit, one row per eigenvalue.
+
+    ``weights``: ``"effective"`` (default: the norm gain folded, :data:`QK_CONVENTION`)
+    or ``"stored"`` (see :func:`qk_weights`).
 
     Computed on the d_head x d_head form B = W_K^T W_Q in float64 (any weight dtype), with
     grouped-query K shared as the model shares it. For rotary models the default reports
@@ -248,7 +354,7 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
             a non-rotary model.
     """
     frames = []
-    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset):
+    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
         lam = eigenvalues(W_Q, W_K)  # [heads, d_head]
         n = lam.shape[-1]
         frames.append(pd.DataFrame({
@@ -262,8 +368,11 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
 
 
 def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
-                      k_e: int | None = None, eps: float = DEFAULT_EPS) -> pd.DataFrame:
+                      k_e: int | None = None, eps: float = DEFAULT_EPS,
+                      weights: str = "effective") -> pd.DataFrame:
     """Rotational mass, phase and antisymmetric energy of every selected head.
+
+    ``weights`` as in :func:`qk_weights` (default: the effective, norm-folded form).
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, offset, metric, value`` with
@@ -274,7 +383,7 @@ def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
         ValueError: as :func:`qk_spectrum`, or ``k_e < 1``.
     """
     rows = []
-    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset):
+    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
         meas = rotational_measures(eigenvalues(W_Q, W_K), k_e, eps)
         meas["antisymmetric_energy"] = antisymmetric_energy(W_Q, W_K)
         for metric, values in meas.items():
@@ -284,13 +393,15 @@ def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
     return pd.DataFrame(rows).astype({"offset": "Int64", "position": "Int64"})
 
 
-def ginibre_null(d_model: int, d_head: int, n_heads: int = 1000, std: float = 0.02,
+def ginibre_null(d_model: int, d_head: int, n_heads: int = NULL_HEADS, std: float = 0.02,
                  k_e: int | None = None, eps: float = DEFAULT_EPS, seed: int = 0) -> pd.DataFrame:
     """Measures of random heads: W_Q, W_K with i.i.d. N(0, std^2) entries (product-Ginibre B).
 
     At initialization B = W_K^T W_Q is a product of Gaussian matrices; about 89% of a
     64 x 64 Ginibre matrix's eigenvalues are already complex, so trained heads are
-    compared with this null, not with zero (docs/concepts.md; Ginibre 1965).
+    compared with this null, not with zero (docs/concepts.md; Ginibre 1965). The default
+    2,500 heads keep the Monte Carlo standard error of a percentile at most 1 point
+    (100·sqrt(p(1-p)/n) <= 100·0.5/50); :func:`null_percentiles` reports it per head.
 
     Returns:
         Wide DataFrame, one row per simulated head, columns = measure names.
@@ -313,15 +424,27 @@ def ginibre_null(d_model: int, d_head: int, n_heads: int = 1000, std: float = 0.
 
 
 def null_percentiles(measures: pd.DataFrame, null: pd.DataFrame) -> pd.DataFrame:
-    """Each head's percentile (0-100) within the null, per measure (``metric`` rows).
+    """Each head's percentile (0-100) within the null, per measure, with its Monte Carlo SE.
 
     Uses ``scipy.stats.percentileofscore(kind="mean")``; adds rows with metric
-    ``<measure>_null_percentile``.
+    ``<measure>_null_percentile`` and ``<measure>_null_percentile_se``, the binomial
+    standard error of that percentile from a finite null, 100·sqrt(p(1-p)/n) in
+    percentile points with p clipped to [1/n, 1 - 1/n] (another null seed moves a
+    percentile by about this much; 2,500 null heads keep it <= 1 point).
+
+    Raises:
+        ValueError: for an empty null.
     """
+    n = len(null)
+    if n < 1:
+        raise ValueError("null must hold at least one simulated head")
     rows = []
     for metric in MEASURES:
         sub = measures[measures.metric == metric]
         ref = null[metric].to_numpy()
-        pct = stats.percentileofscore(ref, sub.value.to_numpy(), kind="mean")
-        rows.append(sub.assign(metric=f"{metric}_null_percentile", value=np.atleast_1d(pct)))
+        pct = np.atleast_1d(stats.percentileofscore(ref, sub.value.to_numpy(), kind="mean"))
+        p = np.clip(pct / 100, 1 / n, 1 - 1 / n)
+        rows.append(sub.assign(metric=f"{metric}_null_percentile", value=pct))
+        rows.append(sub.assign(metric=f"{metric}_null_percentile_se",
+                               value=100 * np.sqrt(p * (1 - p) / n)))
     return pd.concat(rows, ignore_index=True)

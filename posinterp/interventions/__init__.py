@@ -1,14 +1,25 @@
 """Causal interventions on QK circuits: spectral-channel ablation and symmetrization."""
 
-from .channels import CHANNELS, channel_projectors, top_k_projector
+from .channels import CHANNELS, channel_decomposition, channel_projectors, top_k_projector
 from .qk import KINDS, QKIntervention, intervene, intervention_hooks
 
-__all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_projectors", "intervene",
+__all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_decomposition", "channel_projectors", "intervene",
            "intervention_hooks", "top_k_projector"]
 
-from .constraints import CONSTRAINTS, TiedKey, constrain_qk, effective_x  # noqa: E402
+from .constraints import (  # noqa: E402
+    BANS,
+    CONSTRAINTS,
+    TIED_CONSTRAINTS,
+    ChannelBan,
+    TiedKey,
+    constrain_qk,
+    effective_x,
+    match_qk_norm,
+    qk_norms,
+)
 
-__all__ += ["CONSTRAINTS", "TiedKey", "constrain_qk", "effective_x"]
+__all__ += ["BANS", "CONSTRAINTS", "TIED_CONSTRAINTS", "ChannelBan", "TiedKey", "constrain_qk",
+            "effective_x", "match_qk_norm", "qk_norms"]
 
 from .effects import ablation_effect, per_head_interventions  # noqa: E402
 

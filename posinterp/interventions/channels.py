@@ -8,6 +8,12 @@ real (pairs are kept together), Π_c B = B Π_c, Π_c^2 = Π_c and Σ_c Π_c = I
 The channel's part of the circuit is M_c = W_Q Π_c W_K^T, whose content score is
 q_i Π_c k_j^T, so removing c scores with q_i (I - Π_c) k_j^T and keeps every shape.
 
+The null channel is not empty content: where B is singular, M_null = W_Q Π_null W_K^T
+can be nonzero (nilpotent: W_Q = [e1, e2], W_K = [e1, e3] give M = e1 e1^T + e2 e3^T,
+B = diag(1, 0) and M_null = e2 e3^T, with eigenvalues 0 yet a score). So
+:func:`channel_decomposition` reports its Frobenius norm next to the channels', and
+removing "every channel" must remove it too (``remove_all`` does).
+
 Projectors come from a sorted real Schur form (``scipy.linalg.schur``) and a Sylvester
 equation (``scipy.linalg.solve_sylvester``) that decouples the selected block, which
 stays stable where an eigenvector basis would be ill-conditioned.
@@ -21,7 +27,8 @@ from jaxtyping import Float
 from scipy import linalg
 from torch import Tensor
 
-__all__ = ["CHANNELS", "channel_of", "channel_projectors", "top_k_projector"]
+__all__ = ["CHANNELS", "channel_decomposition", "channel_of", "channel_projector",
+           "channel_projectors", "top_k_projector"]
 
 CHANNELS = ("positive_real", "negative_real", "complex")
 
@@ -54,6 +61,21 @@ def _projector(B: np.ndarray, select) -> np.ndarray:
     return Z @ P @ Z.T
 
 
+def channel_projector(B: np.ndarray, channel: str, eps: float = 1e-8, null_tol: float = 1e-10
+                      ) -> np.ndarray:
+    """Π_c of one channel of a float64 numpy B (``[d_head, d_head]``); 0 if B = 0.
+
+    Raises:
+        ValueError: for a ``channel`` not in :data:`CHANNELS` or ``null``.
+    """
+    if channel not in (*CHANNELS, "null"):
+        raise ValueError(f"channel must be one of {(*CHANNELS, 'null')}, got {channel!r}")
+    scale = float(np.abs(np.linalg.eigvals(B)).max()) if B.size else 0.0
+    if scale == 0.0:
+        return np.eye(len(B)) if channel == "null" else np.zeros_like(B)
+    return _projector(B, lambda re, im: channel_of(re, im, scale, eps, null_tol) == channel)
+
+
 def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
                        null_tol: float = 1e-10) -> dict[str, Float[Tensor, "d_head d_head"]]:
     """Π_c for c in :data:`CHANNELS` plus ``null``, float64, for one head's B = W_K^T W_Q.
@@ -72,14 +94,8 @@ def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
     if B.ndim != 2 or B.shape[0] != B.shape[1]:
         raise ValueError(f"B must be a square [d_head, d_head] matrix, got {tuple(B.shape)}")
     b = B.detach().double().cpu().numpy()
-    scale = float(np.abs(np.linalg.eigvals(b)).max()) if b.size else 0.0
-    out = {}
-    for c in (*CHANNELS, "null"):
-        if scale == 0.0:
-            out[c] = np.eye(len(b)) if c == "null" else np.zeros_like(b)
-            continue
-        out[c] = _projector(b, lambda re, im, c=c: channel_of(re, im, scale, eps, null_tol) == c)
-    return {c: torch.from_numpy(p) for c, p in out.items()}
+    return {c: torch.from_numpy(channel_projector(b, c, eps, null_tol))
+            for c in (*CHANNELS, "null")}
 
 
 def top_k_projector(B: Float[Tensor, "d_head d_head"], k: int) -> Float[Tensor, "d_head d_head"]:
@@ -96,3 +112,35 @@ def top_k_projector(B: Float[Tensor, "d_head d_head"], k: int) -> Float[Tensor, 
         return torch.eye(len(mods), dtype=torch.float64)
     threshold = mods[k - 1] * (1 - 1e-9)  # conjugate partners share |λ|: both pass
     return torch.from_numpy(_projector(b, lambda re, im: np.hypot(re, im) >= threshold))
+
+
+def channel_decomposition(W_Q: Float[Tensor, "d_model d_head"], W_K: Float[Tensor, "d_model d_head"],
+                          eps: float = 1e-8, null_tol: float = 1e-10) -> dict[str, float]:
+    """Frobenius norms ||M_c||_F of M = W_Q W_K^T split by B's channels, null included.
+
+    M_c = W_Q Π_c W_K^T for c in :data:`CHANNELS` and ``null`` (the null-space
+    remainder: content that no eigenvalue carries, e.g. a nilpotent part). The M_c sum
+    to M exactly; their norms do not add (the parts need not be orthogonal). Computed
+    without a d_model x d_model matrix: ||W_Q P W_K^T||_F^2 = tr(P^T Q P K) with
+    Q = W_Q^T W_Q and K = W_K^T W_K. Units: those of M (score units times attn_scale).
+
+    Returns:
+        ``{"positive_real", "negative_real", "complex", "null", "total"}`` -> float,
+        ``total`` being ||M||_F.
+
+    Raises:
+        ValueError: if W_Q and W_K are not both ``[d_model, d_head]``.
+
+    Source: docs/concepts.md, "Spectral channels" (the null channel belongs
+    to no channel, so the Π_c sum to I minus the null projector).
+    """
+    if W_Q.ndim != 2 or W_Q.shape != W_K.shape:
+        raise ValueError(f"W_Q and W_K must both be [d_model, d_head], got {tuple(W_Q.shape)} "
+                         f"and {tuple(W_K.shape)}")
+    q, k = W_Q.detach().double().cpu(), W_K.detach().double().cpu()
+    Q, K = q.T @ q, k.T @ k
+    P = channel_projectors(k.T @ q, eps, null_tol)
+    out = {c: float(torch.sqrt(torch.clamp(torch.trace(p.T @ Q @ p @ K), min=0.0)))
+           for c, p in P.items()}
+    out["total"] = float(torch.sqrt(torch.clamp((Q * K).sum(), min=0.0)))
+    return out

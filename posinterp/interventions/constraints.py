@@ -1,49 +1,88 @@
-"""Training-time constraints on QK circuits, as parametrizations of W_K (and b_K).
+"""Training-time constraints on QK circuits, as parametrizations (docs/interventions.md).
 
-In the tied family W_K := W_Q X (and b_K := b_Q X), every key is k = q X, so the
-content score is q_i X^T q_j^T and the effective form is M = W_Q X^T W_Q^T. Constraining
-X (one d_head x d_head matrix per head) constrains M by construction, for every
-optimizer step, and keeps the weight-space tools truthful (``model.W_K`` is the
-constrained matrix):
+Two families, each with its own control. Every constraint is stated on the effective
+form M = W_Q W_K^T acting on the normalized residual (the norm gain folded in,
+:data:`posinterp.analysis.spectral.QK_CONVENTION`).
+
+**Single-channel bans on untied weights** (control: the untied model, ``none``).
+W_Q := W_Q° (I - Π_c), b_Q := b_Q° (I - Π_c), with Π_c B's spectral projector onto
+channel c (:mod:`.channels`) computed from the current weights at every forward pass
+and treated as a constant (detached) in the backward pass (docs/concepts.md, "Spectral channels"):
+an eigen-projector's own gradient blows up where real eigenvalues merge into a complex
+pair. Because Π_c commutes with B, the banned head's small form is
+B' = B (I - Π_c): channel c's eigenvalues become 0 and every other eigenvalue is kept
+exactly, so exactly one channel is removed, after every optimizer step.
+
+==========================  ===============================================================
+ban                          effect on M
+==========================  ===============================================================
+``ban_positive_real``        no positive-real eigenvalue; all others as learned
+``ban_negative_real``        no negative-real eigenvalue; all others as learned
+``ban_complex``              no complex pair (no rotational channel); real ones as learned
+==========================  ===============================================================
+
+**The tied family** W_K := W_Q X, b_K := b_Q X (control: ``tied``, X free). Every
+key is k = q X, so M = W_Q X^T W_Q^T and constraining X constrains M by construction.
+These constrain *more* than one channel, and their names say what they constrain:
 
 ==========================  ===================================  ===========================
-constraint                  X                                    effect on M = W_Q X^T W_Q^T
+constraint                  X                                    effect on M
 ==========================  ===================================  ===========================
 ``tied`` (the control)      free                                 none beyond the tying
-``symmetric``               (A + A^T) / 2                        M symmetric; real spectrum:
-                                                                 this is also "no complex
-                                                                 channel" in this family
+``symmetric``               (A + A^T) / 2                        M symmetric (real spectrum;
+                                                                 a strict subset of "no
+                                                                 complex channel")
 ``antisymmetric``           (A - A^T) / 2                        M antisymmetric
-``no_positive_real``        -(L L^T + εI) + (A - A^T) / 2        every eigenvalue has Re < 0
-``no_negative_real``        +(L L^T + εI) + (A - A^T) / 2        every eigenvalue has Re > 0
+``left_half_plane``         -(L L^T + εI) + (A - A^T) / 2        every eigenvalue Re < 0
+                                                                 (bans the whole right
+                                                                 half-plane, complex
+                                                                 pairs included)
+``right_half_plane``        +(L L^T + εI) + (A - A^T) / 2        every eigenvalue Re > 0
 ==========================  ===================================  ===========================
 
-(For the last two: X G with G = W_Q^T W_Q is similar to G^½ X G^½, a definite symmetric
-part plus a skew part, whose eigenvalues lie in one open half-plane.) Compare each with
-the ``tied`` control, not with the untied model, so a comparison isolates the channel
-rather than the tying. Rotary heads: the constraint holds for M(0); RoPE's phase still
-rotates q against k.
+(For the half-planes: B = X^T S with S = W_Q^T C G² C W_Q positive semi-definite is
+similar to S^½ X^T S^½, a definite symmetric part plus a skew part.) Rotary heads: the
+constraint holds for M(0); RoPE's phase still rotates q against k.
+
+Initial scale: :func:`match_qk_norm` rescales each head's free parameters so that every
+family starts from a given ||M||_F per head (the untied model's, times a stated factor).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
 from .._validate import check_indices
+from .channels import channel_projector
 
-__all__ = ["CONSTRAINTS", "TiedKey", "constrain_qk", "effective_x"]
+__all__ = ["BANS", "CONSTRAINTS", "TIED_CONSTRAINTS", "ChannelBan", "TiedKey", "constrain_qk",
+           "effective_x", "match_qk_norm", "qk_norms"]
 
-CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "no_positive_real", "no_negative_real")
+TIED_CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "left_half_plane", "right_half_plane")
+BANS = ("ban_positive_real", "ban_negative_real", "ban_complex")
+CONSTRAINTS = TIED_CONSTRAINTS + BANS
+# old names said "no <channel>" but banned a half-plane: refuse them with the reason
+_RENAMED = {"no_positive_real": "left_half_plane", "no_negative_real": "right_half_plane"}
 _EPS = 1e-3
 
 
+def _check_kind(kind: str) -> None:
+    if kind in _RENAMED:
+        raise ValueError(f"constraint {kind!r} was renamed {_RENAMED[kind]!r}: it bans a whole "
+                         f"half-plane, not one channel; for a single-channel ban use "
+                         f"'ban_{kind.removeprefix('no_')}'")
+    if kind not in CONSTRAINTS:
+        raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {kind!r}")
+
+
 def effective_x(kind: str, A: torch.Tensor, L: torch.Tensor | None) -> torch.Tensor:
-    """X [n_heads, d_head, d_head] of a constraint from its free parameters.
+    """X [n_heads, d_head, d_head] of a tied-family constraint from its free parameters.
 
     Raises:
-        ValueError: for an unknown ``kind``.
+        ValueError: for a ``kind`` not in :data:`TIED_CONSTRAINTS`.
     """
     skew = 0.5 * (A - A.mT)
     if kind == "tied":
@@ -52,32 +91,35 @@ def effective_x(kind: str, A: torch.Tensor, L: torch.Tensor | None) -> torch.Ten
         return 0.5 * (A + A.mT)
     if kind == "antisymmetric":
         return skew
-    if kind in ("no_positive_real", "no_negative_real"):
+    if kind in ("left_half_plane", "right_half_plane"):
         eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
         definite = L @ L.mT + _EPS * eye
-        return skew + (definite if kind == "no_negative_real" else -definite)
-    raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {kind!r}")
+        return skew + (definite if kind == "right_half_plane" else -definite)
+    raise ValueError(f"tied constraint must be one of {TIED_CONSTRAINTS}, got {kind!r}")
 
 
 class TiedKey(nn.Module):
     """Parametrization W_K := W_Q X (or b_K := b_Q X) of one attention module.
 
     ``W_Q`` is read through a getter at each call (not stored as a submodule), so the
-    gradient reaches W_Q and X's free parameters.
+    gradient reaches W_Q and X's free parameters. A and L start as Ginibre matrices
+    (i.i.d. N(0, 1/d_head)) times ``init_scale``, so the tied control's B = X^T S starts
+    with a random spectrum like the untied model's, not near the identity.
     """
 
     def __init__(self, kind: str, n_heads: int, d_head: int, get_source, init_scale: float = 1.0,
-                 shared=None):
+                 shared=None, generator: torch.Generator | None = None):
         super().__init__()
-        if kind not in CONSTRAINTS:
-            raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {kind!r}")
+        if kind not in TIED_CONSTRAINTS:
+            raise ValueError(f"tied constraint must be one of {TIED_CONSTRAINTS}, got {kind!r}")
         self.kind = kind
         self._get_source = get_source
         if shared is None:
-            eye = torch.eye(d_head).expand(n_heads, d_head, d_head)
-            noise = torch.randn(n_heads, d_head, d_head) * 0.1
-            self.A = nn.Parameter(init_scale * (eye + noise))
-            self.L = nn.Parameter(0.5 * eye.clone()) if kind.startswith("no_") else None
+            def ginibre():
+                return torch.randn(n_heads, d_head, d_head, generator=generator) / d_head ** 0.5
+            self.A = nn.Parameter(init_scale * ginibre())
+            self.L = nn.Parameter(init_scale ** 0.5 * ginibre()) if kind.endswith("half_plane") \
+                else None
         else:  # the bias parametrization shares X's parameters with the weight's
             self._shared = [shared]
 
@@ -93,35 +135,159 @@ class TiedKey(nn.Module):
         return src @ X
 
 
-def constrain_qk(model, kind: str, layers: list[int] | None = None) -> None:
-    """Make W_K (and b_K) of every head in ``layers`` follow constraint ``kind``.
+class ChannelBan(nn.Module):
+    """Parametrization W_Q := W_Q° (I - Π_c) (or b_Q := b_Q° (I - Π_c)), Π_c detached.
 
-    Call before building the optimizer. The original W_K is no longer used.
+    Π_c is recomputed from the current effective weights whenever they changed (keyed
+    on the tensors' version counters, so the weight and the bias of one step share it)
+    and enters the graph as a constant.
+    """
+
+    def __init__(self, channel: str, get_weights, shared=None):
+        super().__init__()
+        self.channel = channel
+        self._get_weights = get_weights  # -> (W_Q°, W_K, gain or None, center)
+        self._shared = [shared] if shared is not None else None
+        self._key, self._P = None, None
+
+    def projector(self) -> torch.Tensor:
+        """I - Π_c per head, [n_heads, d_head, d_head], float32 on the weights' device."""
+        if self._shared is not None:
+            return self._shared[0].projector()
+        from ..analysis.spectral import effective_weights
+
+        W_Q, W_K, gain, center = self._get_weights()
+        key = tuple((id(t), t._version) for t in (W_Q, W_K, gain) if t is not None)
+        if key != self._key:
+            q = effective_weights(W_Q, gain, center).cpu().numpy()
+            k = effective_weights(W_K, gain, center).cpu().numpy()
+            eye = np.eye(q.shape[-1])
+            P = np.stack([eye - channel_projector(k[h].T @ q[h], self.channel)
+                          for h in range(q.shape[0])])
+            self._P = torch.from_numpy(P).to(W_Q.dtype).to(W_Q.device)
+            self._key = key
+        return self._P
+
+    def forward(self, original: torch.Tensor) -> torch.Tensor:
+        P = self.projector()  # a constant: no gradient through the eigen-decomposition
+        if original.ndim == 2:  # b_Q [n_heads, d_head]
+            return torch.einsum("hd,hde->he", original, P)
+        return original @ P
+
+
+def constrain_qk(model, kind: str, layers: list[int] | None = None,
+                 generator: torch.Generator | None = None) -> None:
+    """Make every head in ``layers`` follow constraint ``kind`` (see the module docstring).
+
+    Tied kinds parametrize W_K (and b_K) as W_Q X; bans parametrize W_Q (and b_Q) as
+    W_Q° (I - Π_c). Call before building the optimizer. ``generator`` seeds X's initial
+    values (tied kinds).
 
     Raises:
-        ValueError: for an unknown ``kind``, grouped-query attention (W_K shared by
-            several query heads cannot be tied per head), or ``layers`` that are not
-            distinct ints in ``[0, n_layers)`` (checked before any layer is changed).
+        ValueError: for an unknown ``kind`` (the old names ``no_positive_real`` /
+            ``no_negative_real`` name their replacement), grouped-query attention with a
+            tied kind (W_K shared by several query heads cannot be tied per head), or
+            ``layers`` that are not distinct ints in ``[0, n_layers)`` (checked before
+            any layer is changed).
     """
-    if kind not in CONSTRAINTS:
-        raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {kind!r}")
+    from ..analysis.spectral import attention_input_norm
     from ..models.backend import MissingFeatureError, is_bridge
 
+    _check_kind(kind)
     if is_bridge(model):
         raise MissingFeatureError(
             "constrain_qk parametrizes HookedTransformer's W_K parameter; a TransformerLens 4 "
             "bridge has no such parameter (W_K is a view of k.weight); use TransformerLens 3.9 "
             "for constrained training (docs/tl4.md)")
-    if model.cfg.n_key_value_heads is not None:
-        raise ValueError("constrain_qk needs one key per query head (no grouped-query attention)")
+    if kind in TIED_CONSTRAINTS and model.cfg.n_key_value_heads is not None:
+        raise ValueError("tied constraints need one key per query head (no grouped-query "
+                         "attention); the ban_* constraints work with grouped keys")
     # Every layer is checked before any is changed: a bad one leaves the model untouched.
     layers = (list(range(model.cfg.n_layers)) if layers is None
               else check_indices("layers", layers, model.cfg.n_layers))
     for layer in layers:
         attn = model.blocks[layer].attn
-        weight = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.W_Q)
+        if kind in BANS:
+            channel = kind.removeprefix("ban_")
+
+            def weights(a=attn, lay=layer):
+                gain, center, _ = attention_input_norm(model, lay)
+                return (a.parametrizations.W_Q.original.detach(), a.W_K.detach(), gain, center)
+
+            ban = ChannelBan(channel, weights)
+            parametrize.register_parametrization(attn, "W_Q", ban, unsafe=True)
+            if hasattr(attn, "b_Q"):
+                parametrize.register_parametrization(attn, "b_Q", ChannelBan(channel, None, ban),
+                                                     unsafe=True)
+            continue
+        weight = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.W_Q,
+                         generator=generator)
         parametrize.register_parametrization(attn, "W_K", weight, unsafe=True)
         if hasattr(attn, "b_K"):
             bias = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.b_Q,
                            shared=weight)
             parametrize.register_parametrization(attn, "b_K", bias, unsafe=True)
+
+
+@torch.no_grad()
+def qk_norms(model) -> torch.Tensor:
+    """||M||_F of every head's effective QK form (offset 0), ``[n_layers, n_heads]`` float64.
+
+    Source: :func:`posinterp.analysis.spectral.qk_weights` (effective convention).
+    """
+    from ..analysis.spectral import qk_weights
+
+    out = []
+    for layer in range(model.cfg.n_layers):
+        W_Q, W_K = qk_weights(model, layer)
+        # ||W_Q W_K^T||_F^2 = tr(W_Q^T W_Q W_K^T W_K): no d_model^2 matrix
+        out.append(((W_Q.mT @ W_Q) * (W_K.mT @ W_K)).sum((-1, -2)).clamp_min(0).sqrt())
+    return torch.stack(out)
+
+
+@torch.no_grad()
+def _scale_head(attn, head: int, s: float) -> None:
+    """Scale head ``head``'s free QK parameters so that M scales by about ``s``."""
+    p = getattr(attn, "parametrizations", {})
+    if "W_K" in p:  # tied: M = W_Q X^T W_Q^T is linear in X
+        tk = p["W_K"][0]
+        tk.A[head] *= s
+        if tk.L is not None:  # X = skew(A) ± (L L^T + εI): nearly linear; iterated
+            tk.L[head] *= s ** 0.5
+    elif "W_Q" in p:  # ban: Π_c is scale-free, so M' = W_Q° (I - Π_c) W_K^T is linear
+        p["W_Q"].original[head] *= s
+    else:
+        attn.W_Q[head] *= s
+
+
+@torch.no_grad()
+def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int = 50
+                  ) -> torch.Tensor:
+    """Rescale every head so its effective ||M||_F equals ``target`` ``[n_layers, n_heads]``.
+
+    Scales the free parameters the constraint leaves (W_Q for untied and banned heads,
+    X's A and L for tied ones), so the constraint still holds exactly. Exact in one step
+    where M is linear in the scaled parameter; iterated for the half-planes. A head whose
+    M is 0 (a ban that removed its whole spectrum) cannot be scaled and stays 0: compare
+    the returned norms with ``target``.
+
+    Returns:
+        The norms reached, ``[n_layers, n_heads]`` float64.
+
+    Raises:
+        ValueError: for a ``target`` of the wrong shape or with non-positive entries.
+    """
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    target = torch.as_tensor(target, dtype=torch.float64)
+    if tuple(target.shape) != shape or not (target > 0).all():
+        raise ValueError(f"target must be a positive [n_layers, n_heads] = {list(shape)} tensor, "
+                         f"got shape {list(target.shape)}")
+    for _ in range(max_iter):
+        now = qk_norms(model)
+        ratio = torch.where(now > 0, target / now.clamp_min(1e-300), torch.ones_like(now))
+        if ((ratio - 1).abs() <= rtol).all():
+            break
+        for layer in range(shape[0]):
+            for head in range(shape[1]):
+                _scale_head(model.blocks[layer].attn, head, float(ratio[layer, head]))
+    return qk_norms(model)

@@ -2,12 +2,15 @@
 
 Kinds (docs/concepts.md):
 
-* ``remove_positive_real`` / ``remove_negative_real`` / ``remove_complex`` /
-  ``remove_all``: score with q (I - Π_c) k^T, by replacing each selected head's query
+* ``remove_positive_real`` / ``remove_negative_real`` / ``remove_complex``: score with
+  q (I - Π_c) k^T, by replacing each selected head's query
   with q (I - Π_c) at ``hook_q`` (before any rotation). Π_c is applied to the whole
   query (weights and bias). For RoPE heads Π_c comes from the unrotated B, so this
   ablates the channels of M(0), the content form; the positional phase that RoPE adds
   between q and k survives.
+* ``remove_all``: every channel and the null remainder (q · 0): the content term is 0
+  (where B is singular a nilpotent part of M still scores, so removing only the three
+  channels would leave it). The bias and ALiBi parts of the score remain.
 * ``keep_top_k``: q Π_top-k instead.
 * ``symmetric`` / ``antisymmetric``: the content score c_ij = q_i · k_j / attn_scale is
   replaced by (c_ij ± c_ji) / 2 before masking, recomputed from the captured q and k
@@ -40,7 +43,7 @@ from ..models.backend import (
     scores_include_bias,
 )
 from ..models.positions import alibi_bias_of
-from .channels import CHANNELS, channel_projectors, top_k_projector
+from .channels import channel_projectors, top_k_projector
 
 __all__ = ["KINDS", "QKIntervention", "check_intervention", "intervene", "intervention_hooks"]
 
@@ -118,9 +121,13 @@ def _query_projector(model, iv: QKIntervention) -> dict[int, Float[Tensor, "d_he
         if iv.kind == "keep_top_k":
             out[h] = top_k_projector(B, iv.k)
             continue
+        if iv.kind == "remove_all":
+            # every channel *and* the null remainder (a nilpotent part of M scores too):
+            # I - (Π_pos + Π_neg + Π_complex + Π_null) = 0, so the content term is 0
+            out[h] = torch.zeros_like(B)
+            continue
         P = channel_projectors(B)
-        removed = CHANNELS if iv.kind == "remove_all" else (iv.kind.removeprefix("remove_"),)
-        out[h] = torch.eye(B.shape[0], dtype=torch.float64) - sum(P[c] for c in removed)
+        out[h] = torch.eye(B.shape[0], dtype=torch.float64) - P[iv.kind.removeprefix("remove_")]
     return out
 
 

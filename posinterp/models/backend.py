@@ -1,4 +1,4 @@
-"""The model surface posinterp reads, for TransformerLens 3.9 and 4.x (DESIGN.md §4).
+"""The model surface posinterp reads, for TransformerLens 3.9 and 4.x (docs/architecture.md).
 
 Analyses ask this module, never the TransformerLens version or a model's class:
 

@@ -62,6 +62,10 @@ class ModelInfo:
         rope_parameters: the HF config's RoPE settings (type, base, partial fraction,
             scaling) that the installed frequencies follow, or None.
         processing: weight-processing flags (fold_ln, center_writing_weights, ...).
+        qk_convention: how spectra read W_Q, W_K for this model (one convention for
+            every loader: the norm gain folded in, LayerNorm's centering applied; says
+            whether the loader or posinterp.spectral folds it), from
+            :func:`posinterp.analysis.spectral.qk_convention`.
         weights: where the weights came from (path or hub id) and, for files, sha256.
     """
 
@@ -79,6 +83,7 @@ class ModelInfo:
     alibi_slopes: tuple[float, ...] | None = None
     rope_parameters: dict | None = None
     processing: dict = field(default_factory=dict)
+    qk_convention: dict = field(default_factory=dict)
     weights: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -89,7 +94,8 @@ class ModelInfo:
                    causal: bool = True, alibi_slopes=None, rope_parameters: dict | None = None,
                    processing: dict | None = None,
                    weights: dict | None = None) -> ModelInfo:
-        """Fill the attention/rotary fields from ``model.cfg``."""
+        """Fill the attention/rotary fields from ``model.cfg``, and the QK convention."""
+        from ..analysis.spectral import qk_convention
         from .backend import is_bridge, rotary_spec
 
         cfg = model.cfg
@@ -108,5 +114,6 @@ class ModelInfo:
             rotary_base=float(cfg.rotary_base) if rotary else None,
             alibi_slopes=tuple(float(s) for s in alibi_slopes) if alibi_slopes is not None else None,
             rope_parameters=dict(rope_parameters) if rope_parameters else None,
-            processing=dict(processing or {}), weights=dict(weights or {}),
+            processing=dict(processing or {}), qk_convention=qk_convention(model),
+            weights=dict(weights or {}),
         )

@@ -6,11 +6,13 @@ import pytest
 from scipy import stats
 
 from posinterp.analysis.fingerprint import (
+    dynamics_summary,
     fingerprint_table,
     fingerprint_test,
     head_dynamics,
     head_table,
     scheme_group,
+    trajectory_correlations,
 )
 from posinterp.analysis.heads import previous_token_scores, random_tokens
 from tests.helpers import tiny_model
@@ -74,3 +76,53 @@ def test_head_table_on_a_model():
     np.testing.assert_allclose(table.previous_token_score, direct.value)
     dyn = head_dynamics([(0, model), (5, model)], n_sequences=2, n_tokens=8, n_null=50)
     assert set(dyn.step) == {0, 5} and len(dyn) == 2 * len(table)
+
+
+def test_units_pool_zoo_seeds_and_models_without_a_previous_token_head_are_left_out():
+    heads = {
+        "zoo:rotary:0": _heads([0.9, 0.1], [0.8, 0.1]),
+        "zoo:rotary:1": _heads([0.7, 0.1], [0.8, 0.1]),
+        "stories.bin": _heads([0.99, 0.99], [0.09, 0.05]),  # no previous-token head
+        "zoo:absolute:0": _heads([0.2, 0.1], [0.8, 0.1]),
+        "gpt2": _heads([0.3, 0.1], [0.8, 0.1]),
+    }
+    schemes = {n: ("rotary" if "rotary" in n or "stories" in n else "absolute", True)
+               for n in heads}
+    table = fingerprint_table(heads, schemes, K=1)
+    assert set(table.unit) == {"zoo:rotary", "stories.bin", "zoo:absolute", "gpt2"}
+    assert not table.set_index("model").has_prev_head["stories.bin"]
+    res = fingerprint_test(table)
+    # one RoPE unit (mean of the two seeds, 0.8) vs two others: 1 / C(3, 1)
+    assert (res.n_rope.iloc[0], res.n_other.iloc[0]) == (1, 2)
+    assert res.mean_rope.iloc[0] == pytest.approx(0.8)
+    assert res.min_possible_p.iloc[0] == pytest.approx(1 / 3)
+    assert "stories.bin" in res.note.iloc[0]
+    per_model = fingerprint_test(fingerprint_table(heads, schemes, K=1, units="model"))
+    assert per_model.n_rope.iloc[0] == 2
+    nothing = fingerprint_test(fingerprint_table({"stories.bin": heads["stories.bin"]},
+                                                 {"stories.bin": ("rotary", True)}, K=1))
+    assert len(nothing) == 0 and "no unit left" in nothing.attrs["note"]
+    with pytest.raises(ValueError, match="units must be one of"):
+        fingerprint_table(heads, schemes, units="seed")
+
+
+def test_trajectory_correlations_are_within_head():
+    # two heads whose score and mass move in opposite directions over training, but the
+    # head with the higher scores also has the higher masses: pooled over heads and
+    # snapshots the correlation is positive, within each head it is -1
+    steps = [0, 10, 100, 1000]
+    rows = []
+    for head, (s0, m0) in enumerate([(0.0, 0.0), (1.0, 1.0)]):
+        for i, step in enumerate(steps):
+            rows.append(dict(model="m", layer=0, head=head, step=step,
+                             previous_token_score=s0 + 0.1 * i, rotational_mass=m0 - 0.1 * i))
+    dyn = pd.DataFrame(rows)
+    pooled = stats.spearmanr(dyn.previous_token_score, dyn.rotational_mass).statistic
+    assert pooled > 0
+    corr = trajectory_correlations(dyn)
+    assert corr.rho.tolist() == pytest.approx([-1.0, -1.0]) and (corr.n_steps == 4).all()
+    summ = dynamics_summary(corr)
+    assert summ.median_rho.iloc[0] == pytest.approx(-1.0) and summ.share_negative.iloc[0] == 1.0
+    assert summ.top_head.iloc[0] == "L0H1"
+    with pytest.raises(ValueError, match="snapshots"):
+        trajectory_correlations(dyn[dyn.step < 100])

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -7,14 +9,15 @@ from posinterp.analysis.spectral import (
     eigenvalues,
     ginibre_null,
     null_percentiles,
+    qk_convention,
     qk_spectrum,
     qk_weights,
     rotational_measures,
     spectral_measures,
 )
-from posinterp.models import ToyModelConfig, build_model
+from posinterp.models import ToyModelConfig, build_model, load_model
 from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
-from tests.helpers import gqa_model, tiny_model
+from tests.helpers import gqa_model, random_tokens, tiny_model
 
 
 def test_eigenvalues_equal_dense_numpy_on_random_heads():
@@ -147,10 +150,26 @@ def test_null_calibration_at_init_with_128_heads():
     meas = spectral_measures(model)
     null = ginibre_null(64, 16, n_heads=2000, std=cfg.init_std, seed=3)
     pct = null_percentiles(meas, null)
+    pct = pct[~pct.metric.str.endswith("_se")]
     for metric, g in pct.groupby("metric"):
         assert len(g) == 128
         inside = g.value.between(2.5, 97.5).mean()
         assert inside >= 0.9, (metric, inside)
+
+
+def test_null_percentile_se_matches_the_spread_over_null_seeds():
+    model = tiny_model("nope")
+    meas = spectral_measures(model, layers=[0], heads=[0])
+    pcts, ses = [], []
+    for seed in range(40):
+        null = ginibre_null(32, 8, n_heads=200, seed=seed)
+        out = null_percentiles(meas, null).set_index("metric").value
+        pcts.append(out["rotational_mass_null_percentile"])
+        ses.append(out["rotational_mass_null_percentile_se"])
+    ratio = np.std(pcts, ddof=1) / np.mean(ses)
+    assert 0.7 < ratio < 1.4, ratio  # the binomial SE is the seed-to-seed spread
+    big = null_percentiles(meas, ginibre_null(32, 8, seed=0))  # default size
+    assert big[big.metric.str.endswith("_se")].value.max() <= 1.0
 
 
 def test_measures_table_is_tidy():
@@ -160,3 +179,61 @@ def test_measures_table_is_tidy():
                               "n_complex_pairs"}
     assert set(df["head"]) == {0, 2} and set(df.layer) == {1}
     assert df[df.metric != "n_complex_pairs"].value.between(0, 1).all()
+
+
+def _processed_copy(model):
+    """The same weights loaded through TransformerLens's fold_ln (as HF checkpoints are)."""
+    import copy
+
+    from transformer_lens import HookedTransformer
+
+    twin = HookedTransformer(copy.deepcopy(model.cfg), move_to_device=False)
+    twin.load_and_process_state_dict(model.state_dict(), fold_ln=True, center_writing_weights=True,
+                                     center_unembed=True, fold_value_biases=True)
+    return twin
+
+
+@pytest.mark.parametrize("pe, norm", [("absolute", "LN"), ("rotary", "RMS"), ("alibi", "LN")])
+def test_raw_and_processed_loads_give_the_same_spectra(pe, norm):
+    model = tiny_model(pe, normalization=norm)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # trained-looking gains: the fold matters
+        for block in model.blocks:
+            block.ln1.w.copy_(torch.rand(block.ln1.w.shape, generator=gen) * 1.5 + 0.25)
+    twin = _processed_copy(model)
+    assert twin.cfg.normalization_type == norm + "Pre"
+    toks = random_tokens(model, 2, 8)
+    # same model (center_unembed shifts logits by a constant: compare log-probs)
+    torch.testing.assert_close(model(toks).log_softmax(-1), twin(toks).log_softmax(-1),
+                               atol=1e-4, rtol=1e-4)
+    # equal up to the float32 rounding of the folded weights
+    a, b = spectral_measures(model), spectral_measures(twin)
+    np.testing.assert_allclose(a.value, b.value, atol=1e-5)
+    sa, sb = qk_spectrum(model), qk_spectrum(twin)
+    np.testing.assert_allclose(sa[["real", "imag"]], sb[["real", "imag"]], rtol=1e-4, atol=1e-8)
+    # the stored matrices do differ: without the convention the numbers would too
+    raw = spectral_measures(model, weights="stored")
+    assert np.abs(raw.value.to_numpy() - b.value.to_numpy()).max() > 1e-3
+    assert qk_convention(model)["norm_gain"] == "folded by posinterp.spectral"
+    assert qk_convention(twin)["norm_gain"] == "folded by the loader"
+    assert qk_convention(model)["centered"] == (norm == "LN")
+
+
+def test_bad_weights_convention_names_the_parameter():
+    with pytest.raises(ValueError, match="weights must be one of"):
+        spectral_measures(tiny_model("nope"), weights="folded")
+
+
+STORIES = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "stories260K.bin"
+
+
+@pytest.mark.skipif(not STORIES.is_file(), reason=f"{STORIES} not present")
+def test_stories260k_raw_and_folded_loads_agree_under_the_convention():
+    raw, info = load_model(STORIES)
+    folded, finfo = load_model(STORIES, fold_ln=True)
+    assert info.qk_convention["norm_gain"] == "folded by posinterp.spectral"
+    assert finfo.qk_convention["norm_gain"] == "folded by the loader"
+    a, b = spectral_measures(raw), spectral_measures(folded)
+    np.testing.assert_allclose(a.value, b.value, atol=1e-6)
+    assert np.abs(spectral_measures(raw, weights="stored").value.to_numpy()
+                  - b.value.to_numpy()).max() > 0.1  # the gains are far from 1

@@ -1,8 +1,21 @@
+import numpy as np
 import pytest
 import torch
 
-from posinterp.analysis.spectral import antisymmetric_energy, eigenvalues
-from posinterp.interventions import CONSTRAINTS, constrain_qk
+from posinterp.analysis.spectral import (
+    antisymmetric_energy,
+    channel_masses,
+    eigenvalues,
+    qk_weights,
+)
+from posinterp.interventions import (
+    BANS,
+    CONSTRAINTS,
+    TIED_CONSTRAINTS,
+    constrain_qk,
+    match_qk_norm,
+    qk_norms,
+)
 from tests.helpers import random_tokens, tiny_model
 
 
@@ -19,11 +32,16 @@ def _train_steps(model, n=3):
     return grads
 
 
-@pytest.mark.parametrize("kind", CONSTRAINTS)
+def _effective(model):
+    W = [qk_weights(model, layer) for layer in range(model.cfg.n_layers)]
+    return torch.stack([q for q, _ in W]), torch.stack([k for _, k in W])
+
+
+@pytest.mark.parametrize("kind", TIED_CONSTRAINTS)
 @pytest.mark.parametrize("pe", ["absolute", "rotary"])
-def test_constraint_holds_after_optimizer_steps_and_gradients_flow(kind, pe):
+def test_tied_constraint_holds_after_optimizer_steps_and_gradients_flow(kind, pe):
     model = tiny_model(pe)
-    constrain_qk(model, kind)
+    constrain_qk(model, kind, generator=torch.Generator().manual_seed(0))
     grads = _train_steps(model)
     assert all(g > 0 for g in grads)
     attn = model.blocks[0].attn
@@ -34,6 +52,8 @@ def test_constraint_holds_after_optimizer_steps_and_gradients_flow(kind, pe):
     W_Q, W_K = model.W_Q.detach().double(), model.W_K.detach().double()  # [layer, head, ...]
     Xs = torch.stack([b.attn.parametrizations.W_K[0].x().detach().double() for b in model.blocks])
     torch.testing.assert_close(W_K, W_Q @ Xs, rtol=1e-5, atol=1e-6)
+    # the constraint holds on the effective form (trained LN gains folded, centred)
+    W_Q, W_K = _effective(model)
     a = antisymmetric_energy(W_Q, W_K)
     lam = eigenvalues(W_Q, W_K)
     top = lam.abs().amax(-1, keepdim=True)
@@ -42,9 +62,9 @@ def test_constraint_holds_after_optimizer_steps_and_gradients_flow(kind, pe):
         assert (a < 1e-10).all() and real.all()
     elif kind == "antisymmetric":
         assert ((a - 1).abs() < 1e-10).all()
-    elif kind == "no_positive_real":
+    elif kind == "left_half_plane":
         assert (lam.real < 1e-9 * top).all()
-    elif kind == "no_negative_real":
+    elif kind == "right_half_plane":
         assert (lam.real > -1e-9 * top).all()
     # Keys really are k = q X (biases tied too), so the forward pass obeys the constraint.
     _, cache = model.run_with_cache(random_tokens(model, 1, 6, seed=1))
@@ -53,9 +73,77 @@ def test_constraint_holds_after_optimizer_steps_and_gradients_flow(kind, pe):
                                rtol=1e-4, atol=1e-5)
 
 
+def test_half_plane_bans_a_complex_pair_that_has_no_positive_real_part():
+    """B with eigenvalues 0.5 ± 1i has no positive-real eigenvalue, yet left_half_plane
+    cannot represent it (issue 14): the name says what it constrains."""
+    model = tiny_model("nope")
+    constrain_qk(model, "left_half_plane", generator=torch.Generator().manual_seed(0))
+    lam = eigenvalues(*_effective(model))
+    assert (lam.real < 0).all()  # no eigenvalue with Re > 0, complex or not
+
+
+@pytest.mark.parametrize("kind", BANS)
+@pytest.mark.parametrize("pe", ["absolute", "rotary"])
+def test_single_channel_ban_removes_exactly_that_channel_after_optimizer_steps(kind, pe):
+    model = tiny_model(pe)
+    before = eigenvalues(*_effective(model))
+    constrain_qk(model, kind)
+    attn = model.blocks[0].attn
+    # at once: B' = B (I - Π_c) keeps every other eigenvalue exactly, channel c goes to 0
+    channel = kind.removeprefix("ban_")
+    after = eigenvalues(*_effective(model))
+    keep = {c: m for c, m in channel_masses(before).items()}
+    assert (keep[channel] > 0).any()  # the ban has something to remove
+    for lam0, lam1 in zip(before.reshape(-1, before.shape[-1]), after.reshape(-1, after.shape[-1]),
+                          strict=True):
+        top = lam0.abs().max()
+        cplx = lam0.imag.abs() > 1e-8 * top
+        in_c = {"complex": cplx, "positive_real": ~cplx & (lam0.real > 0),
+                "negative_real": ~cplx & (lam0.real < 0)}[channel]
+        want = np.sort_complex(lam0[~in_c].numpy())
+        got = lam1.numpy()
+        # the banned weights are float32: removed eigenvalues fall to ~1e-7 of the top
+        got = np.sort_complex(got[np.abs(got) > 1e-5 * float(top)])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(top))
+    grads = _train_steps(model)
+    assert all(g > 0 for g in grads)
+    assert attn.parametrizations.W_Q.original.grad.abs().sum() > 0
+    assert attn.W_K.grad.abs().sum() > 0
+    # after AdamW steps (weights, LN gains and W_K all moved): still banned, others alive
+    masses = channel_masses(eigenvalues(*_effective(model)))
+    assert masses[channel].max() < 1e-5  # float32 weights: zero up to rounding
+    others = [c for c in masses if c != channel]
+    left = sum(masses[c] for c in others)
+    # the other channels carry all the mass; a head whose whole spectrum was in channel
+    # c has none left (M' = 0), which is what banning c means for it
+    assert (((left - 1).abs() < 1e-5) | (left == 0)).all() and (left > 0).float().mean() > 0.5
+    # the forward pass uses the banned weights: q = (x W_Q° + b_Q°)(I - Π_c)
+    _, cache = model.run_with_cache(random_tokens(model, 1, 6, seed=1))
+    x = cache["blocks.0.ln1.hook_normalized"]
+    gain = model.blocks[0].ln1.w
+    q_want = torch.einsum("bpd,hde->bphe", x * gain + model.blocks[0].ln1.b, attn.W_Q) + attn.b_Q
+    torch.testing.assert_close(cache["blocks.0.attn.hook_q"], q_want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", CONSTRAINTS)
+def test_every_family_starts_from_the_matched_norm(kind):
+    target = qk_norms(tiny_model("absolute"))  # the untied model's, same seed
+    model = tiny_model("absolute")
+    constrain_qk(model, kind, generator=torch.Generator().manual_seed(0))
+    reached = match_qk_norm(model, 0.5 * target)
+    torch.testing.assert_close(reached, 0.5 * target, rtol=1e-5, atol=0)
+    torch.testing.assert_close(qk_norms(model), 0.5 * target, rtol=1e-5, atol=0)
+    if kind in BANS:  # still banned after rescaling
+        assert channel_masses(eigenvalues(*_effective(model)))[kind[4:]].max() < 1e-5
+
+
 def test_bad_constraints():
     model = tiny_model("nope")
     with pytest.raises(ValueError, match="constraint must be one of"):
         constrain_qk(model, "orthogonal")
+    with pytest.raises(ValueError, match="renamed 'left_half_plane'.*ban_positive_real"):
+        constrain_qk(model, "no_positive_real")
     with pytest.raises(ValueError, match="layers must be in"):
         constrain_qk(model, "symmetric", layers=[5])
+    with pytest.raises(ValueError, match="target must be"):
+        match_qk_norm(model, torch.ones(3))

@@ -7,6 +7,7 @@ from posinterp.interventions import (
     CHANNELS,
     KINDS,
     QKIntervention,
+    channel_decomposition,
     channel_projectors,
     intervene,
     intervention_hooks,
@@ -124,6 +125,54 @@ def test_removing_every_channel_zeroes_the_content_term(pe):
         pattern = cache["blocks.0.attn.hook_pattern"]
         uniform = lower.double() / lower.sum(-1, keepdim=True)
         torch.testing.assert_close(pattern.double(), uniform.expand_as(pattern), atol=1e-5, rtol=0)
+
+
+def _nilpotent_head():
+    """W_Q = [e1, e2], W_K = [e1, e3]: B = diag(1, 0), M = e1 e1^T + e2 e3^T (issue 14)."""
+    eye = torch.eye(3, dtype=torch.float64)
+    return eye[:, [0, 1]], eye[:, [0, 2]]
+
+
+def test_decomposition_reports_the_null_remainder_in_closed_form():
+    W_Q, W_K = _nilpotent_head()
+    d = channel_decomposition(W_Q, W_K)
+    # M_pos = e1 e1^T (norm 1), M_null = e2 e3^T (norm 1, eigenvalues 0 yet it scores)
+    assert d["positive_real"] == pytest.approx(1.0, abs=1e-12)
+    assert d["null"] == pytest.approx(1.0, abs=1e-12)
+    assert d["negative_real"] == pytest.approx(0.0, abs=1e-12)
+    assert d["complex"] == pytest.approx(0.0, abs=1e-12)
+    assert d["total"] == pytest.approx(np.sqrt(2), abs=1e-12)
+    # against the d_model x d_model form built directly
+    q, k, _ = _random_B(3, d_model=10, d_head=4)
+    k[:, 0] = 0
+    P = channel_projectors(k.T @ q)
+    d = channel_decomposition(q, k)
+    for c, p in P.items():
+        assert d[c] == pytest.approx(float(torch.linalg.norm(q @ p @ k.T)), rel=1e-9, abs=1e-12)
+
+
+def test_remove_all_removes_the_nilpotent_part_too():
+    model = tiny_model("nope", normalization="RMS")  # RMS: no centering, B stays diag(1, 0)
+    attn = model.blocks[0].attn
+    W_Q, W_K = _nilpotent_head()
+    with torch.no_grad():
+        attn.W_Q[0].zero_()
+        attn.W_K[0].zero_()
+        attn.W_Q[0, :3, :2] = W_Q.float()
+        attn.W_K[0, :3, :2] = W_K.float()
+    toks = random_tokens(model, 2, 8, seed=5)
+    _, content = _scores_and_content(model, toks)
+    lower = torch.ones(8, 8, dtype=torch.bool).tril()
+    pos = _hooked_scores(model, toks, QKIntervention("remove_positive_real", 0, heads=(0,)))
+    # only e1 e1^T went: the e2 e3^T part still scores
+    _, cache = model.run_with_cache(toks)
+    x = cache["blocks.0.ln1.hook_normalized"].double()
+    nil = torch.einsum("bi,bj->bij", x[..., 1], x[..., 2]) / model.cfg.attn_scale
+    torch.testing.assert_close(pos[:, 0][:, lower], nil[:, lower], atol=1e-5, rtol=1e-4)
+    assert nil[:, lower].abs().max() > 1e-2
+    got = _hooked_scores(model, toks, QKIntervention("remove_all", 0, heads=(0,)))
+    assert got[:, 0][:, lower].abs().max() < 1e-6
+    assert content[:, 0][:, lower].abs().max() > 1e-2
 
 
 def test_context_manager_restores_exactly_and_keeps_user_hooks():

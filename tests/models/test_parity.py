@@ -119,7 +119,7 @@ def test_spectra_rotate_with_the_frequencies_the_model_uses(folders, no_network)
                              center_writing_weights=False)
     inv = 1.0 / 500000.0 ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4)
     R = rotary_matrix(info.d_head, info.rotary_dim, 1.0, inv_freq=inv)
-    W_Q, W_K1 = qk_weights(model, 0, offset=-1)
+    W_Q, W_K1 = qk_weights(model, 0, offset=-1, weights="stored")  # raw load: stored matrices
     torch.testing.assert_close(W_K1, model.blocks[0].attn.W_K.detach().double() @ R.T)
     # the model's own rotated keys at position 1 are k R(1)
     toks = torch.randint(0, 97, (1, 3))

@@ -1,0 +1,47 @@
+"""The reproduction pages are the run outputs they cite, rendered by code: no hand-typed figure.
+
+Each page under docs/reproductions is written by its experiment's ``render_markdown``
+from the run's own CSVs and run.json, which are committed next to it
+(docs/reproductions/data/...). Regenerating the page from the committed data must give
+the committed page exactly.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from posinterp.experiments import qk_constraints, spectrum
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "reproductions"
+
+
+@pytest.mark.parametrize("page, data, render", [
+    ("qk-constraints.md", "qk-constraints", qk_constraints.render_markdown),
+    ("fingerprints.md", "fingerprints", spectrum.render_markdown),
+])
+def test_committed_page_is_its_committed_run_outputs(page, data, render):
+    assert (DOCS / page).read_text() == render(DOCS / "data" / data)
+
+
+def test_committed_qk_run_is_the_grid_the_page_claims():
+    """The must-show figures come from a full grid: >= 5 seeds per cell, every cell there."""
+    data = DOCS / "data" / "qk-constraints"
+    runs = pd.read_csv(data / "runs.csv")
+    counts = runs.groupby(["pe", "constraint"]).size()
+    assert (counts >= 5).all()
+    summary = pd.read_csv(data / "summary.csv", keep_default_na=False, na_values=[""])
+    assert set(zip(summary.pe, summary.constraint, strict=True)) == set(counts.index)
+    # every ban's channel is empty after training (float32 weights: up to rounding)
+    bans = runs[runs.constraint.str.startswith("ban_")]
+    assert len(bans) and (bans.final_max_banned_mass <= qk_constraints.BANNED_MASS_TOL).all()
+    # matched init: every family of a seed starts from the untied model's mean ||M||_F,
+    # except models where a ban emptied a head (all its eigenvalues in the banned channel)
+    alive = runs[[c for c in runs if c.startswith("init_mass_")]].sum(axis=1) > 1 - 1e-6
+    for _, g in runs[alive].groupby(["pe", "seed"]):
+        untied = runs[(runs.pe == g.pe.iloc[0]) & (runs.seed == g.seed.iloc[0])
+                      & (runs.constraint == "none")].init_norm_M.iloc[0]
+        assert (g.init_norm_M - untied).abs().max() <= 1e-5 * untied
+    assert (runs[~alive].constraint.str.startswith("ban_")).all()
+    total = sum(f.stat().st_size for f in data.iterdir())
+    assert total < 400_000  # small run outputs only
