@@ -43,6 +43,12 @@ _TL3_ONLY = {
     "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "uses GPT-NeoX",
     "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",
     "tests/models/test_pretrained.py::test_hub_names": "hub names are TL 3.9 only",
+    "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
+    "processes weights with HookedTransformer.load_and_process_state_dict",
+    "tests/analysis/test_spectral.py::test_stories260k": "llama2.c loading is not yet ported "
+    "to TL 4",
+    "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "
+    "head weights through attn.W_Q, which a TL 4 bridge returns as a copy",
     "tests/test_first_hour.py::test_unknown_hub_name_is_short": "hub names are TL 3.9 only",
     "tests/test_first_hour.py::test_offline_hub_says_so_at_once": "hub names are TL 3.9 only",
     "tests/test_first_hour.py::test_bloom_and_bf16_loads_are_quiet": "TL 4.3's weight "
