@@ -171,7 +171,12 @@ def padded_batches(draw):
     seed = draw(st.integers(0, 2**31 - 1))
     lengths = draw(st.lists(st.integers(3, pos), min_size=batch, max_size=batch))
     rng = np.random.default_rng(seed)
-    sims = rng.integers(0, levels, size=(batch, pos, pos)).astype(float) / max(levels - 1, 1)
+    steps = rng.integers(0, levels, size=(batch, pos, pos))
+    if draw(st.booleans()):  # a few distinct values: heavy ties
+        sims = steps.astype(float) / max(levels - 1, 1)
+    else:  # values a few ulps apart, and -0.0 next to 0.0: exact comparison matters
+        sims = np.where(steps == 0, -0.0, 0.5 + steps * np.spacing(0.5))
+        sims[:, ::3] = 0.0
     for b, n in enumerate(lengths):
         sims[b, n:, :] = np.nan
         sims[b, :, n:] = np.nan
@@ -195,12 +200,15 @@ def test_batched_kernel_matches_oracle_with_ties_and_padding(data, strict):
             brute_force_matrix(sims[b, :n, :n], strict), abs=1e-12)
 
 
-@pytest.mark.parametrize("levels", [3, 50, None])
-def test_long_rows_match_pair_count(levels):
-    """Rows long enough for several merge passes, with ties at every level of the merge."""
+@pytest.mark.parametrize("kind", ["3 levels", "50 levels", "normal", "ulps apart"])
+def test_long_rows_match_pair_count(kind):
+    """Long rows with many ties, or with distinct values closer than the kernel's key bits."""
     rng = np.random.default_rng(4)
     n = 300
-    sim = rng.normal(size=(n, n)) if levels is None else rng.integers(0, levels, (n, n)) * 0.1
+    sim = {"3 levels": lambda: rng.integers(0, 3, (n, n)) * 0.1,
+           "50 levels": lambda: rng.integers(0, 50, (n, n)) * 0.1,
+           "normal": lambda: rng.normal(size=(n, n)),
+           "ulps apart": lambda: 0.5 + rng.integers(0, 1000, (n, n)) * np.spacing(0.5)}[kind]()
     for ties in ("half", "strict"):
         res = adjacency_score(torch.from_numpy(sim), ties=ties)
         for k in [2, 3, 16, 17, 31, 32, 33, 64, 65, 200, n - 1]:
