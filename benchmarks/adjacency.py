@@ -3,7 +3,8 @@
 Run alone, from the repository root::
 
     python benchmarks/adjacency.py            # adjacency ratios, ~1 min on 2 cores
-    python benchmarks/adjacency.py --demo     # also `posinterp demo --quick`, idle and loaded
+    python benchmarks/adjacency.py --demo     # also `posinterp demo --quick`, alone and loaded
+    python benchmarks/adjacency.py --demo 1 2 # ... at one and at two torch threads
 
 Prints, with the machine, the load average and the date:
 
@@ -15,8 +16,10 @@ Prints, with the machine, the load average and the date:
    since its cost grows with d and the score's does not. Both scores are checked equal.
 3. The score at every length: batches of short and long sequences against their
    cosine matrices.
-4. With ``--demo``: wall and CPU time of ``posinterp demo --quick`` alone and next to
-   one CPU-bound process (a Python busy loop), and their ratio (target <= 2).
+4. With ``--demo``: wall and CPU time of ``posinterp demo --quick`` alone (target
+   <= 120 s) and next to one CPU-bound process (a Python busy loop), their ratio
+   (target <= 2), and the CPU time other processes used meanwhile, which says how
+   alone "alone" was.
 
 Times are the best of ``--repeat`` runs after a warm-up call (which also loads the
 compiled kernel). Targets are ratios, never absolute times.
@@ -143,35 +146,54 @@ def every_length(lengths: list[int], d: int, repeat: int, seed: int) -> None:
               f"{t_adj / t_cos:>7.2f}")
 
 
-def timed_demo(out: Path) -> tuple[float, float]:
-    """Wall and CPU (user + system) seconds of ``posinterp demo --quick`` in a subprocess."""
+def _busy_jiffies() -> int | None:
+    """CPU time spent by every process on the machine so far, in clock ticks (Linux)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return user + nice + system + irq + softirq + steal
+
+
+def timed_demo(out: Path, threads: int) -> tuple[float, float, float | None]:
+    """Wall and CPU (user + system) seconds of ``posinterp demo --quick`` in a subprocess,
+    and the CPU seconds every other process on the machine used meanwhile (the load)."""
     shutil.rmtree(out, ignore_errors=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    machine_before = _busy_jiffies()
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "posinterp.cli", "demo", "--quick", "--no-progress",
-                    "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+                    "--threads", str(threads), "--out", str(out)], check=True,
+                   stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t
+    machine_after = _busy_jiffies()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    others = (None if machine_before is None else
+              (machine_after - machine_before) / os.sysconf("SC_CLK_TCK") - cpu)
+    return wall, cpu, others
 
 
-def demo() -> None:
+def demo(threads: list[int]) -> None:
+    def show(label, wall, cpu, others):
+        load = "" if others is None else f", other processes {others:.0f} CPU-s"
+        print(f"  {label}: wall {wall:.0f} s, demo CPU {cpu:.0f} s{load}")
+
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"posinterp demo --quick alone ({load()}):")
-        wall_idle, cpu_idle = timed_demo(Path(tmp) / "idle")
-        print(f"  wall {wall_idle:.0f} s, CPU {cpu_idle:.0f} s  (target wall <= 120 s)")
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        try:
-            time.sleep(1)
-            print(f"posinterp demo --quick next to one CPU-bound process ({load()}):")
-            wall_busy, cpu_busy = timed_demo(Path(tmp) / "busy")
-        finally:
-            busy.kill()
-            busy.wait()
-        # The busy loop is killed, not waited on normally: its CPU time is not in the totals.
-        print(f"  wall {wall_busy:.0f} s, CPU {cpu_busy:.0f} s")
-        print(f"  ratio loaded / alone = {wall_busy / wall_idle:.2f}  (target <= 2)")
+        for n in threads:
+            print(f"posinterp demo --quick --threads {n}:")
+            alone = timed_demo(Path(tmp) / "alone", n)
+            show("alone", *alone)
+            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            try:
+                loaded = timed_demo(Path(tmp) / "loaded", n)
+            finally:
+                busy.kill()
+                busy.wait()
+            show("next to one busy-loop process (counted in 'other')", *loaded)
+            print(f"  ratio loaded / alone = {loaded[0] / alone[0]:.2f}  (target <= 2; "
+                  "target alone <= 120 s)")
 
 
 def main() -> None:
@@ -183,8 +205,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (the targets are at 1)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--demo", action="store_true", help="also time `posinterp demo --quick` "
-                   "alone and next to one busy process (~5 min)")
+    p.add_argument("--demo", type=int, nargs="*", default=None, metavar="THREADS",
+                   help="also time `posinterp demo --quick` alone and next to one busy "
+                   "process, for each thread count given (default 1; ~6 min per count)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}; {machine()}")
@@ -192,8 +215,8 @@ def main() -> None:
     by_layer(args.repeat)
     one_matrix(args.n, args.dims, args.repeat, args.seed)
     every_length(args.lengths, 192, args.repeat, args.seed)
-    if args.demo:
-        demo()
+    if args.demo is not None:
+        demo(args.demo or [1])
 
 
 if __name__ == "__main__":

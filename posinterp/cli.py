@@ -113,11 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="train a NoPE model on reversal and report its adjacency "
                        "pattern at init and after training (offline, CPU)")
-    d.add_argument("--quick", action="store_true", help="6-digit strings, ~2-4 minutes")
+    d.add_argument("--quick", action="store_true", help="6-digit strings, final accuracy on "
+                   "5,000 held-out samples; ~3 minutes on one thread (docs/performance.md)")
     d.add_argument("--digits", type=int, default=None, help="string length (default 8, quick 6)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--max-steps", type=int, default=None)
-    d.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    d.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steady "
+                   "when other jobs share the cores; --threads 2 is faster on an otherwise idle "
+                   "2-core machine but several times slower next to a busy process; results "
+                   "depend on the thread count)")
     d.add_argument("--out", default=None, help="output folder, resumable (default "
                    "posinterp-demo, or posinterp-demo-quick with --quick)")
     d.add_argument("--no-progress", action="store_true")
