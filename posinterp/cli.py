@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="train a NoPE model on reversal and report its adjacency "
                        "pattern at init and after training (offline, CPU)")
     d.add_argument("--quick", action="store_true", help="6-digit strings, final accuracy on "
-                   "5,000 held-out samples; ~3 minutes on one thread (docs/performance.md)")
+                   "5,000 held-out samples; ~2.5 min on one thread, ~80 s with --threads 2 "
+                   "on an idle 2-core machine (docs/performance.md)")
     d.add_argument("--digits", type=int, default=None, help="string length (default 8, quick 6)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--max-steps", type=int, default=None)

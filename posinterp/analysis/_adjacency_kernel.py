@@ -64,15 +64,18 @@ def _count_sorted_row(v, k, keys, bits, cols, full, tree):
     """
     col_mask = np.uint64((1 << bits) - 1)
     for t in range(k):
-        c = np.int64(keys[t] & col_mask)
-        cols[t] = c
-        full[t] = _order_key(v[c])
-    # Repair: sort each run of equal truncated keys by full key, stably (columns ascend).
+        cols[t] = np.int64(keys[t] & col_mask)
+    # Repair each run of equal truncated keys: sort it by full key, stably (its columns
+    # ascend), and count its ties. Values in different runs differ, so most rows never
+    # look at a full key.
+    tie = 0
     start = 0
     for t in range(1, k + 1):
         if t < k and (keys[t] & ~col_mask) == (keys[start] & ~col_mask):
             continue
         if t - start > 1:
+            for u in range(start, t):
+                full[u] = _order_key(v[cols[u]])
             if t - start <= _SHORT_RUN:
                 for u in range(start + 1, t):
                     f = full[u]
@@ -91,16 +94,15 @@ def _count_sorted_row(v, k, keys, bits, cols, full, tree):
                 for u in range(t - start):
                     full[start + u] = seg_full[order[u]]
                     cols[start + u] = seg_cols[order[u]]
-        start = t
-    tie = 0
-    run = 1
-    for t in range(1, k):
-        if full[t] == full[t - 1]:
-            run += 1
-        else:
-            tie += run * (run - 1) // 2
             run = 1
-    tie += run * (run - 1) // 2
+            for u in range(start + 1, t):
+                if full[u] == full[u - 1]:
+                    run += 1
+                else:
+                    tie += run * (run - 1) // 2
+                    run = 1
+            tie += run * (run - 1) // 2
+        start = t
     # Inversions of the column sequence: for each t, earlier entries with a larger column.
     for t in range(k + 1):
         tree[t] = 0
