@@ -1,13 +1,18 @@
 import json
 
+import pytest
+import torch
+
 from posinterp.cli import main
 from posinterp.experiments import DemoConfig, run_demo
 from tests.viz.test_report import external_refs
 
 
 def test_demo_pipeline_on_tiny_model_and_resume(tmp_path):
-    cfg = DemoConfig(preset="tiny", digits=5, max_steps=4, n_analysis=4, init_seeds=2)
+    cfg = DemoConfig(preset="tiny", digits=5, max_steps=4, n_analysis=4, init_seeds=2, n_test=50)
+    threads_before = torch.get_num_threads()
     res = run_demo(cfg, tmp_path, progress=False)
+    assert torch.get_num_threads() == threads_before  # the run's thread count is scoped
     for name in ("report.html", "adjacency.csv", "history.csv", "run.json",
                  "figures/accuracy.png", "figures/accuracy.svg", "figures/similarity_init.svg"):
         assert (tmp_path / name).exists()
@@ -19,6 +24,8 @@ def test_demo_pipeline_on_tiny_model_and_resume(tmp_path):
     assert res.adjacency.value.between(0, 1).all()
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["model"]["pe"] == "nope" and meta["task"]["min_digits"] == 5
+    assert meta["threads"] == 1 and meta["n_test"] == 50
+    assert "on 50 held-out samples (of " in html
     # A rerun resumes from the final checkpoint instead of training again.
     again = run_demo(cfg, tmp_path, progress=False)
     assert again.steps == 4
@@ -45,7 +52,14 @@ def test_demo_input_errors(tmp_path, capsys):
     cfg = DemoConfig(preset="tiny", digits=5, max_steps=2, n_analysis=3, init_seeds=1)
     run_demo(cfg, tmp_path, progress=False)
     other = DemoConfig(preset="tiny", digits=6, max_steps=2, n_analysis=3, init_seeds=1)
-    import pytest
-
     with pytest.raises(ValueError, match="choose another --out folder"):
         run_demo(other, tmp_path, progress=False)
+
+
+def test_demo_config_defaults_and_errors():
+    assert DemoConfig().threads == 1 and DemoConfig().n_test is None
+    assert DemoConfig(quick=True).n_test == 5000
+    for bad in (dict(threads=0), dict(threads=None), dict(threads=True), dict(n_test=0),
+                dict(n_test=2.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            DemoConfig(**bad)

@@ -6,10 +6,10 @@ all pairs 0 <= i < j < k::
     P_k = (1 / C(k, 2)) * sum( 1[C_ki < C_kj] + 1/2 * 1[C_ki = C_kj] )
 
 i.e. how often a nearer earlier token is more similar than a farther one. Rows k < 2
-are skipped and the matrix score is the mean of P_k. Since P_k = (1 + tau_a) / 2 with
-Kendall's tau-a between j and C_kj, each row costs O(k log k): we take the exact
-concordant-minus-discordant count from ``scipy.stats.kendalltau`` (tau-b, converted
-with the tie counts), so the whole matrix is O(n^2 log n), not the O(n^3) pair loop.
+are skipped and the matrix score is the mean of P_k. P_k = (1 + tau_a) / 2 with
+Kendall's tau-a between j and C_kj. Each row costs O(k log k): a compiled merge sort
+counts the inversions and the ties exactly (integers, ``_adjacency_kernel``), so a
+matrix is O(n^2 log n), not the O(n^3) pair loop, and a batch is one compiled call.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from scipy import stats
 from torch import Tensor
 
+from ._adjacency_kernel import batch_counts, row_counts
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask
 from .similarity import residual_hooks, similarity_by_layer
 
@@ -33,8 +33,24 @@ __all__ = ["AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_s
 Ties = Literal["half", "strict"]
 
 
+def _check_ties(ties) -> None:
+    if ties not in ("half", "strict"):
+        raise ValueError(f"ties must be 'half' or 'strict', got {ties!r}")
+
+
+def _score_from_counts(k, inv, tie, ties: Ties):
+    """P_k from integer pair counts; one division, so it is the exact ratio rounded once."""
+    n0 = k * (k - 1) // 2
+    if ties == "half":  # (n_concordant + n_tie / 2) / n0, doubled to stay in integers
+        return (2 * (n0 - inv) - tie) / (2 * n0)
+    return (n0 - inv - tie) / n0  # n_concordant / n0
+
+
 def adjacency_row(values: np.ndarray, ties: Ties = "half") -> float:
     """P_k for one row: ``values[j] = C_kj`` for j < k (the row's prefix before k).
+
+    Source: Zuo et al. 2024 (arXiv 2501.00073); docs/concepts.md, "Adjacency probability
+    score" (ties count 1/2).
 
     Args:
         values: 1-D array of length k >= 2 (float; compared exactly).
@@ -47,28 +63,14 @@ def adjacency_row(values: np.ndarray, ties: Ties = "half") -> float:
     Raises:
         ValueError: for fewer than 2 values, NaNs, or an unknown ``ties``.
     """
-    if ties not in ("half", "strict"):
-        raise ValueError(f"ties must be 'half' or 'strict', got {ties!r}")
+    _check_ties(ties)
     v = np.asarray(values, dtype=np.float64)
-    k = v.shape[0]
-    if v.ndim != 1 or k < 2:
+    if v.ndim != 1 or v.shape[0] < 2:
         raise ValueError(f"values must be 1-D with at least 2 entries, got shape {v.shape}")
-    if np.isnan(v).any():
+    inv, tie = row_counts(v)
+    if inv < 0:
         raise ValueError("values contain NaN; drop padding before scoring")
-    n0 = k * (k - 1) // 2
-    _, counts = np.unique(v, return_counts=True)
-    n_tie = int((counts * (counts - 1) // 2).sum())
-    if n_tie == n0:  # constant row: kendalltau is NaN, every pair is a tie
-        con_minus_dis = 0
-    elif k == 2:  # scipy's asymptotic variance divides by k - 2
-        con_minus_dis = int(np.sign(v[1] - v[0]))
-    else:
-        tau_b = stats.kendalltau(np.arange(k), v, method="asymptotic").statistic
-        # tau_b = (n_c - n_d) / sqrt(n0 * (n0 - n_tie)); n_c - n_d is an integer.
-        con_minus_dis = round(tau_b * math.sqrt(n0) * math.sqrt(n0 - n_tie))
-    if ties == "half":  # (n_c + n_tie / 2) / n0
-        return (n0 + con_minus_dis) / (2 * n0)
-    return (n0 - n_tie + con_minus_dis) / (2 * n0)  # n_c / n0
+    return float(_score_from_counts(v.shape[0], inv, tie, ties))
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ def adjacency_score(
 ) -> AdjacencyScore:
     """Adjacency probability score of cosine-similarity matrices (exact, O(n^2 log n) each).
 
+    One compiled pass over every scored row of every matrix; no per-row Python.
     Source: Zuo, Guerzhoy & Guerzhoy 2024, arXiv 2501.00073 (the adjacency pattern);
     definition and tie convention as in docs/concepts.md.
 
@@ -114,12 +117,12 @@ def adjacency_score(
         :class:`AdjacencyScore`.
 
     Raises:
-        ValueError: if matrices are not square, ``lengths`` has the wrong shape or range,
+        ValueError: if matrices are not square, ``lengths`` is not integer or has the
+            wrong shape or range,
             a sequence has fewer than 3 real tokens, a used entry is NaN, or ``ties`` is
             unknown.
     """
-    if ties not in ("half", "strict"):
-        raise ValueError(f"ties must be 'half' or 'strict', got {ties!r}")
+    _check_ties(ties)
     if similarity.ndim == 2:
         similarity = similarity[None]
     if similarity.ndim != 3 or similarity.shape[-1] != similarity.shape[-2]:
@@ -128,7 +131,9 @@ def adjacency_score(
     batch, pos, _ = similarity.shape
     if lengths is None:
         lengths = torch.full((batch,), pos, dtype=torch.long)
-    lengths = torch.as_tensor(lengths)
+    lengths = torch.as_tensor(lengths).cpu()
+    if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths must be integer token counts, got dtype {lengths.dtype}")
     if lengths.shape != (batch,):
         raise ValueError(f"lengths must have shape [batch] = ({batch},), got {tuple(lengths.shape)}")
     if (lengths > pos).any():
@@ -138,10 +143,17 @@ def adjacency_score(
             "adjacency needs at least 3 real tokens per sequence (rows k >= 2); "
             f"got lengths {lengths.tolist()}")
     sim = similarity.detach().to(torch.float64).cpu().numpy()
-    per_row = np.full((batch, pos), np.nan)
-    for b in range(batch):
-        for k in range(2, int(lengths[b])):
-            per_row[b, k] = adjacency_row(sim[b, k, :k], ties)
+    n_real = lengths.long().numpy()
+    inv, tie = batch_counts(sim, n_real)
+    if (inv < 0).any():
+        b, k = np.argwhere(inv < 0)[0]
+        raise ValueError(
+            f"similarity has NaN among the entries used (sequence {b}, row {k}, columns < {k}); "
+            "drop padding through lengths before scoring")
+    k = np.arange(pos)
+    scored = (k >= 2) & (k[None, :] < n_real[:, None])
+    with np.errstate(divide="ignore", invalid="ignore"):  # rows k < 2 have no pairs
+        per_row = np.where(scored, _score_from_counts(k, inv, tie, ties), np.nan)
     per_sequence = np.nanmean(per_row, axis=1)
     return AdjacencyScore(
         score=float(per_sequence.mean()),

@@ -21,17 +21,30 @@ def compact_real_tokens(
 ) -> Float[Tensor, "batch pos ..."]:
     """Move each sequence's real tokens to the front, in order; fill the rest with NaN.
 
+    One batched gather (a stable sort of the mask puts real positions first, in order),
+    no per-sequence loop. Source: docs/concepts.md, "Cosine self-similarity" (a pad is never a position).
+
+    Args:
+        x: ``[batch, pos, ...]`` values per position (any dtype that holds NaN).
+        attention_mask: ``[batch, pos]``, 1 for real tokens, 0 for padding (either side);
+            None keeps ``x`` as is.
+
+    Returns:
+        ``[batch, pos, ...]``: row k of sequence b is its k-th real token; NaN past its
+        number of real tokens.
+
     Raises:
         ValueError: if ``attention_mask`` is not a 0/1 tensor of shape ``x.shape[:2]``.
     """
     mask = check_attention_mask(attention_mask, tuple(x.shape[:2]))
     if mask is None:
         return x
-    out = torch.full_like(x, float("nan"))
-    for b in range(x.shape[0]):
-        real = x[b][mask[b].bool()]
-        out[b, : real.shape[0]] = real
-    return out
+    mask = mask.to(x.device)
+    order = torch.sort(1 - mask, dim=1, stable=True).indices  # real (0) before pad (1)
+    index = order.reshape(*order.shape, *([1] * (x.ndim - 2))).expand_as(x)
+    out = x.gather(1, index)
+    past_end = torch.arange(x.shape[1], device=x.device)[None, :] >= mask.sum(1, keepdim=True)
+    return out.masked_fill(past_end.reshape(*past_end.shape, *([1] * (x.ndim - 2))), float("nan"))
 
 
 def cosine_self_similarity(

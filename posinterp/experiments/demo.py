@@ -33,6 +33,17 @@ class DemoConfig:
     ``digits`` is the fixed length of the strings to reverse: docs/concepts.md measured
     6 digits at ~500 steps (``--quick``) and 8 digits at ~1,100 steps (default) for the
     4-layer, 192-wide NoPE model on 2 CPU cores.
+
+    ``threads`` is the torch thread count for the whole run (default 1, restored
+    afterwards). One thread degrades gracefully when other CPU-bound jobs share the
+    cores; with every core, torch's threads wait on each other whenever one is
+    descheduled, and a run next to one busy process took several times longer
+    (docs/performance.md). Results depend on the thread count (summation order), and
+    ``run.json`` records it.
+
+    ``n_test`` is how many held-out samples give the final accuracy (the first ones of
+    the split; default: all 20,000, or 5,000 with ``quick``: a standard error of about
+    0.003 at 95% accuracy). Training and its stopping rule do not depend on it.
     """
 
     quick: bool = False
@@ -43,19 +54,25 @@ class DemoConfig:
     target_accuracy: float = 0.9
     n_analysis: int = 64
     init_seeds: int = 5
-    threads: int | None = None
+    threads: int = 1
+    n_test: int | None = None
 
     def __post_init__(self) -> None:
         if self.digits is None:
             object.__setattr__(self, "digits", 6 if self.quick else 8)
         if self.max_steps is None:
             object.__setattr__(self, "max_steps", 1500 if self.quick else 3000)
+        if self.n_test is None and self.quick:
+            object.__setattr__(self, "n_test", 5000)
         if not 5 <= self.digits <= 16:
             raise ValueError(f"digits must be in 5..16 (enough distinct strings), got {self.digits}")
         if self.n_analysis < 1 or self.init_seeds < 1:
             raise ValueError("n_analysis and init_seeds must be >= 1")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be >= 1 (or omitted for all cores), got {self.threads}")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"threads must be >= 1 (an integer), got {self.threads!r}")
+        if self.n_test is not None and (isinstance(self.n_test, bool)
+                                        or not isinstance(self.n_test, int) or self.n_test < 1):
+            raise ValueError(f"n_test must be >= 1 (an integer) or None for all, got {self.n_test!r}")
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,15 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
             ``out_dir`` holding a run with other settings (checked before any work; the
             message names the options that differ). Nothing is created on bad input.
     """
+    before = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return _run_demo(config, out_dir, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool) -> DemoResult:
     d = config.digits
     task_cfg = TaskConfig("reversal", min_digits=d, max_digits=d, seed=config.seed)
     model_cfg = preset(config.preset, pe="nope", seed=config.seed)
@@ -107,8 +133,6 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
     _check_resumable(Path(out_dir), {"model": model_cfg.to_dict(), "task": task_cfg.to_dict(),
                                      "train": train_cfg.to_dict()})
     out = check_out_dir(out_dir, "out_dir")
-    if config.threads:
-        torch.set_num_threads(config.threads)
     t0 = time.time()
     data = make_task_data(task_cfg)
 
@@ -142,7 +166,8 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
         raise ValueError(f"{out} holds a demo run with other settings (e.g. --quick vs the "
                          "default); choose another --out folder or delete this one") from None
     model = result.model
-    final = evaluate(model, test)  # the whole held-out split, not the training-time subset
+    n_test = len(test) if config.n_test is None else min(config.n_test, len(test))
+    final = evaluate(model, test, n_test)  # not the training-time subset
     frames.append(_adjacency(model, inputs, "trained", config.seed))
     adjacency = pd.concat(frames, ignore_index=True).assign(model=f"{config.preset}-nope")
     trained_sims = similarity_by_layer(model, sample_toks)
@@ -155,11 +180,12 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
     meta = {"demo": asdict(config), "model": model_cfg.to_dict(), "task": data.config.to_dict(),
             "train": train_cfg.to_dict(), "steps": result.steps,
             "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
-            "n_test": len(test), "versions": versions(), "seconds": round(time.time() - t0, 1)}
+            "n_test": n_test, "threads": config.threads, "versions": versions(),
+            "seconds": round(time.time() - t0, 1)}
     atomic_write_json(out / "run.json", meta)
 
     report = _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
-                     init_sims, trained_sims, len(test), out / "figures")
+                     init_sims, trained_sims, n_test, len(test), out / "figures")
     path = report.save(out / "report.html")
     return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
                       result.reached_target)
@@ -239,7 +265,7 @@ def _reading(table: pd.DataFrame) -> str:
 
 
 def _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
-            init_sims, trained_sims, n_test, figures: Path) -> Report:
+            init_sims, trained_sims, n_test, n_split, figures: Path) -> Report:
     d = config.digits
     rep = Report("posinterp demo: the adjacency pattern of a NoPE transformer, at init and trained")
     rep.paragraph(
@@ -260,8 +286,9 @@ def _report(config, model_cfg, model, table, adjacency, result, final, sample_to
     rep.heading("Accuracy")
     rep.paragraph(
         f"Training {status} {config.target_accuracy:.0%} exact match (on a 1,000-sample "
-        f"subset) after {result.steps} steps. Exact-match accuracy on all {n_test:,} "
-        f"held-out samples: {final['test_accuracy']:.3f}.")
+        f"subset) after {result.steps} steps. Exact-match accuracy on "
+        f"{'all ' if n_test == n_split else ''}{n_test:,} held-out samples"
+        f"{'' if n_test == n_split else f' (of {n_split:,})'}: {final['test_accuracy']:.3f}.")
     rep.figure(history_plot(result.history, config.target_accuracy), "training curve",
                save_as=figures / "accuracy")
     rep.heading("Adjacency score by layer (init vs trained)")

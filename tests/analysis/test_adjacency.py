@@ -151,3 +151,85 @@ def test_token_and_mask_validation():
         adjacency_by_layer(model, toks + model.cfg.d_vocab)
     with pytest.raises(ValueError, match="empty"):
         adjacency_by_layer(model, toks[:0])
+
+
+def vectorized_pair_count_row(v, strict=False):
+    """O(k^2) per-row pair count with numpy: a second oracle, fast enough for long rows."""
+    less = v[:, None] < v[None, :]
+    tie = v[:, None] == v[None, :]
+    upper = np.triu(np.ones((len(v), len(v)), dtype=bool), 1)  # pairs i < j
+    total = less[upper].sum() + (0.0 if strict else 0.5 * tie[upper].sum())
+    return total / math.comb(len(v), 2)
+
+
+@st.composite
+def padded_batches(draw):
+    """Matrices of few distinct values (heavy ties) with NaN padding past random lengths."""
+    batch = draw(st.integers(1, 4))
+    pos = draw(st.integers(3, 48))
+    levels = draw(st.integers(1, 5))
+    seed = draw(st.integers(0, 2**31 - 1))
+    lengths = draw(st.lists(st.integers(3, pos), min_size=batch, max_size=batch))
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(0, levels, size=(batch, pos, pos))
+    if draw(st.booleans()):  # a few distinct values: heavy ties
+        sims = steps.astype(float) / max(levels - 1, 1)
+    else:  # values a few ulps apart, and -0.0 next to 0.0: exact comparison matters
+        sims = np.where(steps == 0, -0.0, 0.5 + steps * np.spacing(0.5))
+        sims[:, ::3] = 0.0
+    for b, n in enumerate(lengths):
+        sims[b, n:, :] = np.nan
+        sims[b, :, n:] = np.nan
+    return sims, np.array(lengths)
+
+
+@settings(max_examples=120, deadline=None)
+@given(padded_batches(), st.booleans())
+def test_batched_kernel_matches_oracle_with_ties_and_padding(data, strict):
+    sims, lengths = data
+    res = adjacency_score(torch.from_numpy(sims), torch.from_numpy(lengths),
+                          ties="strict" if strict else "half")
+    for b, n in enumerate(lengths):
+        for k in range(sims.shape[1]):
+            got = res.per_row[b, k].item()
+            if 2 <= k < n:
+                assert got == pytest.approx(brute_force_row(sims[b, k, :k], strict), abs=1e-12)
+            else:
+                assert math.isnan(got)
+        assert res.per_sequence[b].item() == pytest.approx(
+            brute_force_matrix(sims[b, :n, :n], strict), abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["3 levels", "50 levels", "normal", "ulps apart"])
+def test_long_rows_match_pair_count(kind):
+    """Long rows with many ties, or with distinct values closer than the kernel's key bits."""
+    rng = np.random.default_rng(4)
+    n = 300
+    sim = {"3 levels": lambda: rng.integers(0, 3, (n, n)) * 0.1,
+           "50 levels": lambda: rng.integers(0, 50, (n, n)) * 0.1,
+           "normal": lambda: rng.normal(size=(n, n)),
+           "ulps apart": lambda: 0.5 + rng.integers(0, 1000, (n, n)) * np.spacing(0.5)}[kind]()
+    for ties in ("half", "strict"):
+        res = adjacency_score(torch.from_numpy(sim), ties=ties)
+        for k in [2, 3, 16, 17, 31, 32, 33, 64, 65, 200, n - 1]:
+            assert res.per_row[0, k].item() == pytest.approx(
+                vectorized_pair_count_row(sim[k, :k], ties == "strict"), abs=1e-12), (ties, k)
+
+
+def test_signed_zero_ties_and_infinities():
+    v = np.array([0.0, -0.0, np.inf, -np.inf, 0.0, np.inf])
+    for strict in (False, True):
+        ties = "strict" if strict else "half"
+        assert adjacency_row(v, ties) == pytest.approx(brute_force_row(v, strict), abs=1e-12)
+
+
+def test_nan_in_a_used_entry_is_an_error_but_padding_is_not():
+    sim = torch.rand(2, 6, 6, dtype=torch.float64)
+    sim[1, 4:, :] = float("nan")
+    adjacency_score(sim, lengths=torch.tensor([6, 4]))  # NaN only past the length
+    with pytest.raises(ValueError, match=r"NaN.*sequence 1, row 4"):
+        adjacency_score(sim)
+    with pytest.raises(ValueError, match="NaN"):
+        adjacency_row(np.array([0.1, np.nan, 0.3]))
+    with pytest.raises(ValueError, match="lengths must be integer"):
+        adjacency_score(sim, lengths=torch.tensor([6.0, 4.0]))

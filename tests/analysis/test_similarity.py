@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posinterp.analysis import cosine_self_similarity, similarity_by_layer
+from posinterp.analysis import compact_real_tokens, cosine_self_similarity, similarity_by_layer
 from tests.helpers import random_tokens, tiny_model
 
 
@@ -23,6 +23,22 @@ def test_mask_compacts_real_tokens_to_the_front():
     got = cosine_self_similarity(x, mask)
     torch.testing.assert_close(got[0, :4, :4], cosine_self_similarity(x[:, 2:])[0])
     assert torch.isnan(got[0, 4:]).all() and torch.isnan(got[0, :, 4:]).all()
+
+
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 3)])
+def test_compaction_matches_per_sequence_boolean_indexing(trailing):
+    """The batched gather against the obvious per-sequence loop, on random masks (any side)."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 9, *trailing, generator=gen, dtype=torch.float64)
+    mask = (torch.rand(6, 9, generator=gen) < 0.6).long()
+    mask[0] = 1
+    mask[1] = 0
+    got = compact_real_tokens(x, mask)
+    for b in range(6):
+        real = x[b][mask[b].bool()]
+        n = real.shape[0]
+        torch.testing.assert_close(got[b, :n], real, rtol=0, atol=0)
+        assert torch.isnan(got[b, n:]).all()
 
 
 def test_bad_input():

@@ -1,0 +1,188 @@
+"""Exact pair counts behind the adjacency score: O(k log k) per row, compiled.
+
+Definition: docs/concepts.md, "Adjacency probability score".
+
+For a row v = (C_k0, ..., C_k,k-1) we count, over pairs i < j, the strict inversions
+(v_i > v_j) and the ties (v_i == v_j); every other pair is concordant. Counts are
+integers, so the score derived from them is exact.
+
+How, and why this way (numba; no compiler needed at install time):
+
+1. **Pack.** Each value becomes an order-preserving unsigned 64-bit key whose lowest
+   ``bits`` bits are replaced by its column j. One numpy sort of these keys (a SIMD
+   sort, several times faster than any sort we can write in numba) orders every row by
+   (value, column) at once, except that values differing only in those low bits compare
+   as equal and fall back to column order.
+2. **Repair.** Runs of equal truncated keys are re-sorted by the full key, stably, so
+   the order is exactly (value, column). Such runs are short unless values are equal,
+   and equal values are already in column order.
+3. **Count.** Ties are the runs of equal values. In (value, column) order, a pair is an
+   inversion exactly when its columns are out of order (equal values never are), so
+   the inversions are those of the column sequence, counted with a Fenwick tree.
+
+``-0.0`` and ``0.0`` are one value (``x + 0.0`` folds the sign), as ``==`` says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["batch_counts", "row_counts"]
+
+_TOP = np.uint64(0xFFFFFFFFFFFFFFFF)  # above every packed key: fills unused columns
+_CHUNK_BYTES = 1 << 25  # packed keys per chunk of matrices: 32 MiB, whatever the batch
+_SHORT_RUN = 16  # repair runs up to this length by insertion, longer ones by merge sort
+
+
+@njit(cache=True, nogil=True)
+def _order_key(x):
+    """uint64 whose unsigned order is the float order (-0.0 folded onto 0.0); NaN excluded."""
+    u = np.float64(x + 0.0).view(np.uint64)
+    if u >> np.uint64(63):
+        return ~u
+    return u | np.uint64(0x8000000000000000)
+
+
+@njit(cache=True, nogil=True)
+def _pack_row(v, k, out, bits):
+    """Write the k packed keys of ``v[:k]`` to ``out[:k]`` and ``_TOP`` after; False on NaN."""
+    col_mask = np.uint64((1 << bits) - 1)
+    for j in range(k):
+        x = v[j]
+        if x != x:
+            return False
+        out[j] = (_order_key(x) & ~col_mask) | np.uint64(j)
+    for j in range(k, out.shape[0]):
+        out[j] = _TOP
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _count_sorted_row(v, k, keys, bits, cols, full, tree):
+    """(inversions, ties) of ``v[:k]`` from its packed keys sorted ascending (``keys[:k]``).
+
+    ``cols``, ``full``: int64 / uint64 work arrays >= k; ``tree``: int64 >= k + 1.
+    """
+    col_mask = np.uint64((1 << bits) - 1)
+    for t in range(k):
+        cols[t] = np.int64(keys[t] & col_mask)
+    # Repair each run of equal truncated keys: sort it by full key, stably (its columns
+    # ascend), and count its ties. Values in different runs differ, so most rows never
+    # look at a full key.
+    tie = 0
+    start = 0
+    for t in range(1, k + 1):
+        if t < k and (keys[t] & ~col_mask) == (keys[start] & ~col_mask):
+            continue
+        if t - start > 1:
+            for u in range(start, t):
+                full[u] = _order_key(v[cols[u]])
+            if t - start <= _SHORT_RUN:
+                for u in range(start + 1, t):
+                    f = full[u]
+                    c = cols[u]
+                    w = u
+                    while w > start and full[w - 1] > f:
+                        full[w] = full[w - 1]
+                        cols[w] = cols[w - 1]
+                        w -= 1
+                    full[w] = f
+                    cols[w] = c
+            else:
+                order = np.argsort(full[start:t], kind="mergesort")  # stable
+                seg_full = full[start:t].copy()
+                seg_cols = cols[start:t].copy()
+                for u in range(t - start):
+                    full[start + u] = seg_full[order[u]]
+                    cols[start + u] = seg_cols[order[u]]
+            run = 1
+            for u in range(start + 1, t):
+                if full[u] == full[u - 1]:
+                    run += 1
+                else:
+                    tie += run * (run - 1) // 2
+                    run = 1
+            tie += run * (run - 1) // 2
+        start = t
+    # Inversions of the column sequence: for each t, earlier entries with a larger column.
+    for t in range(k + 1):
+        tree[t] = 0
+    inv = 0
+    for t in range(k):
+        c = cols[t] + 1  # Fenwick trees are 1-based
+        smaller = 0
+        p = c - 1
+        while p > 0:
+            smaller += tree[p]
+            p -= p & (-p)
+        inv += t - smaller
+        p = c
+        while p <= k:
+            tree[p] += 1
+            p += p & (-p)
+    return inv, tie
+
+
+@njit(cache=True, nogil=True)
+def _pack_batch(sim, lengths, keys, bits, inv):
+    for s in range(sim.shape[0]):
+        for k in range(sim.shape[1]):
+            used = 2 <= k < lengths[s]
+            if not _pack_row(sim[s, k], k if used else 0, keys[s, k], bits) and used:
+                inv[s, k] = -1  # NaN among the used entries
+
+
+@njit(cache=True, nogil=True)
+def _count_batch(sim, lengths, keys, bits, inv, tie):
+    n = sim.shape[1]
+    cols = np.empty(n, np.int64)
+    full = np.empty(n, np.uint64)
+    tree = np.empty(n + 1, np.int64)
+    for s in range(sim.shape[0]):
+        for k in range(2, lengths[s]):
+            if inv[s, k] == 0:
+                inv[s, k], tie[s, k] = _count_sorted_row(sim[s, k], k, keys[s, k], bits, cols,
+                                                         full, tree)
+
+
+def _col_bits(n: int) -> int:
+    return max(1, (n - 1).bit_length())
+
+
+def row_counts(values: np.ndarray) -> tuple[int, int]:
+    """(inversions, ties) over pairs i < j of a 1-D array; (-1, -1) if it holds a NaN."""
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    k = v.shape[0]
+    bits = _col_bits(k)
+    keys = np.empty(k, np.uint64)
+    if not _pack_row(v, k, keys, bits):
+        return -1, -1
+    keys.sort()
+    inv, tie = _count_sorted_row(v, k, keys, bits, np.empty(k, np.int64),
+                                 np.empty(k, np.uint64), np.empty(k + 1, np.int64))
+    return int(inv), int(tie)
+
+
+def batch_counts(sim: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of every row k in 2..length-1 of each ``[batch, pos, pos]`` matrix, over C[k, :k].
+
+    Returns ``(inversions, ties)``, both ``[batch, pos]`` int64; rows that are not scored
+    hold 0, rows with a NaN among their used entries hold -1.
+    """
+    sim = np.ascontiguousarray(sim, dtype=np.float64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    batch, n = sim.shape[:2]
+    inv = np.zeros((batch, n), dtype=np.int64)
+    tie = np.zeros((batch, n), dtype=np.int64)
+    bits = _col_bits(n)
+    step = max(1, _CHUNK_BYTES // max(1, 8 * n * n))
+    for lo in range(0, batch, step):
+        part = slice(lo, min(batch, lo + step))
+        keys = np.empty(sim[part].shape, np.uint64)
+        _pack_batch(sim[part], lengths[part], keys, bits, inv[part])
+        keys.sort(axis=-1)
+        _count_batch(sim[part], lengths[part], keys, bits, inv[part], tie[part])
+    nan_rows = inv < 0
+    tie[nan_rows] = -1
+    return inv, tie
