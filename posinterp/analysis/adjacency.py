@@ -49,8 +49,8 @@ def _score_from_counts(k, inv, tie, ties: Ties):
 def adjacency_row(values: np.ndarray, ties: Ties = "half") -> float:
     """P_k for one row: ``values[j] = C_kj`` for j < k (the row's prefix before k).
 
-    Source: Zuo et al. 2024 (arXiv 2501.00073); docs/concepts.md, "Adjacency probability
-    score" (ties count 1/2).
+    Source: Zuo et al. 2024 (arXiv 2501.00073), ties counting 1/2 as in
+    docs/concepts.md, "Adjacency probability score".
 
     Args:
         values: 1-D array of length k >= 2 (float; compared exactly).
