@@ -43,6 +43,8 @@ _TL3_ONLY = {
     "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "uses GPT-NeoX",
     "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",
     "tests/models/test_pretrained.py::test_hub_names": "hub names are TL 3.9 only",
+    "tests/models/test_pretrained.py::test_minilm_encoder": "BERT encoders are TL 3.9 only "
+    "(tests/test_tl4.py checks the refusal)",
     "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
     "processes weights with HookedTransformer.load_and_process_state_dict",
     "tests/analysis/test_spectral.py::test_stories260k": "llama2.c loading is not yet ported "

@@ -112,3 +112,11 @@ def test_weight_processing_that_changes_outputs_is_refused(tmp_path):
     off = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
                fold_value_biases=False)
     assert hf_parity(tmp_path / "neox", lengths=(8, 32), **off).value.max() <= 1e-5
+
+
+@tl4_only
+def test_bert_encoders_are_refused_by_name():
+    from posinterp.models import load_model
+
+    with pytest.raises(NotImplementedError, match="BERT encoders are not yet supported"):
+        load_model("all-MiniLM-L6-v2")

@@ -280,7 +280,13 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
 
 
 def _load_bert(folder: Path, spec: str, processing: dict):
+    from .backend import TL_MAJOR
     from .encoder import load_bert_encoder
+
+    if TL_MAJOR >= 4:  # HookedEncoder is gone in TL 4
+        raise NotImplementedError(
+            f"{spec}: BERT encoders are not yet supported on TransformerLens 4 by posinterp "
+            "(docs/tl4.md, status); use TransformerLens 3.9 for all-MiniLM-L6-v2")
 
     model, has_head = load_bert_encoder(folder)
     # Weight processing (fold_ln etc.) is not applied to post-LN encoders: record that.
