@@ -44,13 +44,25 @@ def main() -> None:
             rows.append(table.assign(case=name))
     table = pd.concat(rows).pivot_table(index=["case", "architecture"], columns=["padding", "length"],
                                         values="value", aggfunc="max")
-    fmt = (lambda t: t.to_markdown(floatfmt=".1e")) if "--markdown" in sys.argv else \
-        (lambda t: t.to_string(float_format=lambda v: f"{v:.1e}", na_rep="-"))
     print("max |log-prob difference| vs HF (BERT: |hidden state| difference)\n")
-    print(fmt(table))
+    if "--markdown" in sys.argv:
+        print(_markdown(table))
+    else:
+        print(table.to_string(float_format=lambda v: f"{v:.1e}", na_rep="-"))
     print(f"\nworst: {table.max().max():.2e}\n\nrefused by name:")
     for name, why in refused:
         print(f"  {name}: {why}")
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    """A Markdown table without pandas' optional tabulate dependency."""
+    cols = [f"{pad} {n}" for pad, n in table.columns]
+    lines = ["| case | architecture | " + " | ".join(cols) + " |",
+             "|" + "---|" * (2 + len(cols))]
+    for (case, arch), row in table.iterrows():
+        cells = ["-" if pd.isna(v) else f"{v:.1e}" for v in row]
+        lines.append(f"| {case} | {arch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

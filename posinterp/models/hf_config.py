@@ -81,8 +81,9 @@ def check_supported(architecture: str, hf_config) -> None:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedConfigError(
-            f"{architecture} with rope_type={rope_type!r} is not supported (its frequencies "
-            f"depend on the input length); supported: {SUPPORTED_ROPE_TYPES}")
+            f"{architecture} with rope_type={rope_type!r} is not supported; supported: "
+            f"{SUPPORTED_ROPE_TYPES} ('dynamic' and 'longrope' change with the input length, "
+            "'yarn' also rescales the attention logits)")
 
 
 def tl_overrides(architecture: str, hf_config, pe: str) -> dict:
