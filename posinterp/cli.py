@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the command line, recorded with results
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, NotImplementedError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:

@@ -97,6 +97,9 @@ def parity_cases() -> dict:
         "gpt2-inverse-layer-scale": ("GPT2LMHeadModel", lambda: T.GPT2Config(
             n_layer=2, n_head=4, n_embd=32, n_positions=_N, vocab_size=V,
             scale_attn_by_inverse_layer_idx=True), None),
+        "gpt2-no-attn-scale-n-inner-40": ("GPT2LMHeadModel", lambda: T.GPT2Config(
+            n_layer=2, n_head=4, n_embd=32, n_positions=_N, vocab_size=V, n_inner=40,
+            scale_attn_weights=False), None),
         "opt": ("OPTForCausalLM", _opt, None),
         "opt-post-ln": ("OPTForCausalLM", lambda: _opt(do_layer_norm_before=False),
                         "do_layer_norm_before"),

@@ -120,3 +120,20 @@ def test_bert_encoders_are_refused_by_name():
 
     with pytest.raises(NotImplementedError, match="BERT encoders are not yet supported"):
         load_model("all-MiniLM-L6-v2")
+
+
+@tl4_only
+def test_a_setting_the_bridge_ignores_is_caught_by_the_hf_check(tmp_path):
+    """TL 4.3's bridge ignores GPT-2's scale_attn_weights=False; the load compares the
+    model with HF's own and refuses instead of returning different numbers."""
+    import transformers
+
+    from posinterp.models import load_model
+    from posinterp.models.hf_config import UnsupportedConfigError
+    from tests.helpers import parity_cases, save_tiny_checkpoint
+
+    arch, make, _ = parity_cases()["gpt2-no-attn-scale-n-inner-40"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "g")
+    assert transformers.AutoConfig.from_pretrained(tmp_path / "g").scale_attn_weights is False
+    with pytest.raises(UnsupportedConfigError, match="differ from HF's"):
+        load_model(tmp_path / "g")

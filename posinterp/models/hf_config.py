@@ -96,7 +96,8 @@ def tl_overrides(architecture: str, hf_config, pe: str) -> dict:
 
     Returns:
         dict with ``d_head``, ``n_key_value_heads``, ``n_ctx`` where the config has a
-        length, and for RoPE ``rotary_dim``, ``rotary_base``, ``rotary_adjacent_pairs``.
+        length, GPT-2's ``d_mlp`` when ``n_inner`` is set, and for RoPE ``rotary_dim``,
+        ``rotary_base``, ``rotary_adjacent_pairs``.
 
     Raises:
         UnsupportedConfigError: a setting TL would silently drop (named in the message).
@@ -108,6 +109,8 @@ def tl_overrides(architecture: str, hf_config, pe: str) -> dict:
     n_ctx = getattr(hf_config, "max_position_embeddings", None)
     if n_ctx:
         out["n_ctx"] = int(n_ctx)
+    if architecture == "GPT2LMHeadModel" and getattr(hf_config, "n_inner", None):
+        out["d_mlp"] = int(hf_config.n_inner)  # TL 3.9 assumes 4 * n_embd
     if pe == "rotary":
         out["rotary_dim"] = _rotary_dim(architecture, hf_config)
         out["rotary_base"] = float(_rope_parameters(hf_config).get("rope_theta", 10000.0))

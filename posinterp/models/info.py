@@ -111,7 +111,9 @@ class ModelInfo:
             rotary_dim=(spec_.rotary_dim if spec_ else cfg.rotary_dim) if rotary else None,
             rotary_adjacent_pairs=(spec_.adjacent_pairs if spec_ else bool(cfg.rotary_adjacent_pairs))
             if rotary else None,
-            rotary_base=float(cfg.rotary_base) if rotary else None,
+            # TL 4 configs keep the default base; the HF config's is the one applied.
+            rotary_base=float((rope_parameters or {}).get("rope_theta", cfg.rotary_base))
+            if rotary else None,
             alibi_slopes=tuple(float(s) for s in alibi_slopes) if alibi_slopes is not None else None,
             rope_parameters=dict(rope_parameters) if rope_parameters else None,
             processing=dict(processing or {}), qk_convention=qk_convention(model),

@@ -16,7 +16,7 @@ import os
 import pandas as pd
 import torch
 
-__all__ = ["PADDINGS", "hf_parity", "parity_mask"]
+__all__ = ["DEFAULT_LENGTHS", "PADDINGS", "hf_parity", "parity_mask"]
 
 PADDINGS = ("none", "left", "right", "gap")
 
@@ -57,13 +57,17 @@ def _hf_log_probs(hf, tokens, mask) -> torch.Tensor:
         return hf(tokens, **kwargs).logits.double().log_softmax(-1)
 
 
-def hf_parity(folder: str | os.PathLike, *, lengths=(8, 64, 512), paddings=PADDINGS, batch: int = 2,
+DEFAULT_LENGTHS = (8, 64, 512)
+
+
+def hf_parity(folder: str | os.PathLike, *, lengths=None, paddings=PADDINGS, batch: int = 2,
               seed: int = 0, **load_kwargs) -> pd.DataFrame:
     """Max |log-prob difference| between ``load_model(folder)`` and HF on the same inputs.
 
     Args:
         folder: a local HF checkpoint (``config.json`` + weights) of a causal LM.
-        lengths: sequence lengths to try (each >= 8).
+        lengths: sequence lengths to try (each >= 8). Default: 8, 64 and 512, those
+            that fit the model's ``n_ctx`` (its ``n_ctx`` itself if none fits).
         paddings: masks from :func:`parity_mask` (``none``, ``left``, ``right``, ``gap``).
         batch: sequences per input (>= 2, so padded rows sit next to an unpadded one).
         seed: seed of the random token ids.
@@ -77,7 +81,8 @@ def hf_parity(folder: str | os.PathLike, *, lengths=(8, 64, 512), paddings=PADDI
 
     Raises:
         Whatever :func:`posinterp.load_model` raises for the folder (a refused setting
-        is a ValueError naming it); ValueError for ``batch < 2`` or a length below 8.
+        is a ValueError naming it); ValueError for ``batch < 2``, a length below 8, or
+        a length past ``n_ctx`` for a model with a position limit (not ALiBi).
     """
     import transformers
 
@@ -86,6 +91,13 @@ def hf_parity(folder: str | os.PathLike, *, lengths=(8, 64, 512), paddings=PADDI
     if batch < 2:
         raise ValueError(f"batch must be >= 2, got {batch}")
     model, info = load_model(folder, **load_kwargs)
+    n_ctx = model.cfg.n_ctx
+    if lengths is None:
+        lengths = tuple(n for n in DEFAULT_LENGTHS if n <= n_ctx) or (n_ctx,)
+    too_long = [n for n in lengths if n > n_ctx]
+    if too_long and info.pe != "alibi":
+        raise ValueError(f"lengths {too_long} are past this model's n_ctx={n_ctx}; pass "
+                         f"lengths <= {n_ctx}")
     auto = transformers.AutoModelForCausalLM if info.causal else transformers.AutoModel
     hf = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager",
                               dtype=model.cfg.dtype).eval()

@@ -193,6 +193,11 @@ def _load_local_hf_bridge(folder: Path, processing: dict, dtype):
             f" changes {architecture}'s log-probabilities by {drift:.2e} nats (> {PROCESSING_TOL:g}); "
             "load it with fold_ln=False, center_writing_weights=False, center_unembed=False, "
             "fold_value_biases=False")
+    with _offline():
+        reference = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder), local_files_only=True, dtype=dtype).eval()
+    _check_against_hf(model, reference, architecture)
+    del reference
     slopes = alibi_slopes(model.cfg.n_heads).tolist() if pe == "alibi" else None
     return model, ModelInfo.from_model(
         model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
@@ -201,6 +206,34 @@ def _load_local_hf_bridge(folder: Path, processing: dict, dtype):
 
 
 PROCESSING_TOL = 1e-4
+
+
+def _check_against_hf(model, hf_model, architecture: str) -> None:
+    """Refuse a load whose log-probs differ from HF's own model on a probe batch.
+
+    Every setting posinterp knows of is read or refused by name (``hf_config``); this
+    catches the ones nobody listed yet (e.g. a flag one TL version drops), so no load
+    can give silently different numbers. 2 random sequences of min(32, n_ctx) tokens.
+
+    Raises:
+        UnsupportedConfigError: naming the architecture and the difference in nats.
+    """
+    import torch
+
+    from .hf_config import UnsupportedConfigError
+
+    gen = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, model.cfg.d_vocab, (2, min(32, model.cfg.n_ctx)), generator=gen)
+    with torch.no_grad():
+        got = model(toks).double().log_softmax(-1)
+        want = hf_model(toks).logits.double().log_softmax(-1)
+    tol = PROCESSING_TOL if model.cfg.dtype in (torch.float32, torch.float64) else 5e-2
+    diff = float((got - want).abs().max())
+    if not diff <= tol:  # NaN fails too
+        raise UnsupportedConfigError(
+            f"{architecture}: the loaded model's log-probabilities differ from HF's by {diff:.2e} "
+            f"nats (> {tol:g}) on a probe batch, so some config setting is not honoured; "
+            "refusing to run a different model (compare the config with docs/models.md)")
 
 
 def _probe_log_probs(model):
@@ -271,8 +304,9 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     done = _processing_done(processing, cfg.normalization_type, bool(cfg.final_rms))
     model.load_and_process_state_dict(state_dict, **processing)
     model.eval()
-    del hf_model
     slopes = _install_positions(model, pe, architecture, hf_config)
+    _check_against_hf(model, hf_model.eval(), architecture)
+    del hf_model
     return model, ModelInfo.from_model(
         model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
         alibi_slopes=slopes, rope_parameters=_rope_record(pe, hf_config), processing=done,

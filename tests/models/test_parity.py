@@ -126,3 +126,16 @@ def test_spectra_rotate_with_the_frequencies_the_model_uses(folders, no_network)
     _, cache = model.run_with_cache(toks)
     k, k_rot = cache["blocks.0.attn.hook_k"][0, 1].double(), cache["blocks.0.attn.hook_rot_k"][0, 1].double()
     torch.testing.assert_close(k_rot, k @ R, rtol=1e-5, atol=1e-5)
+
+
+def test_default_lengths_fit_the_model_and_longer_ones_are_refused(tmp_path, no_network):
+    import transformers
+
+    from tests.helpers import HF_VOCAB
+
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=40, vocab_size=HF_VOCAB)
+    save_tiny_checkpoint("GPT2LMHeadModel", cfg, tmp_path / "short")
+    table = hf_parity(tmp_path / "short", paddings=("none",))
+    assert sorted(table.length) == [8] and table.value.max() <= TOL
+    with pytest.raises(ValueError, match=r"lengths \[64\] are past this model's n_ctx=40"):
+        hf_parity(tmp_path / "short", lengths=(8, 64))
