@@ -53,3 +53,20 @@ def test_probe_positions_layers(layers):
     toks = random_tokens(model, 6, 8)
     with pytest.raises(ValueError, match=r"layers must be integers in \[-1, 1\]"):
         probe_positions(model, toks, layers=layers, features=("mask_only",), seeds=(0,))
+
+
+def test_fresh_user_inputs_name_the_parameter():
+    """Found by a fresh-user trial: these raised IndexError, a torch RuntimeError, a pandas
+    KeyError, or were accepted silently."""
+    from posinterp.analysis.heads import random_tokens
+    from posinterp.interventions import QKIntervention, ablation_effect, intervention_hooks
+
+    model = tiny_model("nope")
+    with pytest.raises(ValueError, match="pos must be a positive integer"):
+        random_tokens(model, 2, 0, bos=False)
+    with pytest.raises(ValueError, match="batch must be a positive integer"):
+        random_tokens(model, -1, 4, bos=False)
+    with pytest.raises(ValueError, match="interventions must hold at least one"):
+        ablation_effect(model, random_tokens(model, 2, 6, bos=False), [])
+    with pytest.raises(ValueError, match=f"k must be <= d_head = {model.cfg.d_head}"):
+        intervention_hooks(model, QKIntervention("keep_top_k", 0, k=model.cfg.d_head + 1))

@@ -69,8 +69,12 @@ def random_tokens(model, batch: int, pos: int, seed: int = 0, bos: bool = True,
     """Uniform random token ids ``[batch, pos]`` in ``[low, d_vocab)``, BOS first if asked.
 
     Raises:
-        ValueError: if ``pos`` exceeds ``n_ctx`` or ``bos`` is asked of a model without one.
+        ValueError: if ``batch`` or ``pos`` is not a positive integer, ``pos`` exceeds
+            ``n_ctx``, or ``bos`` is asked of a model without one.
     """
+    for name, v in (("batch", batch), ("pos", pos)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
     if pos > model.cfg.n_ctx:
         raise ValueError(f"pos={pos} exceeds the model's n_ctx={model.cfg.n_ctx}")
     gen = torch.Generator().manual_seed(seed)

@@ -100,7 +100,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
     if text is not None and not Path(text).is_file():
         raise FileNotFoundError(f"--text: no such file: {text}")
-    out = check_out_dir(out_dir)
+    out = check_out_dir(out_dir, create=False)  # created once the model and input are good
     from ..analysis.fingerprint import _has_bos
     from ..analysis.heads import random_tokens
     from ..analysis.inspect import inspect_heads
@@ -128,6 +128,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     res = inspect_heads(model, tokens, mask, ablate=ablate, seed=seed, model_name=str(spec),
                         max_pattern_tokens=max_pattern_tokens)
     res.notes[:0] = notes
+    out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:
         res.table.to_csv(tmp, index=False)
     seconds = round(time.time() - t0, 1)

@@ -111,7 +111,9 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
     answer_mask = check_attention_mask(answer_mask, tuple(tokens.shape))
     lengths = lengths_from_mask(mask, *tokens.shape)
-    interventions = [interventions] if isinstance(interventions, QKIntervention) else interventions
+    interventions = [interventions] if isinstance(interventions, QKIntervention) else list(interventions)
+    if not interventions:
+        raise ValueError("interventions must hold at least one QKIntervention, got none")
     for iv in interventions:
         check_intervention(model, iv)
     _targets(tokens, mask, answer_mask)

@@ -97,9 +97,9 @@ def check_intervention(model, iv: QKIntervention) -> list[int]:
     """The heads ``iv`` acts on, after checking its layer and heads against ``model``.
 
     Raises:
-        ValueError: for a layer outside ``[0, n_layers)`` or a head outside
-            ``[0, n_heads)``, naming the allowed range; for every kind, before any
-            weight is read.
+        ValueError: for a layer outside ``[0, n_layers)``, a head outside ``[0, n_heads)``
+            or a ``keep_top_k`` ``k`` above ``d_head``, naming the allowed range; for
+            every kind, before any weight is read.
     """
     if not isinstance(iv, QKIntervention):
         raise ValueError(f"interventions must be QKIntervention objects, got {type(iv).__name__}")
@@ -109,6 +109,9 @@ def check_intervention(model, iv: QKIntervention) -> list[int]:
     bad = [h for h in heads if not 0 <= h < model.cfg.n_heads]
     if bad:
         raise ValueError(f"heads must be in [0, {model.cfg.n_heads - 1}], got {bad}")
+    if iv.kind == "keep_top_k" and iv.k > model.cfg.d_head:
+        raise ValueError(f"k must be <= d_head = {model.cfg.d_head} (B has that many eigenvalues), "
+                         f"got {iv.k}")
     return heads
 
 

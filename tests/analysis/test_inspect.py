@@ -225,3 +225,11 @@ def test_too_short_sequences_are_refused():
     model = tiny_model("nope")
     with pytest.raises(ValueError, match="at least 3 real tokens"):
         inspect_heads(model, random_tokens(model, 2, 2))
+
+
+def test_a_failed_load_leaves_no_output_folder(tmp_path):
+    from posinterp.experiments.inspect import run_inspect
+
+    with pytest.raises(FileNotFoundError):
+        run_inspect(str(tmp_path / "no-such-model"), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
