@@ -212,7 +212,11 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
     tr, va, te = sequence_split(groups, seed)
     torch.manual_seed(seed)
     Xf = X.float()
-    mu, sd = Xf[tr].mean(0), Xf[tr].std(0).clamp_min(1e-6)
+    mu, sd = Xf[tr].mean(0), Xf[tr].std(0)
+    # A feature constant on the train split (e.g. a window offset that no train token
+    # reaches) is left unscaled: dividing by a clamped 1e-6 would blow any test value up
+    # by 1e6 and the probe's error with it.
+    sd = torch.where(sd > 1e-6, sd, torch.ones_like(sd))
     Xn = (Xf - mu) / sd
     yf = y.float()
     y_mu, y_sd = yf[tr].mean(), yf[tr].std().clamp_min(1e-6)

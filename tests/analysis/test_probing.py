@@ -178,3 +178,15 @@ def test_feature_count_controls():
     assert shuf.shape == cos.shape and torch.equal(shuf[:, w:], cos[:, w:])
     assert not torch.equal(shuf[:, :w], cos[:, :w])
     assert sorted(map(tuple, shuf[:, :w].tolist())) == sorted(map(tuple, cos[:, :w].tolist()))
+
+
+def test_feature_constant_on_train_does_not_blow_up_test():
+    """A column that is 0 on every train item but not on test items must not be divided
+    by ~0: the probe's error stays on the scale of the positions."""
+    y = torch.arange(10).repeat(6)
+    groups = torch.arange(6).repeat_interleave(10)
+    X = torch.stack([y.float(), torch.zeros(60)], 1)
+    tr, _, te = sequence_split(groups, seed=0)
+    X[te, 1] = 5.0  # only test sequences have it
+    res = fit_probe(X, y, groups, seed=0, config=ProbeConfig(hidden=8, max_epochs=50))
+    assert res.nrmse < 1.0
