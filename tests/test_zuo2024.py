@@ -1,8 +1,13 @@
 import torch
 
 from posinterp.analysis.probing import ProbeConfig
-from posinterp.experiments.zuo2024 import (ReproConfig, depth_width_configs, mean_ci,
-                                           render_markdown, run_zuo2024)
+from posinterp.experiments.zuo2024 import (
+    ReproConfig,
+    depth_width_configs,
+    mean_ci,
+    render_markdown,
+    run_zuo2024,
+)
 from posinterp.models import build_model
 from tests.viz.test_report import external_refs
 
