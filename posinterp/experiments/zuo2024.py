@@ -109,9 +109,16 @@ def _cell(out: Path, name: str, compute: Callable[[], pd.DataFrame], log) -> pd.
     if path.exists():
         return pd.read_csv(path)
     log(f"[zuo2024] {name}")
+    t0 = time.time()
     df = compute()
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=False)
+    # Each cell's compute time, kept across resumed runs: the page reports their sum, so
+    # a rerun that only reads cells back cannot pass its seconds off as the run's cost.
+    timing = out / "cells" / "_seconds.json"
+    seconds = json.loads(timing.read_text()) if timing.exists() else {}
+    seconds[name] = round(time.time() - t0, 1)
+    atomic_write_json(timing, seconds)
     return df
 
 
@@ -240,11 +247,22 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     atomic_write_json(out / "run.json", {"config": json.loads(json.dumps(asdict(config))),
                                          "command": command, "versions": versions(),
                                          "thresholds": THRESHOLDS,
-                                         "seconds": round(time.time() - t0, 1)})
+                                         "seconds": round(time.time() - t0, 1),
+                                         "cell_seconds": _cell_seconds(out, config)})
     _report(config, claims, tables).save(out / "report.html")
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
     return claims
+
+
+def _cell_seconds(out: Path, config: ReproConfig) -> float | None:
+    """Summed compute seconds of every cell, or None if a cell has no recorded time."""
+    timing = out / "cells" / "_seconds.json"
+    seconds = json.loads(timing.read_text()) if timing.exists() else {}
+    names = [p.stem for p in (out / "cells").glob("*.csv")]
+    if not names or any(n not in seconds for n in names):
+        return None
+    return round(sum(seconds[n] for n in names), 1)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -411,7 +429,7 @@ def _depth_cells(dw: pd.DataFrame) -> dict[str, str]:
             l0 = g[g.layer == 0]["mean"].mean()
             last = g[g.layer == depth - 1]["mean"].mean()
             parts.append(f"L{depth}: layer 0 {l0:.3f}, last layer {last:.3f}")
-        out[point] = "; ".join(parts) + " (mean over widths)"
+        out[point] = "; ".join(parts) + " (mean over widths)" if parts else ""
     return out
 
 
@@ -481,9 +499,12 @@ def render_markdown(out_dir) -> str:
          f"{cfg['train_seeds']} (up to {cfg['train_steps']} steps, stopping early at "
          f"{th['target_accuracy']} exact match), init seeds {cfg['init_seeds']}, grid seeds "
          f"{cfg['grid_seeds']}, {cfg['n_sequences']} sequences of {cfg['n_tokens']} random "
-         f"tokens, task lengths {cfg['task_lengths']}. Wall time "
-         f"{run['seconds'] / 60:.1f} min on this machine (2 CPU cores shared with other jobs, "
-         f"one torch thread, torch {run['versions'].get('torch', '?')}). Data: "
+         f"tokens, task lengths {cfg['task_lengths']}. Compute time of all cells: "
+         + (f"{run['cell_seconds'] / 60:.1f} min" if run.get("cell_seconds") is not None
+            else "not recorded")
+         + f" (this invocation's wall time {run['seconds'] / 60:.1f} min) on this machine (2 CPU "
+         f"cores shared with other jobs, one torch thread, torch "
+         f"{run['versions'].get('torch', '?')}). Data: "
          "`docs/reproductions/data/zuo2024`.\n",
          "**Figures and verdicts.** Every figure is the mean over seeds with a 95% "
          "t-interval `[low, high]` and the number of seeds n. A verdict is *yes* or *no* "
@@ -546,15 +567,11 @@ def render_markdown(out_dir) -> str:
              "count, no position link beyond the mask), `variance` (Var of resid_post and "
              "attn_out at k: 2 features), `variance_window` (those variances at k..k-w + "
              "mask: at least as many features as `cosine`).\n")
-    for (dataset, state), gg in probes[probes.metric == "nrmse"].groupby(["dataset", "state"],
-                                                                         sort=False):
-        p.append(f"### {dataset}, {state} model (NRMSE)\n")
-        wide = {}
-        for r in gg.itertuples():
-            wide.setdefault(r.layer, {"layer": r.layer})[r.feature] = _ci(r._asdict())
-        p.append(_md_table(pd.DataFrame(list(wide.values()))) + "\n")
-    gr = probes[(probes.metric == "pearson_r") & (probes.feature == "cosine")]
-    p.append("Pearson r of the cosine probe (mean over seeds), by layer: " + "; ".join(
-        f"{d}/{s} " + ", ".join(f"L{int(r.layer)} {r['mean']:.3f}" for _, r in g_.iterrows())
-        for (d, s), g_ in gr.groupby(["dataset", "state"], sort=False)) + ".\n")
+    for (dataset, state), gg in probes.groupby(["dataset", "state"], sort=False):
+        for metric, label in (("nrmse", "NRMSE"), ("pearson_r", "Pearson r")):
+            p.append(f"### {dataset}, {state} model: {label}\n")
+            wide = {}
+            for r in gg[gg.metric == metric].itertuples():
+                wide.setdefault(r.layer, {"layer": r.layer})[r.feature] = _ci(r._asdict())
+            p.append(_md_table(pd.DataFrame(list(wide.values()))) + "\n")
     return "\n".join(p)
