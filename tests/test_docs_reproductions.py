@@ -54,7 +54,8 @@ def test_committed_zuo_run_is_the_grid_the_page_claims():
     (at the accuracy target) scored as trained."""
     data = DOCS / "data" / "zuo2024"
     training = pd.read_csv(data / "training.csv")
-    assert (training.groupby("task").seed.nunique() >= 3).all()
+    main = training[training.task.isin(["addition", "reversal", "indexing", "ordering"])]
+    assert (main.groupby("task").seed.nunique() >= 3).all()
     assert set(training.task) >= {"addition", "reversal", "indexing", "ordering"}
     assert (training.reached_target == (training.accuracy >= zuo2024.THRESHOLDS["target_accuracy"])).all()
     claims = pd.read_csv(data / "claims.csv", keep_default_na=False, na_values=[""])

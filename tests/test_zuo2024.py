@@ -12,6 +12,7 @@ from posinterp.models import build_model
 from tests.viz.test_report import external_refs
 
 SMOKE = ReproConfig(model_preset="tiny", train_steps=3, n_samples=300, train_seeds=(0, 1),
+                    long_train_steps=4,
                     init_seeds=(0, 1), grid_seeds=(0, 1), n_sequences=6, n_tokens=10,
                     n_probe_sequences=8, init_means=(0.0, 4.0), init_stds=(0.002, 0.02, 0.2),
                     depths=(1, 2), widths=(32, 64),
@@ -30,9 +31,10 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     after = claims[claims.point.isin(["attn_out", "resid_mid"])]
     assert (after.groupby("claim").point.nunique() == 2).all()
     assert set(claims.holds) <= {"yes", "no", "CI spans", "not tested", "not run"}
-    # 3 training steps never reach the target: no task is scored as trained
+    # 3 (and 4) training steps never reach the target: no task is scored as trained
     trained = claims[claims.claim.str.contains("after training")]
-    assert len(trained) == 8 and (trained.holds == "not tested").all()
+    assert len(trained) == 2 * 5 and (trained.holds == "not tested").all()
+    assert trained.claim.str.contains("addition (long run, <= 4 steps)", regex=False).sum() == 2
     html = (tmp_path / "run" / "report.html").read_text()
     assert external_refs(html) == []
     assert page.read_text() == render_markdown(tmp_path / "run")

@@ -74,13 +74,17 @@ class ReproConfig:
     depths: tuple[int, ...] = (6, 12, 24)
     widths: tuple[int, ...] = (64, 192, 384, 768)
     train_depths: tuple[int, ...] = ()  # --full: reversal trained at each depth
+    # A longer run (first training seed) of tasks the step budget may not train: it tests
+    # whether "untrained at this budget" is only a budget limit, instead of saying so.
+    long_train_tasks: tuple[str, ...] = ("addition",)
+    long_train_steps: int = 3000
     task_lengths: dict = field(default_factory=lambda: dict(TASK_LENGTHS))
 
     @classmethod
     def full(cls) -> ReproConfig:
         return cls(quick=False, model_preset="paper", train_steps=5000,
                    train_seeds=(0, 1, 2, 3, 4), grid_seeds=(0, 1, 2, 3, 4), n_sequences=256,
-                   n_probe_sequences=256, train_depths=(6, 12, 24),
+                   n_probe_sequences=256, train_depths=(6, 12, 24), long_train_tasks=(),
                    task_lengths={"addition": (1, 4), "reversal": (1, 16), "indexing": (1, 9),
                                  "ordering": (2, 5)})
 
@@ -142,12 +146,13 @@ def _task_data(config: ReproConfig, task: str, seed: int):
                                      n_train=config.n_samples, n_test=config.n_samples))
 
 
-def _train_cell(config, out, task, seed, progress, n_layers=None):
+def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None):
     data = _task_data(config, task, seed)
     overrides = {} if n_layers is None else {"n_layers": n_layers}
     mc = preset(config.model_preset, seed=seed, **overrides)
-    tag = f"{task}-seed{seed}" + ("" if n_layers is None else f"-L{n_layers}")
-    res = train(mc, data, TrainConfig(max_steps=config.train_steps, eval_every=100,
+    tag = (f"{task}-seed{seed}" + ("" if n_layers is None else f"-L{n_layers}")
+           + ("" if steps is None else f"-steps{steps}"))
+    res = train(mc, data, TrainConfig(max_steps=steps or config.train_steps, eval_every=100,
                                       warmup_steps=50,
                                       target_accuracy=THRESHOLDS["target_accuracy"], seed=seed),
                 checkpoint_dir=out / "checkpoints" / tag, progress=progress)
@@ -199,6 +204,12 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
                                                                  progress, n_layers=depth)
                       .assign(task=f"reversal L{depth}"), log)
                 for seed in config.train_seeds]
+    for task in config.long_train_tasks:
+        seed, steps = config.train_seeds[0], config.long_train_steps
+        adj.append(_cell(out, f"train_{task}_steps{steps}_seed{seed}",
+                         lambda task=task, seed=seed, steps=steps: _train_cell(
+                             config, out, task, seed, progress, steps=steps)
+                         .assign(task=f"{task} (long run, <= {steps} steps)"), log))
     adjacency = pd.concat(adj, ignore_index=True)
 
     # 4. Depth x width at init, independent seeds, every layer.
