@@ -533,6 +533,13 @@ def render_markdown(out_dir) -> str:
          "## Claims\n"]
     c = claims.assign(figure=claims.figure.fillna(""), detail=claims.detail.fillna(""))
     p.append(_md_table(c[["claim", "point", "figure", "holds", "detail"]]) + "\n")
+    both = c[c.point.isin(list(POINTS))].pivot_table(index="claim", columns="point",
+                                                     values="holds", aggfunc="first", sort=False)
+    differ = both[both.nunique(axis=1) > 1] if len(both) else both
+    p.append("**Verdicts that differ between the two points:** " + (
+        "; ".join(f"{claim} (attn_out: {r.get('attn_out', '')}, resid_mid: "
+                  f"{r.get('resid_mid', '')})" for claim, r in differ.iterrows())
+        if len(differ) else "none") + ".\n")
     p.append("## Training\n")
     p.append("Exact match on every held-out sample; `steps` is where training stopped "
              "(early at the target). Adjacency at layer 0 on held-out task strings, before "
