@@ -412,6 +412,10 @@ def _claims(init, tables, grid, probe) -> pd.DataFrame:
                              "(std 0.02, paired by seed)", point, other - base,
                              lambda v: abs(v) <= T["matters_little"]))
     p = probe[(probe.dataset == "random_tokens") & (probe.metric == "nrmse")]
+    rev = tr[tr.task == "reversal"]
+    rev_note = (f"the reversal models: {int(rev.reached_target.astype(bool).sum())}/{len(rev)} "
+                f"seeds at the accuracy target (accuracies "
+                + ", ".join(f"{a:.3f}" for a in rev.accuracy) + ")")
     for state in ("init", "trained"):
         q = p[p.state == state]
         wide = q.pivot_table(index=["seed", "layer"], columns="feature", values="value")
@@ -421,7 +425,8 @@ def _claims(init, tables, grid, probe) -> pd.DataFrame:
             if other in post and "cosine" in post:
                 rows.append(_row(f"cosine probe beats {other} (NRMSE difference cosine - {other}, "
                                  f"random tokens, {state} model, mean over layers >= 0)", "probe",
-                                 (post.cosine - post[other]).tolist(), lambda v: v < 0))
+                                 (post.cosine - post[other]).tolist(), lambda v: v < 0,
+                                 rev_note if state == "trained" else ""))
         if "mask_only" in emb and "cosine" in emb:
             rows.append(_row(f"no leak at the embedding: cosine minus mask-only NRMSE, random "
                              f"tokens, {state} model (0 expected)", "probe",
@@ -585,9 +590,13 @@ def render_markdown(out_dir) -> str:
              "count, no position link beyond the mask), `variance` (Var of resid_post and "
              "attn_out at k: 2 features), `variance_window` (those variances at k..k-w + "
              "mask: at least as many features as `cosine`).\n")
+    rev = training[training.task == "reversal"]
+    trained_label = (f"reversal model after training ({int(rev.reached_target.sum())}/"
+                     f"{len(rev)} seeds at the accuracy target)")
     for (dataset, state), gg in probes.groupby(["dataset", "state"], sort=False):
+        who = "init model" if state == "init" else trained_label
         for metric, label in (("nrmse", "NRMSE"), ("pearson_r", "Pearson r")):
-            p.append(f"### {dataset}, {state} model: {label}\n")
+            p.append(f"### {dataset}, {who}: {label}\n")
             wide = {}
             for r in gg[gg.metric == metric].itertuples():
                 wide.setdefault(r.layer, {"layer": r.layer})[r.feature] = _ci(r._asdict())
