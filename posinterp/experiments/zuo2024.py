@@ -95,6 +95,10 @@ def depth_width_configs(config: ReproConfig):
     Weights are seeded per parameter name, so one seed would give the *same* layer 0 at
     every depth and depth could not matter; each (depth, width, replicate) gets its own
     seed instead. d_head is 64 (the paper's), so width 192 has 3 heads.
+
+    Raises:
+        ValueError: from :func:`~posinterp.models.preset` for an unknown preset or a
+            width below 64 that is not divisible by its head count.
     """
     out = []
     for depth in config.depths:
@@ -280,7 +284,12 @@ def _cell_seconds(out: Path, config: ReproConfig) -> float | None:
 
 def mean_ci(values) -> tuple[float, float, float, int]:
     """Mean and 95% t-interval over seeds: ``(mean, low, high, n)``; NaN bounds for n < 2,
-    exact bounds for zero spread. NaNs are dropped (and not counted)."""
+    exact bounds for zero spread. NaNs are dropped (and not counted).
+
+    Source: Student's t interval, ``scipy.stats.t.interval`` with the standard error of
+    the mean (docs/concepts.md: mean over >= 3 seeds). Raises nothing; empty input gives
+    NaN with n = 0.
+    """
     v = np.asarray([x for x in values if not (isinstance(x, float) and math.isnan(x))], float)
     n = len(v)
     if n == 0:
