@@ -77,7 +77,7 @@ class ReproConfig:
     # A longer run (first training seed) of tasks the step budget may not train: it tests
     # whether "untrained at this budget" is only a budget limit, instead of saying so.
     long_train_tasks: tuple[str, ...] = ("addition",)
-    long_train_steps: int = 3000
+    long_train_steps: int = 1500
     task_lengths: dict = field(default_factory=lambda: dict(TASK_LENGTHS))
 
     @classmethod
