@@ -45,8 +45,10 @@ def _table(df, **options) -> str:
 
     from .viz.report import integer_columns
 
+    # option_context takes (name, value) pairs positionally, never keywords.
+    pairs = [x for kv in options.items() for x in kv]
     with pd.option_context("display.width", 220, "display.max_columns", 20,
-                           "display.float_format", "{:.3f}".format, **options):
+                           "display.float_format", "{:.3f}".format, *pairs):
         return integer_columns(df).to_string(index=False)
 
 
