@@ -73,3 +73,14 @@ def test_full_preset_is_the_paper_protocol():
     assert full.model_preset == "paper" and len(full.train_seeds) == 5
     assert full.task_lengths["reversal"] == (1, 16) and full.train_depths == (6, 12, 24)
     assert len(ReproConfig().train_seeds) >= 3
+
+
+def test_cli_table_accepts_pandas_display_options():
+    """``posinterp reproduce`` prints its claims with a display option: the call that
+    crashed after every finished run (keywords passed to pandas.option_context)."""
+    import pandas as pd
+
+    from posinterp.cli import _table
+
+    text = _table(pd.DataFrame({"claim": ["x" * 120], "n": [3]}), **{"display.max_colwidth": 90})
+    assert "claim" in text and "x" * 80 in text and "x" * 120 not in text
