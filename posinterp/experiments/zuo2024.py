@@ -527,7 +527,10 @@ def render_markdown(out_dir) -> str:
          f"tokens, task lengths {cfg['task_lengths']}. Compute time of all cells: "
          + (f"{run['cell_seconds'] / 60:.1f} min" if run.get("cell_seconds") is not None
             else "not recorded")
-         + f" (this invocation's wall time {run['seconds'] / 60:.1f} min) on this machine (2 CPU "
+         + f" (the invocation that wrote this page took {run['seconds'] / 60:.1f} min of wall "
+         "time" + (", reading back cells that earlier invocations computed"
+                   if (run.get("cell_seconds") or 0) > run["seconds"] + 60 else "")
+         + ") on this machine (2 CPU "
          f"cores shared with other jobs, one torch thread, torch "
          f"{run['versions'].get('torch', '?')}). Data: "
          "`docs/reproductions/data/zuo2024`.\n",
