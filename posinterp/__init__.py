@@ -23,6 +23,7 @@ _EXPORTS = {
         "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
         "cosine_self_similarity", "head_table", "previous_token_score", "previous_token_scores",
         "probe_positions", "qk_spectrum", "random_tokens", "residual_hooks", "similarity_by_layer",
+        "site_hooks",
         "spectral_measures", "variance_by_layer"), ".analysis"),
     **dict.fromkeys(("Inspection", "inspect_heads"), ".analysis.inspect"),
     **dict.fromkeys(("PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model",

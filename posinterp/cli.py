@@ -45,8 +45,10 @@ def _table(df, **options) -> str:
 
     from .viz.report import integer_columns
 
+    # option_context takes (name, value) pairs positionally, never keywords.
+    pairs = [x for kv in options.items() for x in kv]
     with pd.option_context("display.width", 220, "display.max_columns", 20,
-                           "display.float_format", "{:.3f}".format, **options):
+                           "display.float_format", "{:.3f}".format, *pairs):
         return integer_columns(df).to_string(index=False)
 
 
@@ -131,8 +133,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     from .experiments.zuo2024 import ReproConfig, run_zuo2024
 
     cfg = ReproConfig.full() if args.full else ReproConfig()
-    claims = run_zuo2024(cfg, args.out, progress=not args.no_progress)
-    print(_table(claims[["claim", "our_figure", "holds"]], **{"display.max_colwidth": 90}))
+    command = ("posinterp reproduce zuo2024 " + ("--full" if args.full else "--quick")
+               + f" --out {args.out}" + (f" --markdown {args.markdown}" if args.markdown else ""))
+    claims = run_zuo2024(cfg, args.out, progress=not args.no_progress, markdown=args.markdown,
+                         command=command)
+    print(_table(claims[["claim", "point", "figure", "holds"]], **{"display.max_colwidth": 90}))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
 
@@ -273,11 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("paper", choices=["zuo2024"], help="which paper (choices: zuo2024)")
     mode = rp.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true",
-                      help="the CPU protocol, the default (14 min of CPU time; 27 min wall "
-                      "on 2 shared cores, docs/reproductions/zuo2024.md)")
+                      help="the CPU protocol, the default (wall time on 2 shared cores: "
+                      "docs/reproductions/zuo2024.md)")
     mode.add_argument("--full", action="store_true", help="the paper's protocol (GPU-sized)")
     rp.add_argument("--out", type=_out_folder, default="posinterp-zuo2024",
                     help="output folder (default posinterp-zuo2024)")
+    rp.add_argument("--markdown", default=None, metavar="PATH",
+                    help="also write the reproduction page (every figure from this run's CSVs)")
     _no_progress(rp)
 
     ex = _parser(sub, "experiment", "learning-speed experiments",

@@ -19,7 +19,7 @@ def test_demo_pipeline_on_tiny_model_and_resume(tmp_path):
     html = res.report_path.read_text()
     assert html.count("var CircuitsVis=") == 1 and external_refs(html) == []
     assert html.count("CircuitsVis.render(") == 2  # one view per layer of the tiny model
-    assert res.table.shape[0] == 5 and res.steps == 4
+    assert res.table.shape[0] == 1 + 4 * 2 and res.steps == 4  # embedding + 4 sites x 2 layers
     assert {"init / random tokens", "trained / task samples"} <= set(res.table.columns)
     assert res.adjacency.value.between(0, 1).all()
     meta = json.loads((tmp_path / "run.json").read_text())

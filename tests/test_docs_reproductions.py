@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from posinterp.experiments import qk_constraints, spectrum
+from posinterp.experiments import qk_constraints, spectrum, zuo2024
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reproductions"
 
@@ -19,6 +19,7 @@ DOCS = Path(__file__).resolve().parents[1] / "docs" / "reproductions"
 @pytest.mark.parametrize("page, data, render", [
     ("qk-constraints.md", "qk-constraints", qk_constraints.render_markdown),
     ("fingerprints.md", "fingerprints", spectrum.render_markdown),
+    ("zuo2024.md", "zuo2024", zuo2024.render_markdown),
 ])
 def test_committed_page_is_its_committed_run_outputs(page, data, render):
     assert (DOCS / page).read_text() == render(DOCS / "data" / data)
@@ -43,5 +44,30 @@ def test_committed_qk_run_is_the_grid_the_page_claims():
                       & (runs.constraint == "none")].init_norm_M.iloc[0]
         assert (g.init_norm_M - untied).abs().max() <= 1e-5 * untied
     assert (runs[~alive].constraint.str.startswith("ban_")).all()
+    total = sum(f.stat().st_size for f in data.iterdir())
+    assert total < 400_000  # small run outputs only
+
+
+def test_committed_zuo_run_is_the_grid_the_page_claims():
+    """>= 3 seeds per trained cell and per probe cell, every after-attention verdict at both
+    measurement points, the embedding row in every probe table, and only trained models
+    (at the accuracy target) scored as trained."""
+    data = DOCS / "data" / "zuo2024"
+    training = pd.read_csv(data / "training.csv")
+    main = training[training.task.isin(["addition", "reversal", "indexing", "ordering"])]
+    assert (main.groupby("task").seed.nunique() >= 3).all()
+    assert set(training.task) >= {"addition", "reversal", "indexing", "ordering"}
+    assert (training.reached_target == (training.accuracy >= zuo2024.THRESHOLDS["target_accuracy"])).all()
+    claims = pd.read_csv(data / "claims.csv", keep_default_na=False, na_values=[""])
+    after = claims[claims.point.isin(["attn_out", "resid_mid"])]
+    assert (after.groupby("claim").point.nunique() == 2).all()
+    assert (claims[claims.holds.isin(["yes", "no", "CI spans"])].n >= 3).all()
+    for task, g in training.groupby("task"):
+        rows = claims[claims.claim.str.endswith(f"after training: {task}")]
+        assert (rows.holds == "not tested").all() == (not g.reached_target.any())
+    probes = pd.read_csv(data / "probes.csv")
+    assert (probes.n >= 3).all()
+    assert all(-1 in set(g.layer) for _, g in probes.groupby(["dataset", "state"]))
+    assert "random_tokens" in set(probes.dataset)
     total = sum(f.stat().st_size for f in data.iterdir())
     assert total < 400_000  # small run outputs only

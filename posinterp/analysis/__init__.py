@@ -18,6 +18,7 @@ from .similarity import (
     cosine_self_similarity,
     residual_hooks,
     similarity_by_layer,
+    site_hooks,
 )
 from .spectral import (
     antisymmetric_energy,
@@ -41,5 +42,5 @@ __all__ = [
     "rotational_measures", "spectral_measures", "position_variance", "variance_by_layer",
     "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
     "previous_token_score", "previous_token_scores", "random_tokens",
-    "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer",
+    "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer", "site_hooks",
 ]

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ._adjacency_kernel import batch_counts, row_counts
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask
-from .similarity import residual_hooks, similarity_by_layer
+from .similarity import SITES, similarity_by_layer, site_hooks
 
 __all__ = ["AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score"]
 
@@ -168,11 +168,16 @@ def adjacency_by_layer(
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     ties: Ties = "half",
     per_position: bool = False,
+    sites=SITES,
 ) -> pd.DataFrame:
-    """Adjacency score at the embedding, after each attention sublayer and after each block.
+    """Adjacency score at the embedding and, per layer, at the attention output, after the
+    attention sublayer, at the MLP output and after the block.
 
-    One forward pass caching only the residual hooks of
-    :func:`~posinterp.analysis.residual_hooks`. Padding (either side) is dropped through
+    One forward pass caching only the hooks of :func:`~posinterp.analysis.site_hooks`.
+    ``blocks.{l}.hook_attn_out`` is the paper's measurement point (the first attention
+    output is a convex mix of earlier values); ``hook_resid_mid`` adds the embedding to it,
+    so its score also depends on the two norms' ratio (docs/concepts.md).
+    Padding (either side) is dropped through
     ``attention_mask``, so left-padding leaves the real tokens' scores unchanged.
     Source: Zuo et al. 2024 (arXiv 2501.00073); docs/concepts.md.
 
@@ -183,6 +188,8 @@ def adjacency_by_layer(
         ties: see :func:`adjacency_row`.
         per_position: also add rows ``metric="adjacency_row"`` with P_k per position k
             (mean over the sequences that have it).
+        sites: hook suffixes per layer, among ``("attn_out", "resid_mid", "mlp_out",
+            "resid_post")`` (all by default; a model's missing hooks are skipped).
 
     Returns:
         Tidy DataFrame with columns ``hook, layer, head, position, metric, value,
@@ -191,8 +198,9 @@ def adjacency_by_layer(
 
     Raises:
         ValueError: for tokens longer than ``n_ctx``, a malformed mask, fewer than 3 real
-            tokens in a sequence, or an unknown ``ties``.
+            tokens in a sequence, an unknown ``ties`` or an unknown site.
     """
+    hooks = site_hooks(model, sites)
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
     lengths = lengths_from_mask(mask, *tokens.shape)
@@ -200,9 +208,9 @@ def adjacency_by_layer(
         raise ValueError(
             "adjacency needs at least 3 real tokens per sequence; "
             f"got lengths {lengths.tolist()}")
-    sims = similarity_by_layer(model, tokens, mask)
+    sims = similarity_by_layer(model, tokens, mask, hooks)
     rows = []
-    for hook, layer in residual_hooks(model):
+    for hook, layer in hooks:
         res = adjacency_score(sims[hook], lengths, ties)
         rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
                          metric="adjacency_score", value=res.score, n_sequences=len(lengths)))

@@ -31,9 +31,8 @@ from scipy import stats
 from torch import Tensor
 
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, next_token_pairs, run_cached
-from .adjacency import adjacency_by_layer, adjacency_score
+from .adjacency import adjacency_by_layer
 from .heads import previous_token_score
-from .similarity import cosine_self_similarity
 from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
 
 __all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "compact_pattern", "head_scores",
@@ -380,13 +379,8 @@ def inspect_heads(
                                 metric=metric, value=scale * q))
 
     # Per layer: adjacency at the residual points and at the attention output.
-    adj = adjacency_by_layer(model, tokens, mask)
+    adj = adjacency_by_layer(model, tokens, mask, sites=("attn_out", "resid_mid", "resid_post"))
     frames.append(adj.drop(columns="position"))
-    for layer in range(n_layers):
-        hook = f"blocks.{layer}.hook_attn_out"
-        score = adjacency_score(cosine_self_similarity(cache[hook], mask), lengths).score
-        frames.append(_rows(hook=hook, layer=layer, metric="adjacency_score", value=[score],
-                            n_sequences=batch))
 
     clean_loss = None
     if ablate:

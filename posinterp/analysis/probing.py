@@ -9,6 +9,13 @@ variance (Chi et al. 2023). Features per real token k (docs/concepts.md, "Positi
 * ``mask_only``: the validity mask alone, the control the cosine probe must beat (it
   reveals min(k, w) and nothing else).
 * ``variance``: the variance over d_model of the residual (and attention output).
+* ``variance_window``: those variances at k, k-1, ..., k-w (zeros before the start) plus
+  the validity mask: the variance signal with as many features as the cosine window
+  (2w vs 2w + 2 or 3w + 2), so a win of the cosine probe is not a feature-count effect.
+* ``cosine_shuffled``: the cosine window with its similarity columns taken from another
+  token (one seeded permutation of all tokens), validity mask kept: the cosine probe's
+  feature count and value distribution with no link to the token's own position beyond
+  the mask.
 * ``raw``: the residual vector.
 
 The probe is a 4-layer MLP with MSE loss and early stopping on a validation split;
@@ -34,7 +41,7 @@ from .similarity import compact_real_tokens, cosine_self_similarity
 __all__ = ["FEATURES", "ProbeConfig", "ProbeResult", "fit_probe", "min_sequences",
            "position_features", "probe_positions", "sequence_split"]
 
-FEATURES = ("cosine", "mask_only", "variance", "raw")
+FEATURES = ("cosine", "mask_only", "variance", "raw", "variance_window", "cosine_shuffled")
 
 
 def position_features(
@@ -73,16 +80,32 @@ def position_features(
     real = k[None, :] < lengths[:, None]  # after compaction, real tokens come first
     offsets = torch.arange(1, window + 1)
     valid = (k[:, None] - offsets[None, :] >= 0).float()  # [pos, w]
-    if kind in ("cosine", "mask_only"):
+    if kind in ("cosine", "mask_only", "cosine_shuffled"):
         feats = valid.expand(batch, pos, window)
-        if kind == "cosine":
+        if kind != "mask_only":
             C = cosine_self_similarity(resid, mask)  # [batch, pos, pos]
             idx = (k[:, None] - offsets[None, :]).clamp(min=0)  # [pos, w]
             sims = torch.gather(C, 2, idx.expand(batch, pos, window))
             # No nan_to_num: a NaN inside the window means NaN activations, which
             # fit_probe must refuse, not read as similarity 0.
             sims = torch.where(valid.bool(), sims, 0.0)
+            if kind == "cosine_shuffled":  # another real token's window, same for every seed
+                flat = sims[real]
+                perm = torch.randperm(len(flat), generator=torch.Generator().manual_seed(0))
+                sims = sims.clone()
+                sims[real] = flat[perm]
             feats = torch.cat([sims, feats], -1)
+    elif kind == "variance_window":
+        acts = [resid] + ([attn_out] if attn_out is not None else [])
+        cols = []
+        for act in acts:
+            var = compact_real_tokens(act.double(), mask).var(-1, unbiased=False)  # [batch, pos]
+            lag = torch.arange(0, window + 1)
+            idx = (k[:, None] - lag[None, :]).clamp(min=0)  # [pos, w + 1]
+            v = torch.gather(var[:, None, :].expand(batch, pos, pos), 2,
+                             idx.expand(batch, pos, window + 1))
+            cols.append(torch.where((k[:, None] - lag[None, :] >= 0), v, 0.0))
+        feats = torch.cat(cols + [valid.double().expand(batch, pos, window)], -1)
     elif kind == "variance":
         cols = [compact_real_tokens(resid.double(), mask).var(-1, unbiased=False)]
         if attn_out is not None:
@@ -189,7 +212,11 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
     tr, va, te = sequence_split(groups, seed)
     torch.manual_seed(seed)
     Xf = X.float()
-    mu, sd = Xf[tr].mean(0), Xf[tr].std(0).clamp_min(1e-6)
+    mu, sd = Xf[tr].mean(0), Xf[tr].std(0)
+    # A feature constant on the train split (e.g. a window offset that no train token
+    # reaches) is left unscaled: dividing by a clamped 1e-6 would blow any test value up
+    # by 1e6 and the probe's error with it.
+    sd = torch.where(sd > 1e-6, sd, torch.ones_like(sd))
     Xn = (Xf - mu) / sd
     yf = y.float()
     y_mu, y_sd = yf[tr].mean(), yf[tr].std().clamp_min(1e-6)
@@ -245,7 +272,8 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
                     seeds=(0, 1, 2), config: ProbeConfig = ProbeConfig()) -> pd.DataFrame:
     """Probe position from each feature set at each layer's ``resid_post``, over seeds.
 
-    Works on any TransformerLens model. Layer -1 is the embedding.
+    Works on any TransformerLens model. Layer -1 is the embedding; by default every layer
+    and the embedding, the baseline a layer's probe must beat.
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, metric, value, feature, seed``
@@ -258,7 +286,9 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
     # -1 is the embedding; -2 must not silently become it too.
-    layers = (list(range(model.cfg.n_layers)) if layers is None
+    # The embedding (-1) is the baseline row: whatever a probe reads there is not built
+    # by attention (a task template alone can place tokens), so it is always scored.
+    layers = ([-1, *range(model.cfg.n_layers)] if layers is None
               else check_indices("layers", layers, model.cfg.n_layers, start=-1))
     rows = []
     for layer in layers:

@@ -13,7 +13,10 @@ from torch import Tensor
 
 from ._checks import check_attention_mask, check_tokens, run_cached
 
-__all__ = ["compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer"]
+__all__ = ["SITES", "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer",
+           "site_hooks"]
+
+SITES = ("attn_out", "resid_mid", "mlp_out", "resid_post")
 
 
 def compact_real_tokens(
@@ -76,7 +79,33 @@ def cosine_self_similarity(
         raise ValueError(f"resid must have shape [batch, pos, d_model], got {tuple(resid.shape)}")
     x = compact_real_tokens(resid.detach().to(torch.float64), attention_mask)
     unit = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
-    return unit @ unit.transpose(-1, -2)
+    sim = unit @ unit.transpose(-1, -2)
+    # Exact ties: a matmul may round <u_k, u_i> and <u_k, u_j> differently (~1e-17) even
+    # when x_i == x_j bit for bit (blocked kernels sum in different orders per column),
+    # which would break a tie that the adjacency score must count as 1/2. So every row
+    # and column is read from its first identical copy in the sequence: equal vectors get
+    # exactly equal cosines. Distinct vectors are compared exactly, with no tolerance.
+    rep = _first_copy(x)  # [batch, pos]
+    index = rep[:, :, None].expand_as(sim)
+    sim = sim.gather(1, index)
+    return sim.gather(2, rep[:, None, :].expand_as(sim))
+
+
+def _first_copy(x: Float[Tensor, "batch pos d"]) -> Int[Tensor, "batch pos"]:
+    """Index of the first position in the same sequence whose vector equals ``x[b, i]``
+    exactly (NaN rows, i.e. padding, are their own copy)."""
+    batch, pos, _ = x.shape
+    has_nan = torch.isnan(x).any(-1)
+    b = torch.arange(batch)[:, None].expand(batch, pos)
+    i = torch.arange(pos)[None, :].expand(batch, pos)
+    # Key: sequence id, a unique tag for NaN rows, then the vector (-0.0 == 0.0 as in ==).
+    tag = torch.where(has_nan, i + 1, 0)
+    key = torch.cat([b[..., None].double(), tag[..., None].double(),
+                     torch.nan_to_num(x, nan=0.0) + 0.0], -1).reshape(batch * pos, -1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), batch * pos, dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, i.reshape(-1), reduce="amin")
+    return first[inverse].reshape(batch, pos)
 
 
 def residual_hooks(model) -> list[tuple[str, int]]:
@@ -86,11 +115,30 @@ def residual_hooks(model) -> list[tuple[str, int]]:
     ``blocks.{l}.hook_resid_mid`` is "after attention l" and ``hook_resid_post`` "after
     block l" (docs/concepts.md). Attention-only models have no ``resid_mid``.
     """
+    return site_hooks(model, ("resid_mid", "resid_post"))
+
+
+def site_hooks(model, sites=SITES) -> list[tuple[str, int]]:
+    """``(hook name, layer)`` for the embedding (layer -1) and each ``sites`` hook per layer.
+
+    ``sites`` are hook suffixes among :data:`SITES`: ``attn_out`` is the attention
+    sublayer's output alone (``blocks.{l}.hook_attn_out``, the point of Zuo et al.'s
+    mediation argument), ``resid_mid`` the residual stream after it (embedding plus
+    attention output), ``mlp_out`` the MLP output and ``resid_post`` the stream after the
+    block (docs/concepts.md, "Where the adjacency pattern is measured"). Hooks a model
+    lacks (attention-only models have no ``resid_mid`` or ``mlp_out``) are left out.
+
+    Raises:
+        ValueError: for a site not in :data:`SITES`.
+    """
+    bad = [s for s in sites if s not in SITES]
+    if bad:
+        raise ValueError(f"sites must be among {SITES}, got {bad}")
     hooks = [("blocks.0.hook_resid_pre", -1)]
     for layer in range(model.cfg.n_layers):
-        for site in ("hook_resid_mid", "hook_resid_post"):
-            name = f"blocks.{layer}.{site}"
-            if name in model.hook_dict:
+        for site in SITES:
+            name = f"blocks.{layer}.hook_{site}"
+            if site in sites and name in model.hook_dict:
                 hooks.append((name, layer))
     return hooks
 
@@ -100,8 +148,10 @@ def similarity_by_layer(
     model,
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None = None,
+    hooks: list[tuple[str, int]] | None = None,
 ) -> dict[str, Float[Tensor, "batch pos pos"]]:
-    """Cosine self-similarity at every residual hook of :func:`residual_hooks`.
+    """Cosine self-similarity at every residual hook of :func:`residual_hooks` (or ``hooks``,
+    ``(name, layer)`` pairs such as :func:`site_hooks` returns).
 
     Runs one forward pass caching only those hooks. Works with any model exposing the
     TransformerLens surface (``run_with_cache``, ``hook_dict``, ``cfg``).
@@ -114,6 +164,7 @@ def similarity_by_layer(
     """
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape))
-    names = {name for name, _ in residual_hooks(model)}
+    hooks = residual_hooks(model) if hooks is None else hooks
+    names = {name for name, _ in hooks}
     cache = run_cached(model, tokens, mask, lambda n: n in names)
-    return {name: cosine_self_similarity(cache[name], mask) for name, _ in residual_hooks(model)}
+    return {name: cosine_self_similarity(cache[name], mask) for name, _ in hooks}

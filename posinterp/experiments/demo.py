@@ -254,6 +254,14 @@ def _reading(table: pd.DataFrame) -> str:
             "keep it: once the model solves the task with its own attention patterns, the "
             "residual stream may carry position in other ways, so a falling score here is a "
             "measured outcome, not a failure of the run.")
+        attn = table[table.hook == "blocks.0.hook_attn_out"]
+        if len(attn):
+            c, d = (float(attn[f"{s} / random tokens"].iloc[0]) for s in ("init", "trained"))
+            parts.append(
+                f"At the first attention output alone (L0 attn_out, the paper's measurement "
+                f"point) it is {c:.3f} at init and {d:.3f} trained; resid_mid adds the "
+                "embedding, so its score also depends on the two norms' ratio "
+                "(docs/concepts.md).")
     if len(embed) and {"init / random tokens", "init / task samples"} <= set(table.columns):
         r, t = float(embed["init / random tokens"].iloc[0]), float(embed["init / task samples"].iloc[0])
         parts.append(

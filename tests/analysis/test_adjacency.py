@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posinterp.analysis import adjacency_by_layer, adjacency_row, adjacency_score
+from posinterp.analysis import adjacency_by_layer, adjacency_row, adjacency_score, similarity_by_layer
 from tests.helpers import random_tokens, tiny_model
 
 
@@ -122,9 +122,19 @@ def test_by_layer_table_shape_and_labels():
     df = adjacency_by_layer(model, random_tokens(model, 2, 10))
     assert list(df.columns) == ["hook", "layer", "head", "position", "metric", "value",
                                 "n_sequences"]
-    assert df.layer.tolist() == [-1, 0, 0, 1, 1]
-    assert df.hook.tolist()[:3] == ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid",
+    assert df.layer.tolist() == [-1, 0, 0, 0, 0, 1, 1, 1, 1]
+    assert df.hook.tolist()[:5] == ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out",
+                                    "blocks.0.hook_resid_mid", "blocks.0.hook_mlp_out",
                                     "blocks.0.hook_resid_post"]
+    only = adjacency_by_layer(model, random_tokens(model, 2, 10), sites=("attn_out",))
+    assert only.hook.tolist() == ["blocks.0.hook_resid_pre", "blocks.0.hook_attn_out",
+                                  "blocks.1.hook_attn_out"]
+    # the attention output alone, scored through the pure functions
+    sims = similarity_by_layer(model, random_tokens(model, 2, 10),
+                               hooks=[("blocks.1.hook_attn_out", 1)])
+    assert only.value.iloc[-1] == adjacency_score(sims["blocks.1.hook_attn_out"]).score
+    with pytest.raises(ValueError, match="sites must be among"):
+        adjacency_by_layer(model, random_tokens(model, 2, 10), sites=("attn",))
     assert df.value.between(0, 1).all() and (df.n_sequences == 2).all()
 
 
@@ -233,3 +243,23 @@ def test_nan_in_a_used_entry_is_an_error_but_padding_is_not():
         adjacency_row(np.array([0.1, np.nan, 0.3]))
     with pytest.raises(ValueError, match="lengths must be integer"):
         adjacency_score(sim, lengths=torch.tensor([6.0, 4.0]))
+
+
+def test_repeated_tokens_at_the_embedding_tie_exactly():
+    """At a NoPE embedding, equal tokens are equal vectors: their cosines tie exactly, so
+    "half" counts each tie 1/2 and "strict" 0 (a row whose earlier tokens are all one token
+    scores exactly 0.5 and 0)."""
+    model = tiny_model("nope")
+    toks = torch.tensor([[1, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7]])
+    sim = similarity_by_layer(model, toks)["blocks.0.hook_resid_pre"]
+    half = adjacency_score(sim, ties="half").per_row[0]
+    strict = adjacency_score(sim, ties="strict").per_row[0]
+    # rows 2..8 see [1, 5, ..., 5] before them: pair (0, j) decided by C_k0 vs C_kj, pairs
+    # among the 5s are ties. Independent count from the token ids and exact cosines:
+    C = sim[0]
+    for k in range(2, 14):
+        pairs = [(i, j) for i in range(k) for j in range(i + 1, k)]
+        conc = sum(float(C[k, i]) < float(C[k, j]) for i, j in pairs)
+        tie = sum(int(toks[0, i]) == int(toks[0, j]) for i, j in pairs)
+        assert half[k].item() == (conc + tie / 2) / len(pairs)
+        assert strict[k].item() == conc / len(pairs)

@@ -78,7 +78,7 @@ def test_left_padding_does_not_change_features():
     resid = torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(3))
     padded = torch.cat([torch.randn(1, 3, 4), resid], 1)
     mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
-    for kind in ("cosine", "variance", "raw"):
+    for kind in ("cosine", "variance", "raw", "variance_window", "cosine_shuffled"):
         a, ya, _ = position_features(resid, kind=kind, window=2)
         b, yb, _ = position_features(padded, mask, kind=kind, window=2)
         torch.testing.assert_close(a, b)
@@ -159,3 +159,34 @@ def test_constant_prediction_gives_nan_r_not_zero():
     X = torch.zeros(len(y), 3)  # constant features: the probe can only predict a constant
     res = fit_probe(X, y, groups, seed=0, config=FAST)
     assert np.isnan(res.pearson_r) and np.isfinite(res.nrmse)
+
+
+def test_feature_count_controls():
+    """variance_window holds Var(x_{k-l}) at lag l (0 before the start) and the mask;
+    cosine_shuffled is the cosine window's rows permuted among tokens, mask kept."""
+    resid = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    w = 3
+    X, y, _ = position_features(resid, kind="variance_window", window=w)
+    var = resid.var(-1, unbiased=False).float()
+    for n, k in enumerate(y.tolist()):
+        b = n // 7
+        want = [var[b, k - lag] if k - lag >= 0 else 0.0 for lag in range(w + 1)]
+        torch.testing.assert_close(X[n, : w + 1], torch.tensor(want, dtype=torch.float32))
+        assert X[n, w + 1:].tolist() == [float(k - o >= 0) for o in range(1, w + 1)]
+    cos, _, _ = position_features(resid, kind="cosine", window=w)
+    shuf, _, _ = position_features(resid, kind="cosine_shuffled", window=w)
+    assert shuf.shape == cos.shape and torch.equal(shuf[:, w:], cos[:, w:])
+    assert not torch.equal(shuf[:, :w], cos[:, :w])
+    assert sorted(map(tuple, shuf[:, :w].tolist())) == sorted(map(tuple, cos[:, :w].tolist()))
+
+
+def test_feature_constant_on_train_does_not_blow_up_test():
+    """A column that is 0 on every train item but not on test items must not be divided
+    by ~0: the probe's error stays on the scale of the positions."""
+    y = torch.arange(10).repeat(6)
+    groups = torch.arange(6).repeat_interleave(10)
+    X = torch.stack([y.float(), torch.zeros(60)], 1)
+    tr, _, te = sequence_split(groups, seed=0)
+    X[te, 1] = 5.0  # only test sequences have it
+    res = fit_probe(X, y, groups, seed=0, config=ProbeConfig(hidden=8, max_epochs=50))
+    assert res.nrmse < 1.0

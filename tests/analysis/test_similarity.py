@@ -58,3 +58,26 @@ def test_by_layer_does_not_touch_user_hooks():
     assert len(sims) == 5 and all(s.shape == (1, 8, 8) for s in sims.values())
     assert fired == [1]
     model.reset_hooks()
+
+
+def test_identical_vectors_get_exactly_equal_cosines():
+    """Item 5 of issue 13: a matmul may round <u_k, u_i> and <u_k, u_j> differently for
+    x_i == x_j; every such pair must read exactly equal (checked bit for bit), padding aside."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = torch.randn(5, 384, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, 5, (3, 40), generator=gen)
+    x = vocab[ids]
+    mask = torch.ones(3, 40, dtype=torch.long)
+    mask[1, 30:] = 0
+    C = cosine_self_similarity(x, mask)
+    for b in range(3):
+        n = int(mask[b].sum())
+        for i in range(n):
+            for j in range(n):
+                if ids[b, i] == ids[b, j]:
+                    assert torch.equal(C[b, :n, i], C[b, :n, j])
+                    assert torch.equal(C[b, i, :n], C[b, j, :n])
+    # and the values are the cosines (an independent route, to rounding)
+    ref = F.cosine_similarity(x[:, :, None], x[:, None], dim=-1)
+    assert torch.allclose(C[0], ref[0], atol=1e-12)
+    assert torch.isnan(C[1, 30:]).all() and torch.isnan(C[1, :, 30:]).all()
