@@ -222,11 +222,9 @@ def _check_against_hf(model, hf_model, architecture: str) -> None:
 
     from .hf_config import UnsupportedConfigError
 
-    gen = torch.Generator().manual_seed(0)
-    toks = torch.randint(0, model.cfg.d_vocab, (2, min(32, model.cfg.n_ctx)), generator=gen)
+    got = _probe_log_probs(model)
     with torch.no_grad():
-        got = model(toks).double().log_softmax(-1)
-        want = hf_model(toks).logits.double().log_softmax(-1)
+        want = hf_model(_probe_tokens(model)).logits.double().log_softmax(-1)
     tol = PROCESSING_TOL if model.cfg.dtype in (torch.float32, torch.float64) else 5e-2
     diff = float((got - want).abs().max())
     if not diff <= tol:  # NaN fails too
@@ -236,13 +234,19 @@ def _check_against_hf(model, hf_model, architecture: str) -> None:
             "refusing to run a different model (compare the config with docs/models.md)")
 
 
-def _probe_log_probs(model):
+def _probe_tokens(model):
+    """2 seeded random sequences of min(32, n_ctx) tokens: the load-time probe batch."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    toks = torch.randint(0, model.cfg.d_vocab, (2, min(32, model.cfg.n_ctx)), generator=gen)
+    return torch.randint(0, model.cfg.d_vocab, (2, min(32, model.cfg.n_ctx)), generator=gen)
+
+
+def _probe_log_probs(model):
+    import torch
+
     with torch.no_grad():
-        return model(toks).double().log_softmax(-1)
+        return model(_probe_tokens(model)).double().log_softmax(-1)
 
 
 @contextlib.contextmanager
