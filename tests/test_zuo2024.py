@@ -1,3 +1,6 @@
+from dataclasses import replace
+
+import pytest
 import torch
 
 from posinterp.analysis.probing import ProbeConfig
@@ -12,7 +15,7 @@ from posinterp.models import build_model
 from tests.viz.test_report import external_refs
 
 SMOKE = ReproConfig(model_preset="tiny", train_steps=3, n_samples=300, train_seeds=(0, 1),
-                    long_train_steps=4,
+                    long_train_steps=4, train_depths=(2,),
                     init_seeds=(0, 1), grid_seeds=(0, 1), n_sequences=6, n_tokens=10,
                     n_probe_sequences=8, init_means=(0.0, 4.0), init_stds=(0.002, 0.02, 0.2),
                     depths=(1, 2), widths=(32, 64),
@@ -33,7 +36,7 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     assert set(claims.holds) <= {"yes", "no", "CI spans", "not tested", "not run"}
     # 3 (and 4) training steps never reach the target: no task is scored as trained
     trained = claims[claims.claim.str.contains("after training")]
-    assert len(trained) == 2 * 5 and (trained.holds == "not tested").all()
+    assert len(trained) == 2 * 6 and (trained.holds == "not tested").all()  # 4 tasks, L2, long
     assert trained.claim.str.contains("addition (long run, <= 4 steps)", regex=False).sum() == 2
     html = (tmp_path / "run" / "report.html").read_text()
     assert external_refs(html) == []
@@ -45,6 +48,13 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     stamp = {p: p.stat().st_mtime_ns for p in cells.iterdir()}
     again = run_zuo2024(SMOKE, tmp_path / "run", progress=False)
     assert again.equals(claims)
+    assert {p: p.stat().st_mtime_ns for p in cells.iterdir()} == stamp
+    # --full's trained depths: a model per depth, with its own rows
+    training = z.pd.read_csv(tmp_path / "run" / "training.csv")
+    assert (training.task == "reversal L2").sum() == len(SMOKE.train_seeds)
+    # Cells are reused by name, so a folder of another configuration is refused, by field.
+    with pytest.raises(ValueError, match="train_steps"):
+        run_zuo2024(replace(SMOKE, train_steps=4), tmp_path / "run", progress=False)
     assert {p: p.stat().st_mtime_ns for p in cells.iterdir()} == stamp
 
 

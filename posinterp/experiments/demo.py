@@ -149,7 +149,8 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool) -> DemoRe
     frames = [_adjacency(model, inputs, "init", config.seed)]
     # The embedding score depends on the tokens and W_E: average init seeds too (docs/concepts.md).
     for s in range(1, config.init_seeds):
-        m = build_model(preset(config.preset, pe="nope", seed=config.seed + s))
+        m = build_model(preset(config.preset, pe="nope", seed=config.seed + s),
+                        tokenizer=model.tokenizer)  # building a tokenizer costs ~0.3 s
         frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
                                  config.seed + s))
     sample_toks = test.tokens[:1, : int(test.attention_mask[0].sum())]

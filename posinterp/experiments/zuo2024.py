@@ -50,8 +50,13 @@ THRESHOLDS = {"chance": 0.05, "high": 0.8, "vanishes": 0.6, "matters_little": 0.
               "target_accuracy": 0.9, "no_leak": 0.01}
 POINTS = {"attn_out": "blocks.0.hook_attn_out", "resid_mid": "blocks.0.hook_resid_mid"}
 EMBED = "blocks.0.hook_resid_pre"
-TASK_LENGTHS = {  # quick: short strings that a 4-layer CPU model can learn in minutes
-    "addition": (1, 3), "reversal": (4, 8), "indexing": (1, 9), "ordering": (2, 5)}
+# --quick training lengths. Reversal is fixed at 6 digits, the length the 4-layer, 192-wide
+# NoPE model trains to the target in ~500 steps on 2 CPU cores (../shared/DESIGN.md §7);
+# variable 4-8 digits reached 0.57 / 0.01 / 0.02 in 500 steps. The probes never see these
+# strings: they read random tokens and variable-length strings (PROBE_LENGTHS).
+TASK_LENGTHS = {
+    "addition": (1, 3), "reversal": (6, 6), "indexing": (1, 9), "ordering": (2, 5)}
+PROBE_LENGTHS = (4, 8)  # reversal strings for the probes: variable length, no fixed template
 PROBE_FEATURES = ("cosine", "mask_only", "cosine_shuffled", "variance", "variance_window")
 
 
@@ -79,6 +84,7 @@ class ReproConfig:
     long_train_tasks: tuple[str, ...] = ("addition",)
     long_train_steps: int = 1500
     task_lengths: dict = field(default_factory=lambda: dict(TASK_LENGTHS))
+    probe_lengths: tuple[int, int] = PROBE_LENGTHS
 
     @classmethod
     def full(cls) -> ReproConfig:
@@ -86,7 +92,7 @@ class ReproConfig:
                    train_seeds=(0, 1, 2, 3, 4), grid_seeds=(0, 1, 2, 3, 4), n_sequences=256,
                    n_probe_sequences=256, train_depths=(6, 12, 24), long_train_tasks=(),
                    task_lengths={"addition": (1, 4), "reversal": (1, 16), "indexing": (1, 9),
-                                 "ordering": (2, 5)})
+                                 "ordering": (2, 5)}, probe_lengths=(1, 16))
 
 
 def depth_width_configs(config: ReproConfig):
@@ -190,6 +196,7 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     """
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = check_out_dir(Path(out_dir), "out_dir")
+    _check_same_config(out, config)
     t0 = time.time()
     rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
 
@@ -241,7 +248,10 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
             toks, mask = _random_tokens(config.n_probe_sequences, config.n_tokens,
                                         seed=5000 + seed, variable=True)
         else:
-            test = _task_data(config, "reversal", seed).test
+            lo, hi = config.probe_lengths
+            test = make_task_data(TaskConfig("reversal", min_digits=lo, max_digits=hi,
+                                             seed=7000 + seed, n_train=1,
+                                             n_test=config.n_probe_sequences)).test
             toks = test.tokens[: config.n_probe_sequences]
             mask = test.attention_mask[: config.n_probe_sequences]
         model = (build_model(preset(config.model_preset, seed=seed)) if state == "init"
@@ -268,6 +278,21 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
     return claims
+
+
+def _check_same_config(out: Path, config: ReproConfig) -> None:
+    """Refuse to resume a folder whose cells were computed under another configuration
+    (cells are reused by name, so a mix would be silently wrong); record it otherwise."""
+    now = json.loads(json.dumps(asdict(config)))
+    path = out / "config.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in now.items() if old.get(k) != v}
+        if diff:
+            raise ValueError(f"out_dir {str(out)!r} holds cells of another configuration "
+                             f"(stored vs requested: {diff}); use a new out_dir")
+    else:
+        atomic_write_json(path, now)
 
 
 def _cell_seconds(out: Path, config: ReproConfig) -> float | None:
@@ -491,6 +516,13 @@ QUICK_COMMAND = ("posinterp reproduce zuo2024 --quick --out posinterp-zuo2024 "
                  "--markdown docs/reproductions/zuo2024.md")
 
 
+def _digit_range(lengths) -> str:
+    if not lengths:
+        return "task-length"
+    lo, hi = lengths
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
 def render_markdown(out_dir) -> str:
     """The Zuo et al. reproduction page of a finished run, from its CSVs and ``run.json``.
 
@@ -596,8 +628,10 @@ def render_markdown(out_dir) -> str:
     p.append("NRMSE (RMSE / position range, lower is better) per layer, at `resid_post` "
              "(layer -1 is the embedding, the baseline row). Each seed is its own model "
              "and its own split by sequence. `random_tokens`: BOS + uniform tokens, "
-             "variable lengths (right-padded), no template; `reversal_strings`: held-out "
-             "task strings of variable length. Features: `cosine` (the window of cosines to "
+             "variable lengths (right-padded), no template; `reversal_strings`: reversal "
+             f"strings of {_digit_range(cfg.get('probe_lengths'))} digits (variable length; "
+             f"the models trained on {_digit_range(cfg['task_lengths']['reversal'])} digits). "
+             "Features: `cosine` (the window of cosines to "
              "the previous w tokens + validity mask), `mask_only` (the validity mask alone), "
              "`cosine_shuffled` (the cosine window taken from another token: same feature "
              "count, no position link beyond the mask), `variance` (Var of resid_post and "

@@ -104,13 +104,16 @@ class Report:
         """
         import matplotlib.pyplot as plt
 
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110 if save_as is None else 150, bbox_inches="tight")
         if save_as is not None:
+            from ..io import atomic_path
             from .figures import save_figure
 
-            save_figure(fig, save_as, close=False)
-
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+            # Drawing is most of a figure's cost: the PNG drawn for the page is the file.
+            with atomic_path(Path(f"{save_as}.png")) as tmp:
+                Path(tmp).write_bytes(buf.getvalue())
+            save_figure(fig, save_as, formats=("svg",), close=False)
         plt.close(fig)
         data = base64.b64encode(buf.getvalue()).decode("ascii")
         cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
