@@ -40,6 +40,30 @@ def _out_folder(text: str) -> str:
     return text
 
 
+def _executor(args: argparse.Namespace, default: str = "local", workers: int | None = None):
+    """The executor of --executor/--workers/--address (posinterp.executors.make_executor).
+
+    ``workers`` is the process count when --executor process is chosen without --workers.
+    """
+    from .executors import make_executor
+
+    name = args.executor or default
+    return make_executor(name, workers=args.workers if args.workers is not None
+                         else (workers if name == "process" else None), address=args.address)
+
+
+def _executor_options(p, workers_help: str, default: str = "local") -> None:
+    p.add_argument("--executor", choices=["local", "process", "ray"], default=None,
+                   help=f"where the cells run (default {default}): in this process, a pool of "
+                   "--workers processes, or Ray tasks (pip install 'posinterp[ray]'); every "
+                   "cell runs with its own seed and thread count, so the results are the same "
+                   "under each (docs/scale.md)")
+    p.add_argument("--workers", type=_int_at_least(1), default=None, help=workers_help)
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="--executor ray: the cluster (e.g. 10.0.0.5:6379 or ray://host:10001); "
+                   "default $RAY_ADDRESS, else a Ray instance running here, else a new local one")
+
+
 def _table(df, **options) -> str:
     import pandas as pd
 
@@ -70,13 +94,10 @@ def _demo(args: argparse.Namespace) -> int:
 def _zoo_train(args: argparse.Namespace) -> int:
     from .experiments.zoo import ZooConfig, train_zoo, zoo_home
 
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
-    df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
-                   first_seed=args.first_seed)
+    with _executor(args) as executor:
+        df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
+                       first_seed=args.first_seed, executor=executor, threads=args.threads)
     print(_table(df))
     print(f"zoo: {args.home or zoo_home()}")
     return 0
@@ -155,8 +176,11 @@ def _experiment(args: argparse.Namespace) -> int:
     import json
 
     command = " ".join(["posinterp", *args.argv])
-    summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
-                                 markdown=args.markdown, command=command)
+    # without --executor, --workers (default 2) processes share the cells, as before
+    default = "local" if grid.workers == 1 else "process"
+    with _executor(args, default, grid.workers) as executor:
+        summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
+                                     markdown=args.markdown, command=command, executor=executor)
     print(_table(summary))
     run = json.loads((Path(args.out) / "run.json").read_text())
     print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
@@ -246,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="steps per model (default 2000, ~10 min on 2 cores)")
     zt.add_argument("--home", type=_out_folder, default=None,
                     help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")
-    zt.add_argument("--threads", type=pos1, default=None, help="torch threads (default: all)")
+    zt.add_argument("--threads", type=pos1, default=1, help="torch threads per model, also the "
+                    "CPUs each model asks a scheduler for (default 1; the weights depend on it)")
+    _executor_options(zt, "--executor process: models trained at once (default: one per core)")
     _no_progress(zt)
     zl = _parser(zsub, "list", "show the zoo's models", "One row per model folder.", _zoo_list, "")
     zl.add_argument("--home", default=None,
@@ -295,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--seeds", type=pos1, default=None, help="seeds per cell (default 5)")
     ex.add_argument("--pes", nargs="+", default=None, choices=["nope", "absolute", "rotary", "alibi"],
                     help="positional schemes (default: absolute rotary)")
-    ex.add_argument("--workers", type=pos1, default=None,
-                    help="processes sharing the cells, one torch thread each (default 2)")
+    _executor_options(ex, "processes sharing the cells, one torch thread each (default 2)",
+                      default="process with 2 workers")
     ex.add_argument("--out", type=_out_folder, default="posinterp-qk-constraints",
                     help="output folder (default posinterp-qk-constraints)")
     ex.add_argument("--markdown", default=None, metavar="PATH",
@@ -331,6 +357,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotImplementedError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
+    except ImportError as err:
+        if "posinterp[ray]" not in str(err):
+            raise
+        print(f"posinterp: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from .executors import CellsFailed
+
+        if not isinstance(err, CellsFailed):
+            raise
+        print(f"posinterp: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:
         print(_interrupted(err, args), file=sys.stderr)
         return 130
