@@ -118,9 +118,11 @@ def _spectrum(args: argparse.Namespace) -> int:
     if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
         raise ValueError(f"--min-prev-score must be in [0, 1], got {args.min_prev_score}")
     extra = {} if args.min_prev_score is None else {"min_prev_score": args.min_prev_score}
-    res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
-                       progress=not args.no_progress, units=args.units, markdown=args.markdown,
-                       command=" ".join(["posinterp", *args.argv]), **extra)
+    with _executor(args) as executor:
+        res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
+                           progress=not args.no_progress, units=args.units,
+                           markdown=args.markdown, command=" ".join(["posinterp", *args.argv]),
+                           executor=executor, **extra)
     if len(res.tests):
         from .viz.report import fingerprint_summary
 
@@ -296,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "previous-token head and is left out of the test (default 0.3)")
     sp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (tables from this run's outputs)")
+    _executor_options(sp, "--executor process: models analysed at once (default: one per core)")
     _no_progress(sp)
 
     rp = _parser(sub, "reproduce", "rerun a paper's results with posinterp",
@@ -368,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(err, CellsFailed):
             raise
         print(f"posinterp: error: {err}", file=sys.stderr)
-        return 1
+        # every failure a bad-input error (a bad spec, say): the status of bad input
+        bad_input = {"ValueError", "FileNotFoundError", "NotImplementedError"}
+        return 2 if set(err.errors.values()) <= bad_input else 1
     except KeyboardInterrupt as err:
         print(_interrupted(err, args), file=sys.stderr)
         return 130

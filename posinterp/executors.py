@@ -230,15 +230,20 @@ class CellsFailed(RuntimeError):
 
     Attributes:
         failures: ``{cell name: formatted traceback}``.
+        errors: ``{cell name: exception class name}`` (read off the traceback's last line,
+            so it is the same whichever process raised it).
         results: ``{cell name: result}`` of the cells that are done.
     """
 
     def __init__(self, failures: dict[str, str], results: dict[str, Any]):
         self.failures, self.results = failures, results
+        self.errors = {}
         lines = [f"{len(failures)} of {len(failures) + len(results)} cells failed "
                  f"(the {len(results)} others are written; rerun to retry only the failed ones):"]
         for name, tb in failures.items():
             last = tb.strip().splitlines()[-1] if tb.strip() else "unknown error"
+            kind = re.match(r"[\w.]+", last)
+            self.errors[name] = kind.group(0).rsplit(".", 1)[-1] if kind else "unknown"
             lines.append(f"  {name}: {last}")
         lines.append("")
         for name, tb in failures.items():
