@@ -158,8 +158,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     cfg = ReproConfig.full() if args.full else ReproConfig()
     command = ("posinterp reproduce zuo2024 " + ("--full" if args.full else "--quick")
                + f" --out {args.out}" + (f" --markdown {args.markdown}" if args.markdown else ""))
-    claims = run_zuo2024(cfg, args.out, progress=not args.no_progress, markdown=args.markdown,
-                         command=command)
+    with _executor(args) as executor:
+        claims = run_zuo2024(cfg, args.out, progress=not args.no_progress,
+                             markdown=args.markdown, command=command, executor=executor)
     print(_table(claims[["claim", "point", "figure", "holds"]], **{"display.max_colwidth": 90}))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
@@ -314,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output folder (default posinterp-zuo2024)")
     rp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (every figure from this run's CSVs)")
+    _executor_options(rp, "--executor process: cells run at once (default: one per core)")
     _no_progress(rp)
 
     ex = _parser(sub, "experiment", "learning-speed experiments",
