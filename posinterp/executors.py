@@ -14,7 +14,8 @@ Executors: ``local`` (in this process, one cell after another; the default, no e
 dependency), ``process`` (a pool of ``workers`` spawned processes) and ``ray`` (each
 cell a Ray task asking for its ``num_cpus``/``num_gpus``; ``pip install posinterp[ray]``).
 
-Source: DESIGN.md §6 (resumable, atomic outputs); issue 17 ("Beyond one CPU").
+Source: DESIGN.md §4 ("Experiments are grids of independent cells"); issue 17
+("Beyond one CPU").
 """
 
 from __future__ import annotations
@@ -301,7 +302,8 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
         CellsFailed: after every other cell finished and was written, naming each cell
             that raised with its traceback.
 
-    Source: DESIGN.md §6; issue 17.
+    Source: DESIGN.md §4 (a cell: config + seed -> a result file, skipped when done);
+    issue 17.
     """
     from tqdm.auto import tqdm
 
