@@ -283,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = _parser(sub, "spectrum", "QK-circuit spectra, previous-token heads and RoPE-vs-other "
                  "fingerprint statistics for one or more models",
-                 "Writes heads.csv, spectrum.csv, fingerprint CSVs and report.html.", _spectrum, "")
+                 "Writes heads.csv, spectrum.csv, fingerprint CSVs and report.html; each "
+                 "model's tables are kept in --out/cells and reused while its files are "
+                 "unchanged.", _spectrum, "finished models' tables")
     sp.add_argument("specs", nargs="+", metavar="SPEC", help="hub names, HF folders, .bin files, "
                     "zoo:<pe>[:<seed>], all-MiniLM-L6-v2")
     sp.add_argument("--out", type=_out_folder, default="posinterp-spectrum",
