@@ -40,6 +40,30 @@ def _out_folder(text: str) -> str:
     return text
 
 
+def _executor(args: argparse.Namespace, default: str = "local", workers: int | None = None):
+    """The executor of --executor/--workers/--address (posinterp.executors.make_executor).
+
+    ``workers`` is the process count when --executor process is chosen without --workers.
+    """
+    from .executors import make_executor
+
+    name = args.executor or default
+    return make_executor(name, workers=args.workers if args.workers is not None
+                         else (workers if name == "process" else None), address=args.address)
+
+
+def _executor_options(p, workers_help: str, default: str = "local") -> None:
+    p.add_argument("--executor", choices=["local", "process", "ray"], default=None,
+                   help=f"where the cells run (default {default}): in this process, a pool of "
+                   "--workers processes, or Ray tasks (pip install 'posinterp[ray]'); every "
+                   "cell runs with its own seed and thread count, so the results are the same "
+                   "under each (docs/scale.md)")
+    p.add_argument("--workers", type=_int_at_least(1), default=None, help=workers_help)
+    p.add_argument("--address", default=None, metavar="ADDR",
+                   help="--executor ray: the cluster (e.g. 10.0.0.5:6379 or ray://host:10001); "
+                   "default $RAY_ADDRESS, else a Ray instance running here, else a new local one")
+
+
 def _table(df, **options) -> str:
     import pandas as pd
 
@@ -70,13 +94,10 @@ def _demo(args: argparse.Namespace) -> int:
 def _zoo_train(args: argparse.Namespace) -> int:
     from .experiments.zoo import ZooConfig, train_zoo, zoo_home
 
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
     cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
-    df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
-                   first_seed=args.first_seed)
+    with _executor(args) as executor:
+        df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
+                       first_seed=args.first_seed, executor=executor, threads=args.threads)
     print(_table(df))
     print(f"zoo: {args.home or zoo_home()}")
     return 0
@@ -97,9 +118,11 @@ def _spectrum(args: argparse.Namespace) -> int:
     if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
         raise ValueError(f"--min-prev-score must be in [0, 1], got {args.min_prev_score}")
     extra = {} if args.min_prev_score is None else {"min_prev_score": args.min_prev_score}
-    res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
-                       progress=not args.no_progress, units=args.units, markdown=args.markdown,
-                       command=" ".join(["posinterp", *args.argv]), **extra)
+    with _executor(args) as executor:
+        res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
+                           progress=not args.no_progress, units=args.units,
+                           markdown=args.markdown, command=" ".join(["posinterp", *args.argv]),
+                           executor=executor, **extra)
     if len(res.tests):
         from .viz.report import fingerprint_summary
 
@@ -135,8 +158,9 @@ def _reproduce(args: argparse.Namespace) -> int:
     cfg = ReproConfig.full() if args.full else ReproConfig()
     command = ("posinterp reproduce zuo2024 " + ("--full" if args.full else "--quick")
                + f" --out {args.out}" + (f" --markdown {args.markdown}" if args.markdown else ""))
-    claims = run_zuo2024(cfg, args.out, progress=not args.no_progress, markdown=args.markdown,
-                         command=command)
+    with _executor(args) as executor:
+        claims = run_zuo2024(cfg, args.out, progress=not args.no_progress,
+                             markdown=args.markdown, command=command, executor=executor)
     print(_table(claims[["claim", "point", "figure", "holds"]], **{"display.max_colwidth": 90}))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
@@ -155,8 +179,11 @@ def _experiment(args: argparse.Namespace) -> int:
     import json
 
     command = " ".join(["posinterp", *args.argv])
-    summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
-                                 markdown=args.markdown, command=command)
+    # without --executor, --workers (default 2) processes share the cells, as before
+    default = "local" if grid.workers == 1 else "process"
+    with _executor(args, default, grid.workers) as executor:
+        summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
+                                     markdown=args.markdown, command=command, executor=executor)
     print(_table(summary))
     run = json.loads((Path(args.out) / "run.json").read_text())
     print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
@@ -246,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="steps per model (default 2000, ~10 min on 2 cores)")
     zt.add_argument("--home", type=_out_folder, default=None,
                     help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")
-    zt.add_argument("--threads", type=pos1, default=None, help="torch threads (default: all)")
+    zt.add_argument("--threads", type=pos1, default=1, help="torch threads per model, also the "
+                    "CPUs each model asks a scheduler for (default 1; the weights depend on it)")
+    _executor_options(zt, "--executor process: models trained at once (default: one per core)")
     _no_progress(zt)
     zl = _parser(zsub, "list", "show the zoo's models", "One row per model folder.", _zoo_list, "")
     zl.add_argument("--home", default=None,
@@ -254,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = _parser(sub, "spectrum", "QK-circuit spectra, previous-token heads and RoPE-vs-other "
                  "fingerprint statistics for one or more models",
-                 "Writes heads.csv, spectrum.csv, fingerprint CSVs and report.html.", _spectrum, "")
+                 "Writes heads.csv, spectrum.csv, fingerprint CSVs and report.html; each "
+                 "model's tables are kept in --out/cells and reused while its files are "
+                 "unchanged.", _spectrum, "finished models' tables")
     sp.add_argument("specs", nargs="+", metavar="SPEC", help="hub names, HF folders, .bin files, "
                     "zoo:<pe>[:<seed>], all-MiniLM-L6-v2")
     sp.add_argument("--out", type=_out_folder, default="posinterp-spectrum",
@@ -270,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "previous-token head and is left out of the test (default 0.3)")
     sp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (tables from this run's outputs)")
+    _executor_options(sp, "--executor process: models analysed at once (default: one per core)")
     _no_progress(sp)
 
     rp = _parser(sub, "reproduce", "rerun a paper's results with posinterp",
@@ -285,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output folder (default posinterp-zuo2024)")
     rp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (every figure from this run's CSVs)")
+    _executor_options(rp, "--executor process: cells run at once (default: one per core)")
     _no_progress(rp)
 
     ex = _parser(sub, "experiment", "learning-speed experiments",
@@ -295,8 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--seeds", type=pos1, default=None, help="seeds per cell (default 5)")
     ex.add_argument("--pes", nargs="+", default=None, choices=["nope", "absolute", "rotary", "alibi"],
                     help="positional schemes (default: absolute rotary)")
-    ex.add_argument("--workers", type=pos1, default=None,
-                    help="processes sharing the cells, one torch thread each (default 2)")
+    _executor_options(ex, "processes sharing the cells, one torch thread each (default 2)",
+                      default="process with 2 workers")
     ex.add_argument("--out", type=_out_folder, default="posinterp-qk-constraints",
                     help="output folder (default posinterp-qk-constraints)")
     ex.add_argument("--markdown", default=None, metavar="PATH",
@@ -331,6 +364,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotImplementedError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
+    except ImportError as err:
+        if "posinterp[ray]" not in str(err):
+            raise
+        print(f"posinterp: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from .executors import CellsFailed
+
+        if not isinstance(err, CellsFailed):
+            raise
+        print(f"posinterp: error: {err}", file=sys.stderr)
+        # every failure a bad-input error (a bad spec, say): the status of bad input
+        bad_input = {"ValueError", "FileNotFoundError", "NotImplementedError"}
+        return 2 if set(err.errors.values()) <= bad_input else 1
     except KeyboardInterrupt as err:
         print(_interrupted(err, args), file=sys.stderr)
         return 130

@@ -34,8 +34,24 @@ def test_spectrum_on_a_tiny_zoo(tmp_path, corpus, monkeypatch):  # noqa: F811
     assert external_refs(html) == [] and "offset" in html
     pooled = run_spectrum(specs, tmp_path / "pooled", K=2, progress=False)
     assert len(pooled.tests) == 0 and "left out" in pooled.tests.attrs["note"]
+    # a rerun reuses each model's cell, and gives the same tables as the first run
+    cells = sorted((tmp_path / "out" / "cells").glob("*.pkl"))
+    assert len(cells) == 4
+    before = {p.name: p.stat().st_mtime_ns for p in cells}
+    heads = pd.read_csv(tmp_path / "out" / "heads.csv")
+    run_spectrum(specs, tmp_path / "out", K=2, dynamics=True, progress=False, units="model",
+                 min_prev_score=0.0)
+    assert {p.name: p.stat().st_mtime_ns for p in cells} == before
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "out" / "heads.csv"), heads)
+    # ... until a model is retrained: its card changes, so its cell is computed anew
+    card = tmp_path / "zoo" / "rotary-seed0" / "card.json"
+    card.write_text(card.read_text() + " ")
+    run_spectrum(specs, tmp_path / "out", K=2, dynamics=True, progress=False, units="model",
+                 min_prev_score=0.0)
+    assert len(list((tmp_path / "out" / "cells").glob("*.pkl"))) == 5
 
 
 def test_spectrum_cli_bad_spec(capsys, tmp_path):
     assert main(["spectrum", str(tmp_path / "missing.bin"), "--out", str(tmp_path)]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "missing.bin" in err  # the failed cell is named

@@ -1,5 +1,6 @@
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -89,3 +90,17 @@ def test_first_seed_selects_the_seed_range(tmp_path, corpus):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nope-seed3", "nope-seed4"]
     with pytest.raises(ValueError, match="first_seed"):
         train_zoo(cfg, first_seed=-1, home=tmp_path, corpus=corpus)
+
+
+def test_a_process_pool_trains_the_same_models(tmp_path, corpus):
+    from posinterp.executors import ProcessExecutor
+
+    cfg = ZooConfig(**{**TINY.__dict__, "max_steps": 2})
+    local = train_zoo(cfg, home=tmp_path / "local", progress=False, corpus=corpus)
+    pool = train_zoo(cfg, home=tmp_path / "pool", progress=False, corpus=corpus,
+                     executor=ProcessExecutor(2))
+    pd.testing.assert_frame_equal(local, pool)
+    for pe in cfg.schemes:
+        a, b = (load_zoo_model(f"zoo:{pe}", home=tmp_path / h)[0] for h in ("local", "pool"))
+        for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+            assert torch.equal(x, y), (pe, name)

@@ -28,18 +28,14 @@ comparisons. Each final model's strongest previous-token and induction heads are
 recorded, so a censored run can be read (did it form the circuit at all?), and so are
 its channel masses (a banned channel's is ~0).
 
-Every cell runs with one torch thread, in-process or in one of ``workers`` processes,
-so its numbers do not depend on ``workers``.
+Every cell runs with one torch thread, in-process, in one of ``workers`` processes or
+as a Ray task (:mod:`posinterp.executors`), so its numbers do not depend on where it runs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,6 +54,7 @@ from ..analysis.spectral import (
     is_rotary,
     qk_weights,
 )
+from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, run_cells
 from ..interventions.channels import CHANNELS
 from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
@@ -212,23 +209,6 @@ def induction_scores(model, tokens: torch.Tensor, target_mask: torch.Tensor) -> 
         for head, v in enumerate(vals.tolist()):
             rows.append(dict(layer=layer, head=head, metric="induction_score", value=v))
     return pd.DataFrame(rows)
-
-
-@contextlib.contextmanager
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _run_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int) -> dict:
-    t0 = time.time()
-    with _one_thread():
-        out = _train_cell(grid, pe, constraint, seed)
-    return {**out, "cell_seconds": round(time.time() - t0, 1)}
 
 
 @torch.no_grad()
@@ -471,16 +451,21 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
 
 def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinterp-qk-constraints",
                        progress: bool = True, markdown: str | Path | None = None,
-                       command: str | None = None) -> pd.DataFrame:
+                       command: str | None = None, executor: Executor | None = None
+                       ) -> pd.DataFrame:
     """Run (or resume) every cell, then write ``runs.csv``, ``summary.csv``, ``report.html``.
 
     Each finished cell is written at once to ``cells/<pe>-<constraint>-seed<s>.json``
-    (atomically), so an interrupted run resumes cell by cell. ``grid.workers`` processes
-    share the cells; they are spawned, so a script that calls this with ``workers > 1``
-    needs the usual ``if __name__ == "__main__":`` guard. Also writes ``heads.csv``,
-    ``claims.csv``, ``grid.json`` (the budget, checked on resume) and ``run.json``. The
-    tables describe this call's grid: a smaller grid into the same folder rewrites
-    them for its own cells (the other cells stay on disk).
+    (atomically, by :func:`posinterp.executors.run_cells`), so an interrupted run resumes
+    cell by cell. ``executor`` runs the cells (:func:`posinterp.executors.make_executor`);
+    by default ``grid.workers`` spawned processes share them (in-process when it is 1),
+    so a script that calls this with ``workers > 1`` needs the usual
+    ``if __name__ == "__main__":`` guard. Each cell runs with one torch thread whatever
+    the executor, so ``runs.csv`` does not depend on it (each cell's compute seconds go
+    to ``cells/_seconds.json`` and their sum to ``run.json``, not into ``runs.csv``). Also
+    writes ``heads.csv``, ``claims.csv``, ``grid.json`` (the budget, checked on resume)
+    and ``run.json``. The tables describe this call's grid: a smaller grid into the same
+    folder rewrites them for its own cells (the other cells stay on disk).
 
     Censoring: a capped run enters the medians and tests at ``max_steps`` (a lower bound
     on its true time), which biases ratios toward 1 when the constrained runs are
@@ -495,6 +480,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         grid: the cells and their budget.
         out_dir: output folder; its ``cells/`` are reused when the grid matches.
         progress: show a tqdm bar over cells.
+        executor: where the cells run (default: from ``grid.workers``, see above).
         markdown: also write the reproduction page here (:func:`render_markdown`).
         command: the command line to record in ``run.json`` (and on the page).
 
@@ -506,13 +492,12 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     Raises:
         ValueError: if ``out_dir`` holds cells from a different grid (resuming them
             would mix budgets).
+        posinterp.executors.CellsFailed: after the other cells finished, if some raised.
 
     Source:
         docs/interventions.md, "The learning-speed experiment"; the claims tested are summarized in
         docs/interventions.md.
     """
-    from tqdm.auto import tqdm
-
     out = Path(out_dir)
     check_out_dir(out, "out_dir")
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -535,39 +520,27 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         raise ValueError(f"out_dir {str(out)!r} holds cells from another grid budget "
                          f"(stored vs requested: {diff}); use a new out_dir")
     atomic_write_json(grid_file, budget)
-    done, todo = {}, []
-    for cell in cells:
-        path = out / "cells" / "{}-{}-seed{}.json".format(*cell)
-        if path.exists():
-            done[cell] = json.loads(path.read_text())
-        else:
-            todo.append(cell)
-    bar = tqdm(total=len(cells), initial=len(done), disable=not progress, desc="qk-constraints")
-
-    def finish(cell, res):
-        atomic_write_json(out / "cells" / "{}-{}-seed{}.json".format(*cell), res)
-        done[cell] = res
-        bar.update()
-
-    if grid.workers == 1 or len(todo) <= 1:
-        for cell in todo:
-            finish(cell, _run_cell(grid, *cell))
-    else:
-        # spawn, not fork: forking a process that has used torch's thread pool can hang
-        ctx = multiprocessing.get_context("spawn")
-        # more one-thread workers than cores only adds contention
-        n = min(grid.workers, len(todo), os.cpu_count() or 1)
-        with ProcessPoolExecutor(max(n, 1), mp_context=ctx) as pool:
-            futures = {pool.submit(_run_cell, grid, *cell): cell for cell in todo}
-            for fut in as_completed(futures):
-                finish(futures[fut], fut.result())
-    bar.close()
-    results = [done[cell] for cell in cells]
+    names = ["{}-{}-seed{}".format(*cell) for cell in cells]
+    specs = [Cell(name, _train_cell, dict(grid=grid, pe=pe, constraint=c, seed=s), num_cpus=1)
+             for name, (pe, c, s) in zip(names, cells, strict=True)]
+    todo = [n for n in names if not (out / "cells" / f"{n}.json").exists()]
+    own = executor is None
+    if own:
+        executor = LocalExecutor() if grid.workers == 1 else ProcessExecutor(grid.workers)
+    try:
+        done = run_cells(specs, out / "cells", executor, progress=progress, desc="qk-constraints")
+    finally:
+        if own:
+            executor.close()
+    results = [done[n] for n in names]
     runs = pd.DataFrame(results)
     # cells read back from JSON come with sorted keys; keep one column order
     first = ["pe", "constraint", "seed", "steps", "censored", "final_accuracy", "prev_head",
              "prev_score", "induction_head", "induction_score"]
-    runs = runs[[c for c in first if c in runs] + sorted(c for c in runs if c not in first)]
+    # compute seconds stay out of runs.csv, so that file is the same under every executor
+    cell_seconds = _cell_seconds(out / "cells", names, results)
+    runs = runs[[c for c in first if c in runs]
+                + sorted(c for c in runs if c not in first and c != "cell_seconds")]
     summary = _summarize(runs)
     heads = heads_table(runs)
     claims = claims_table(summary, grid, heads)
@@ -578,16 +551,40 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     run_file = out / "run.json"
     calls = json.loads(run_file.read_text()).get("calls", []) if run_file.exists() else []
     calls.append({"seconds": round(time.time() - t0, 1), "cells_run": len(todo),
-                  "workers": grid.workers, "command": command})
+                  "executor": executor.name, "workers": getattr(executor, "workers", None),
+                  "command": command})
     atomic_write_json(run_file, {"grid": asdict(grid), "versions": versions(),
                                  "induction_ceiling": ceiling, "qk_convention": QK_CONVENTION,
                                  "cells": len(cells), "calls": calls,
+                                 "cell_seconds": cell_seconds,
                                  "seconds": round(sum(c["seconds"] for c in calls
                                                       if c["cells_run"]), 1)})
     _report(grid, summary, heads, claims).save(out / "report.html")
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
     return summary
+
+
+def _where(call: dict) -> str:
+    """Where a call's cells ran, as the page says it."""
+    executor = call.get("executor", "process")  # calls before issue 17 used a process pool
+    if executor == "ray":
+        return "as Ray tasks of one torch thread each"
+    if executor == "local" or call.get("workers") in (None, 1):
+        return "in one process with one torch thread"
+    return f"with {call['workers']} worker processes of one torch thread each"
+
+
+def _cell_seconds(cells_dir: Path, names: list[str], results: list[dict]) -> float | None:
+    """Summed compute seconds of the cells, or None if one has no recorded time.
+
+    Read from ``_seconds.json`` (written by the driver), else from the cell's own
+    ``cell_seconds`` (cells written before the executors kept the time outside them).
+    """
+    path = cells_dir / "_seconds.json"
+    table = json.loads(path.read_text()) if path.exists() else {}
+    seconds = [table.get(n, r.get("cell_seconds")) for n, r in zip(names, results, strict=True)]
+    return None if any(v is None for v in seconds) else round(float(sum(seconds)), 1)
 
 
 def _report(grid, summary, heads, claims):
@@ -708,11 +705,13 @@ def render_markdown(out_dir) -> str:
              f"models (d_model {g['d_model']}, {g['n_heads']} heads, n_ctx {g['n_ctx']}, "
              f"vocabulary {g['d_vocab']}), AdamW lr {g['lr']}, batch {g['batch_size']}, cap "
              f"{g['max_steps']} steps, evaluation every {g['eval_every']} steps, target "
-             f"accuracy {g['target']}. Wall time **{run['seconds'] / 60:.1f} min** with "
-             f"{run['calls'][-1]['workers']} worker processes of one torch thread each, on a "
+             f"accuracy {g['target']}. Wall time **{run['seconds'] / 60:.1f} min** "
+             f"{_where(run['calls'][-1])}, on a "
              f"2-core machine shared with other jobs (torch {run['versions'].get('torch', '?')}); "
              + (f"the cells' own times sum to {runs.cell_seconds.sum() / 60:.1f} min. "
-                if "cell_seconds" in runs else "")
+                if "cell_seconds" in runs else
+                f"the cells' own times sum to {run['cell_seconds'] / 60:.1f} min. "
+                if run.get("cell_seconds") is not None else "")
              +
              "Outputs: `runs.csv` (one row per cell), `summary.csv`, `heads.csv`, `claims.csv`, "
              "`run.json`, `report.html`; the CSVs and run.json are committed in "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ import pandas as pd
 
 from ..analysis.fingerprint import (
     MIN_PREV_SCORE,
+    UNITS,
     dynamics_summary,
     fingerprint_table,
     fingerprint_test,
@@ -20,6 +23,7 @@ from ..analysis.fingerprint import (
     trajectory_correlations,
 )
 from ..analysis.spectral import qk_spectrum, spectral_measures
+from ..executors import Cell, Executor, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import load_model
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
@@ -56,7 +60,7 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
                  measure: str = "rotational_mass", dynamics: bool = False, seed: int = 0,
                  progress: bool = True, units: str = "family",
                  min_prev_score: float = MIN_PREV_SCORE, markdown: str | Path | None = None,
-                 command: str | None = None) -> SpectrumResult:
+                 command: str | None = None, executor: Executor | None = None) -> SpectrumResult:
     """Load each model, tabulate its heads, test RoPE vs other, write CSVs and a report.
 
     Spectra use one convention for every loader (the norm gain folded into W_Q, W_K;
@@ -68,31 +72,39 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     ``dynamics_summary.csv``. ``markdown``: also write the reproduction page
     (:func:`render_markdown`).
 
+    Each model is a cell (:mod:`posinterp.executors`, run by ``executor``, default in
+    this process, with one torch thread): its tables are kept in
+    ``cells/<spec>-<key>.pkl``, where the key hashes the spec, ``seed``, ``dynamics`` and
+    the size and modification time of the model's files (a zoo model's ``card.json``), so
+    a rerun reuses a model's tables only while its checkpoint is unchanged.
+
     Raises:
-        ValueError, FileNotFoundError: from :func:`posinterp.load_model` for bad specs,
-            or an unknown ``units``.
+        ValueError: for an unknown ``units``.
+        posinterp.executors.CellsFailed: naming each model that failed to load or
+            analyse (bad specs: the ValueError or FileNotFoundError of
+            :func:`posinterp.load_model`), after the others are done.
     """
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = Path(out_dir)
     out = check_out_dir(out, "out_dir")
     t0 = time.time()
+    if units not in UNITS:  # before any model is loaded
+        raise ValueError(f"units must be one of {UNITS}, got {units!r}")
+    cells = [Cell(_cell_name(spec, seed, dynamics), _model_tables,
+                  dict(spec=spec, seed=seed, dynamics=dynamics)) for spec in specs]
+    done = run_cells(cells, out / "cells", executor, fmt="pickle", progress=progress,
+                     desc="spectrum", log=log)
     heads, spectra, schemes, infos, dyn, conv = {}, [], {}, {}, [], []
-    for spec in specs:
-        log(f"[posinterp] {spec}")
-        model, info = load_model(spec)
-        heads[spec] = head_table(model, seed=seed)
-        spectra.append(qk_spectrum(model).assign(model=spec))
-        schemes[spec] = (info.pe, info.causal)
-        infos[spec] = info.to_dict()
-        if info.qk_convention.get("norm_gain") == "folded by posinterp.spectral":
-            conv.append(_convention_table(model, spec))
-        if dynamics and spec.startswith("zoo:"):
-            from ..experiments.zoo import load_zoo_model
-
-            _, card = load_zoo_model(spec)
-            body = spec.split("@")[0]
-            snaps = ((s, load_zoo_model(f"{body}@{s}")[0]) for s in card["snapshot_steps"])
-            dyn.append(head_dynamics(snaps, seed=seed).assign(model=spec))
+    for spec, cell in zip(specs, cells, strict=True):
+        r = done[cell.name]
+        heads[spec] = r["heads"]
+        spectra.append(r["spectrum"])
+        schemes[spec] = r["scheme"]
+        infos[spec] = r["info"]
+        if r["convention"] is not None:
+            conv.append(r["convention"])
+        if r["dynamics"] is not None:
+            dyn.append(r["dynamics"])
     head_df = pd.concat([h.assign(model=m) for m, h in heads.items()], ignore_index=True)
     table = fingerprint_table(heads, schemes, K=K, measure=measure, units=units,
                               min_prev_score=min_prev_score)
@@ -121,6 +133,51 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
     return result
+
+
+def _model_tables(spec: str, seed: int, dynamics: bool) -> dict:
+    """One model's cell: its head table, spectrum, PE scheme, load info, convention table
+    (models whose norm gains posinterp folds) and, for zoo specs with ``dynamics``, the
+    head dynamics over its snapshots."""
+    model, info = load_model(spec)
+    out = {"heads": head_table(model, seed=seed), "spectrum": qk_spectrum(model).assign(model=spec),
+           "scheme": (info.pe, info.causal), "info": info.to_dict(), "convention": None,
+           "dynamics": None}
+    if info.qk_convention.get("norm_gain") == "folded by posinterp.spectral":
+        out["convention"] = _convention_table(model, spec)
+    if dynamics and spec.startswith("zoo:"):
+        from ..experiments.zoo import load_zoo_model
+
+        _, card = load_zoo_model(spec)
+        body = spec.split("@")[0]
+        snaps = ((s, load_zoo_model(f"{body}@{s}")[0]) for s in card["snapshot_steps"])
+        out["dynamics"] = head_dynamics(snaps, seed=seed).assign(model=spec)
+    return out
+
+
+def _cell_name(spec: str, seed: int, dynamics: bool) -> str:
+    """``<readable spec>-<key>``: the key changes with the options and the model's files.
+
+    A local file or folder is keyed by its files' sizes and modification times, a zoo
+    model by its ``card.json`` (rewritten only when a model finishes training), a hub
+    name by the name alone.
+    """
+    parts = [spec, f"seed={seed}", f"dynamics={dynamics}"]
+    path = Path(spec)
+    if spec.startswith("zoo:"):
+        from ..experiments.zoo import zoo_home
+
+        pe, _, s = spec.removeprefix("zoo:").split("@")[0].partition(":")
+        path = zoo_home() / f"{pe}-seed{s or 0}" / "card.json"
+    try:
+        if path.exists():
+            files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+            parts += [f"{f}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files]
+    except OSError:  # unreadable: load_model reports it in the cell
+        pass
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    slug = re.sub(r"[^A-Za-z0-9._+=-]+", "_", spec).lstrip("._+=-")[:60] or "model"
+    return f"{slug}-{key}"
 
 
 def _report(specs, heads, spectra, table, tests, dyn_df, infos, measure) -> Report:

@@ -27,7 +27,8 @@ import torch
 
 from .._validate import require_at_least
 from ..analysis.heads import previous_token_scores, random_tokens
-from ..io import atomic_write_json, check_out_dir, versions
+from ..executors import Cell, Executor, LocalExecutor, run_cells
+from ..io import check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
 from ..train import TrainConfig, fit, latest_checkpoint
@@ -118,41 +119,58 @@ def _model_dir(home: Path, pe: str, seed: int) -> Path:
 
 def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path | None = None,
               progress: bool = True, corpus: ByteCorpus | None = None,
-              first_seed: int = 0) -> pd.DataFrame:
+              first_seed: int = 0, executor: Executor | None = None,
+              threads: int = 1) -> pd.DataFrame:
     """Train (or resume, or skip when done) every (scheme, seed) of the zoo.
 
-    Each model is an independent cell: its folder is addressed by ``pe`` and seed, a
-    finished one (with ``card.json``) is skipped, an unfinished one resumes from its
-    last checkpoint. Seeds ``first_seed .. first_seed + seeds - 1`` are trained, so
-    several processes can share the work (one seed range each).
+    Each model is an independent cell (:mod:`posinterp.executors`): its folder is
+    addressed by ``pe`` and seed, a finished one (with ``card.json``) is skipped, an
+    unfinished one resumes from its last checkpoint. Seeds ``first_seed .. first_seed +
+    seeds - 1`` are trained, so several processes can share the work (one seed range
+    each). ``executor`` runs the models (default: one after another in this process);
+    each trains with ``threads`` torch threads (and asks a scheduler for that many CPUs),
+    so its weights depend on ``threads``, not on the executor. ``card.json`` is written
+    by the driver once the model is trained; a model that fails is reported (with the
+    others trained) by :class:`posinterp.executors.CellsFailed`.
+
+    Args:
+        corpus: the training text; default :func:`~posinterp.tasks.corpus.stdlib_corpus`,
+            read by each cell itself (so it is not shipped to every worker).
 
     Returns:
         One row per model: ``pe, seed, val_loss, steps`` and the strongest
         previous-token head on random bytes and on natural text.
 
     Raises:
-        ValueError: for ``seeds < 1`` or a folder trained with another config.
+        ValueError: for ``seeds < 1``, ``first_seed < 0``, ``threads < 1`` or a folder
+            trained with another config.
+        posinterp.executors.CellsFailed: after the other models finished, if some failed.
     """
     if seeds < 1 or first_seed < 0:
         raise ValueError(f"need seeds >= 1 and first_seed >= 0, got {seeds}, {first_seed}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
     home = check_out_dir(Path(home) if home is not None else zoo_home(), "home")
-    corpus = corpus or stdlib_corpus()
+    in_process = executor is None or isinstance(executor, LocalExecutor)
+    keys = [(pe, seed) for seed in range(first_seed, first_seed + seeds) for pe in config.schemes]
+    cells = [Cell(f"{_model_dir(Path(), pe, seed).name}/card", _train_model,
+                  dict(config=config, pe=pe, seed=seed, home=home, corpus=corpus,
+                       progress=progress and in_process), num_cpus=threads) for pe, seed in keys]
+    cards = run_cells(cells, home, executor, progress=progress and not in_process, desc="zoo",
+                      seconds_file=None)
     rows = []
-    for seed in range(first_seed, first_seed + seeds):
-        for pe in config.schemes:
-            card = _train_one(config, pe, seed, home, corpus, progress)
-            rows.append({"pe": pe, "seed": seed, "val_loss": card["val_loss"], "steps": card["steps"],
-                         **{f"{k}_top": f"L{v['layer']}H{v['head']} {v['score']:.3f}"
-                            for k, v in sorted(card["previous_token_heads"].items()) if k != "bos"}})
+    for (pe, seed), card in zip(keys, cards.values(), strict=True):
+        rows.append({"pe": pe, "seed": seed, "val_loss": card["val_loss"], "steps": card["steps"],
+                     **{f"{k}_top": f"L{v['layer']}H{v['head']} {v['score']:.3f}"
+                        for k, v in sorted(card["previous_token_heads"].items()) if k != "bos"}})
     return pd.DataFrame(rows)
 
 
-def _train_one(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCorpus,
-               progress: bool) -> dict:
+def _train_model(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCorpus | None,
+                 progress: bool) -> dict:
+    """Train (or resume) one zoo model; return its card (the driver writes card.json)."""
+    corpus = corpus or stdlib_corpus()
     folder = _model_dir(home, pe, seed)
-    card_path = folder / "card.json"
-    if card_path.exists():
-        return json.loads(card_path.read_text())
     model_cfg, train_cfg = config.model_config(pe, seed), config.train_config(seed)
     model = build_model(model_cfg)
     n_train = len(corpus.train) - config.n_ctx
@@ -168,7 +186,7 @@ def _train_one(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCo
         lambda m: _val_loss(m, corpus, config), train_cfg, configs,
         checkpoint_dir=folder / "checkpoints", progress=progress,
         snapshot_steps=config.snapshot_steps(), desc=f"zoo {pe} seed {seed}")
-    card = {
+    return {
         "pe": pe, "seed": seed, "steps": steps, "val_loss": _val_loss(model, corpus, config)["val_loss"],
         "val_loss_unit": "nats per byte", "model": model_cfg.to_dict(), "train": train_cfg.to_dict(),
         "zoo": asdict(config), "snapshot_steps": config.snapshot_steps(),
@@ -177,8 +195,6 @@ def _train_one(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCo
         "history": history[history.metric == "val_loss"][["step", "value"]].values.tolist(),
         "versions": versions(),
     }
-    atomic_write_json(card_path, card)
-    return card
 
 
 def list_zoo(home: str | Path | None = None) -> pd.DataFrame:

@@ -19,7 +19,9 @@ Every figure is a mean over seeds with a 95% t-interval; a verdict is "yes" or "
 when the whole interval is on one side of the threshold (:data:`THRESHOLDS`), otherwise
 "CI spans". ``--quick`` is the CPU protocol; ``--full`` is the paper's (a GPU job). Every
 cell is a file under the output folder and is skipped when present, so an interrupted
-run resumes; :func:`render_markdown` writes the reproduction page from the run's CSVs.
+run resumes; the cells run through :mod:`posinterp.executors` (in-process by default,
+each with one torch thread); :func:`render_markdown` writes the reproduction page from
+the run's CSVs.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from scipy import stats
 
 from ..analysis import adjacency_by_layer, probe_positions
 from ..analysis.probing import ProbeConfig
+from ..executors import Cell, CellsFailed, Executor, LocalExecutor, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import build_model, preset
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
@@ -117,25 +120,6 @@ def depth_width_configs(config: ReproConfig):
     return out
 
 
-def _cell(out: Path, name: str, compute: Callable[[], pd.DataFrame], log) -> pd.DataFrame:
-    """Load ``name.csv`` if a previous run wrote it, else compute and write it atomically."""
-    path = out / "cells" / f"{name}.csv"
-    if path.exists():
-        return pd.read_csv(path)
-    log(f"[zuo2024] {name}")
-    t0 = time.time()
-    df = compute()
-    with atomic_path(path) as tmp:
-        df.to_csv(tmp, index=False)
-    # Each cell's compute time, kept across resumed runs: the page reports their sum, so
-    # a rerun that only reads cells back cannot pass its seconds off as the run's cost.
-    timing = out / "cells" / "_seconds.json"
-    seconds = json.loads(timing.read_text()) if timing.exists() else {}
-    seconds[name] = round(time.time() - t0, 1)
-    atomic_write_json(timing, seconds)
-    return df
-
-
 def _random_tokens(n: int, length: int, seed: int, variable: bool = False):
     """BOS + uniform task-alphabet tokens; ``variable``: right-padded lengths in
     [length // 4, length] (so no fixed length or template can place a token)."""
@@ -176,6 +160,57 @@ def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None):
                                              n_layers=mc.n_layers)
 
 
+def _labelled_train_cell(label, **kwargs):
+    return _train_cell(**kwargs).assign(task=label)
+
+
+def _init_cell(config: ReproConfig) -> pd.DataFrame:
+    """1-2. Init, random tokens, several init seeds."""
+    rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
+    return pd.concat([
+        adjacency_by_layer(build_model(preset(config.model_preset, seed=s)), rand).assign(seed=s)
+        for s in config.init_seeds])
+
+
+def _depth_width_cell(config: ReproConfig) -> pd.DataFrame:
+    """4. Depth x width at init, independent seeds, every layer."""
+    rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
+    frames = []
+    for depth, width, seed, mc in depth_width_configs(config):
+        m = build_model(mc)
+        frames.append(adjacency_by_layer(m, rand[:16]).assign(depth=depth, width=width, seed=seed))
+        del m
+    return pd.concat(frames)
+
+
+def _init_grid_cell(config: ReproConfig) -> pd.DataFrame:
+    """5. Init ablation: mean x std, several seeds."""
+    rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
+    return pd.concat([
+        adjacency_by_layer(build_model(preset(config.model_preset, init_mean=mean, init_std=std,
+                                              seed=s)), rand).assign(init_mean=mean, init_std=std,
+                                                                     seed=s)
+        for mean in config.init_means for std in config.init_stds for s in config.grid_seeds])
+
+
+def _probe_cell(config: ReproConfig, out: Path, dataset: str, state: str, seed: int) -> pd.DataFrame:
+    """6. Probes, embedding included, per model seed (the probe's split uses the same seed)."""
+    if dataset == "random_tokens":
+        toks, mask = _random_tokens(config.n_probe_sequences, config.n_tokens,
+                                    seed=5000 + seed, variable=True)
+    else:
+        lo, hi = config.probe_lengths
+        test = make_task_data(TaskConfig("reversal", min_digits=lo, max_digits=hi,
+                                         seed=7000 + seed, n_train=1,
+                                         n_test=config.n_probe_sequences)).test
+        toks = test.tokens[: config.n_probe_sequences]
+        mask = test.attention_mask[: config.n_probe_sequences]
+    model = (build_model(preset(config.model_preset, seed=seed)) if state == "init"
+             else _trained_model(out, "reversal", seed))
+    return probe_positions(model, toks, mask, features=PROBE_FEATURES, seeds=(seed,),
+                           config=ProbeConfig()).assign(dataset=dataset, state=state)
+
+
 def _trained_model(out: Path, task: str, seed: int):
     model, _ = load_checkpoint(latest_checkpoint(out / "checkpoints" / f"{task}-seed{seed}"))
     return model
@@ -183,7 +218,7 @@ def _trained_model(out: Path, task: str, seed: int):
 
 def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posinterp-zuo2024",
                 progress: bool = True, markdown: str | Path | None = None,
-                command: str | None = None) -> pd.DataFrame:
+                command: str | None = None, executor: Executor | None = None) -> pd.DataFrame:
     """Run the reproduction; write the cells, the summary CSVs, ``claims.csv``, ``run.json``
     and ``report.html`` (and with ``markdown``, the page from :func:`render_markdown`).
 
@@ -191,78 +226,67 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
         The claims table (``claims.csv``): ``claim, point, figure, mean, ci_low, ci_high,
         n, holds, detail``.
 
+    ``executor`` runs the cells (default: one after another in this process); training
+    and analysis cells run first, the probes of trained models after them.
+
     Raises:
         ValueError: for invalid presets or task lengths.
+        posinterp.executors.CellsFailed: naming each failed cell (and each probe left
+            unrun because its training failed), after every other cell is written.
     """
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = check_out_dir(Path(out_dir), "out_dir")
     _check_same_config(out, config)
     t0 = time.time()
-    rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
+    bars = progress and (executor is None or isinstance(executor, LocalExecutor))
+    # bad presets and task lengths fail here, not as failed cells
+    preset(config.model_preset, seed=0)
+    for task, (lo, hi) in config.task_lengths.items():
+        TaskConfig(task, min_digits=lo, max_digits=hi, n_train=config.n_samples,
+                   n_test=config.n_samples)
 
-    # 1-2. Init, random tokens, several init seeds.
-    init = _cell(out, "init_random_tokens", lambda: pd.concat([
-        adjacency_by_layer(build_model(preset(config.model_preset, seed=s)), rand).assign(seed=s)
-        for s in config.init_seeds]), log)
-
-    # 3. Training on the four tasks, adjacency before and after on held-out samples.
-    adj = [_cell(out, f"train_{task}_seed{seed}",
-                 lambda task=task, seed=seed: _train_cell(config, out, task, seed, progress), log)
-           for task in config.task_lengths for seed in config.train_seeds]
-    for depth in config.train_depths:
-        adj += [_cell(out, f"train_reversal_L{depth}_seed{seed}",
-                      lambda depth=depth, seed=seed: _train_cell(config, out, "reversal", seed,
-                                                                 progress, n_layers=depth)
-                      .assign(task=f"reversal L{depth}"), log)
-                for seed in config.train_seeds]
+    # Stage 1: every cell that needs no other (init, training, depth x width, init grid).
+    train = dict(config=config, out=out, progress=bars)
+    first = [Cell("init_random_tokens", _init_cell, dict(config=config))]
+    first += [Cell(f"train_{task}_seed{seed}", _train_cell, dict(task=task, seed=seed, **train))
+              for task in config.task_lengths for seed in config.train_seeds]
+    first += [Cell(f"train_reversal_L{depth}_seed{seed}", _labelled_train_cell,
+                   dict(label=f"reversal L{depth}", task="reversal", seed=seed, n_layers=depth,
+                        **train))
+              for depth in config.train_depths for seed in config.train_seeds]
     for task in config.long_train_tasks:
         seed, steps = config.train_seeds[0], config.long_train_steps
-        adj.append(_cell(out, f"train_{task}_steps{steps}_seed{seed}",
-                         lambda task=task, seed=seed, steps=steps: _train_cell(
-                             config, out, task, seed, progress, steps=steps)
-                         .assign(task=f"{task} (long run, <= {steps} steps)"), log))
-    adjacency = pd.concat(adj, ignore_index=True)
-
-    # 4. Depth x width at init, independent seeds, every layer.
-    def depth_width():
-        frames = []
-        for depth, width, seed, mc in depth_width_configs(config):
-            m = build_model(mc)
-            frames.append(adjacency_by_layer(m, rand[:16]).assign(depth=depth, width=width,
-                                                                  seed=seed))
-            del m
-        return pd.concat(frames)
-    dw = _cell(out, "depth_width_init", depth_width, log)
-
-    # 5. Init ablation: mean x std, several seeds.
-    grid = _cell(out, "init_mean_std", lambda: pd.concat([
-        adjacency_by_layer(build_model(preset(config.model_preset, init_mean=mean, init_std=std,
-                                              seed=s)), rand).assign(init_mean=mean, init_std=std,
-                                                                     seed=s)
-        for mean in config.init_means for std in config.init_stds for s in config.grid_seeds]),
-        log)
-
-    # 6. Probes, embedding included, per model seed (the probe's split uses the same seed).
-    def probe_cell(dataset, state, seed):
-        if dataset == "random_tokens":
-            toks, mask = _random_tokens(config.n_probe_sequences, config.n_tokens,
-                                        seed=5000 + seed, variable=True)
-        else:
-            lo, hi = config.probe_lengths
-            test = make_task_data(TaskConfig("reversal", min_digits=lo, max_digits=hi,
-                                             seed=7000 + seed, n_train=1,
-                                             n_test=config.n_probe_sequences)).test
-            toks = test.tokens[: config.n_probe_sequences]
-            mask = test.attention_mask[: config.n_probe_sequences]
-        model = (build_model(preset(config.model_preset, seed=seed)) if state == "init"
-                 else _trained_model(out, "reversal", seed))
-        return probe_positions(model, toks, mask, features=PROBE_FEATURES, seeds=(seed,),
-                               config=ProbeConfig()).assign(dataset=dataset, state=state)
-    probe = pd.concat([_cell(out, f"probe_{d}_{s}_seed{seed}",
-                             lambda d=d, s=s, seed=seed: probe_cell(d, s, seed), log)
-                       for d, s in (("random_tokens", "init"), ("random_tokens", "trained"),
-                                    ("reversal_strings", "trained"))
-                       for seed in config.train_seeds], ignore_index=True)
+        first.append(Cell(f"train_{task}_steps{steps}_seed{seed}", _labelled_train_cell,
+                          dict(label=f"{task} (long run, <= {steps} steps)", task=task, seed=seed,
+                               steps=steps, **train)))
+    first += [Cell("depth_width_init", _depth_width_cell, dict(config=config)),
+              Cell("init_mean_std", _init_grid_cell, dict(config=config))]
+    # Stage 2: the probes of trained models read the reversal checkpoints of stage 1.
+    probes = [Cell(f"probe_{d}_{s}_seed{seed}", _probe_cell,
+                   dict(config=config, out=out, dataset=d, state=s, seed=seed))
+              for d, s in (("random_tokens", "init"), ("random_tokens", "trained"),
+                           ("reversal_strings", "trained"))
+              for seed in config.train_seeds]
+    failed, done = {}, {}
+    for stage in (first, probes):
+        ready = [c for c in stage if c.kwargs.get("state") != "trained"
+                 or f"train_reversal_seed{c.kwargs['seed']}" not in failed]
+        for c in stage:
+            if c not in ready:
+                failed[c.name] = (f"DependencyError: not run, it needs train_reversal_seed"
+                                  f"{c.kwargs['seed']}, which failed")
+        try:
+            done.update(run_cells(ready, out / "cells", executor, fmt="csv", progress=False,
+                                  log=log))
+        except CellsFailed as err:  # the stage's other cells are done: go on, report at the end
+            failed.update(err.failures)
+            done.update(err.results)
+    if failed:
+        raise CellsFailed(failed, done)
+    init, dw, grid = done["init_random_tokens"], done["depth_width_init"], done["init_mean_std"]
+    adjacency = pd.concat([done[c.name] for c in first if c.name.startswith("train_")],
+                          ignore_index=True)
+    probe = pd.concat([done[c.name] for c in probes], ignore_index=True)
 
     tables = _summaries(init, adjacency, dw, grid, probe)
     claims = _claims(init, tables, grid, probe)

@@ -1,0 +1,355 @@
+"""One interface for running experiment grids: in-process, a process pool, or Ray.
+
+A grid is a list of :class:`Cell` s (a top-level function, its keyword arguments and
+the resources it asks for). :func:`run_cells` is the driver: it skips every cell whose
+result file exists, runs the others through an executor, writes each result atomically
+*in the driver* as soon as it arrives (so a crash keeps every finished cell), and lets
+every cell finish before it reports the failed ones together (:class:`CellsFailed`).
+
+Every executor runs a cell the same way (:func:`_call`): with ``torch`` set to
+``int(num_cpus)`` threads for its duration, so a cell's numbers depend on its own seed
+and thread count, never on the executor or on how many cells run beside it.
+
+Executors: ``local`` (in this process, one cell after another; the default, no extra
+dependency), ``process`` (a pool of ``workers`` spawned processes) and ``ray`` (each
+cell a Ray task asking for its ``num_cpus``/``num_gpus``; ``pip install posinterp[ray]``).
+
+Source: DESIGN.md §4 ("Experiments are grids of independent cells"); issue 17
+("Beyond one CPU").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .io import atomic_path, atomic_write_json
+
+__all__ = ["EXECUTORS", "Cell", "CellsFailed", "Executor", "LocalExecutor", "ProcessExecutor",
+           "RayExecutor", "make_executor", "run_cells"]
+
+EXECUTORS = ("local", "process", "ray")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*(/[A-Za-z0-9][A-Za-z0-9._+=-]*)*")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One unit of a grid: ``fn(**kwargs)``, run once, its result stored under ``name``.
+
+    ``fn`` must be a module-level function (process pools and Ray pickle it by name);
+    ``kwargs`` must be picklable. ``name`` is a relative, file-safe path (letters,
+    digits, ``._+=-``, ``/`` between parts); the result goes to ``<out_dir>/<name><suffix>``.
+    ``num_cpus`` is both what the cell asks a scheduler for and the torch thread count it
+    runs with (at least 1); ``num_gpus`` is what it asks Ray for (the other executors
+    ignore it).
+
+    Raises:
+        ValueError: for a malformed ``name``, a non-callable ``fn``, ``num_cpus <= 0`` or
+            ``num_gpus < 0``.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    num_cpus: float = 1
+    num_gpus: float = 0
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise ValueError(f"Cell name must be a relative file-safe path (letters, digits, "
+                             f"'._+=-', parts joined by '/'), got {self.name!r}")
+        if not callable(self.fn):
+            raise ValueError(f"Cell fn must be callable, got {self.fn!r}")
+        if not self.num_cpus > 0:
+            raise ValueError(f"Cell num_cpus must be > 0, got {self.num_cpus}")
+        if not self.num_gpus >= 0:
+            raise ValueError(f"Cell num_gpus must be >= 0, got {self.num_gpus}")
+
+
+def _call(fn: Callable[..., Any], kwargs: Mapping[str, Any], threads: int) -> tuple:
+    """Run one cell with ``threads`` torch threads; never raises.
+
+    Returns ``(True, result, seconds)`` or ``(False, formatted traceback, seconds)``: the
+    worker formats the traceback, so every executor reports a failure the same way.
+    """
+    import torch
+
+    t0 = time.time()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return True, fn(**kwargs), time.time() - t0
+    except Exception:  # reported by the driver with the cell's name
+        return False, traceback.format_exc(), time.time() - t0
+    finally:
+        torch.set_num_threads(before)
+
+
+def _threads(cell: Cell) -> int:
+    return max(1, int(cell.num_cpus))
+
+
+class Executor:
+    """Runs cells; :meth:`submit_all` yields ``(cell, ok, result_or_traceback, seconds)``
+    in completion order. Use as a context manager (or call :meth:`close`)."""
+
+    name = "executor"
+
+    def submit_all(self, cells: Sequence[Cell]) -> Iterator[tuple[Cell, bool, Any, float]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the executor started (processes, a local Ray instance)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LocalExecutor(Executor):
+    """In this process, one cell after another (the default: nothing to install)."""
+
+    name = "local"
+
+    def submit_all(self, cells):
+        for cell in cells:
+            yield (cell, *_call(cell.fn, cell.kwargs, _threads(cell)))
+
+
+class ProcessExecutor(Executor):
+    """A pool of ``workers`` spawned processes (spawn, not fork: forking a process that
+    has used torch's thread pool can hang). More workers than cores only adds contention,
+    so the pool is capped at ``os.cpu_count()``.
+
+    Raises:
+        ValueError: if ``workers < 1``.
+    """
+
+    name = "process"
+
+    def __init__(self, workers: int | None = None):
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers or os.cpu_count() or 1
+
+    def submit_all(self, cells):
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        if not cells:
+            return
+        n = max(1, min(self.workers, len(cells), os.cpu_count() or 1))
+        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_call, c.fn, c.kwargs, _threads(c)): c for c in cells}
+            for fut in as_completed(futures):
+                try:
+                    yield (futures[fut], *fut.result())
+                except Exception:  # the worker died (killed, out of memory): not the cell's own error
+                    yield futures[fut], False, traceback.format_exc(), float("nan")
+
+
+class RayExecutor(Executor):
+    """Each cell a Ray task asking for its ``num_cpus`` and ``num_gpus``.
+
+    Connects to ``address`` if given, else to ``$RAY_ADDRESS``, else to a Ray instance
+    already running on this machine, else starts a local one (which :meth:`close` shuts
+    down); an instance already initialized in this process is reused as is.
+
+    Raises:
+        ImportError: naming ``pip install posinterp[ray]`` when Ray is not installed.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None):
+        try:
+            import ray
+        except ImportError as err:
+            raise ImportError("the ray executor needs Ray: pip install 'posinterp[ray]' "
+                              "(or pip install 'ray>=2.9')") from err
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            ray.init(address=address or os.environ.get("RAY_ADDRESS") or None,
+                     log_to_driver=False, include_dashboard=False)
+            self._started = True
+
+    def submit_all(self, cells):
+        ray = self._ray
+        remote = ray.remote(_call)
+        pending = {remote.options(num_cpus=c.num_cpus, num_gpus=c.num_gpus)
+                   .remote(c.fn, dict(c.kwargs), _threads(c)): c for c in cells}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            cell = pending.pop(ready[0])
+            try:
+                yield (cell, *ray.get(ready[0]))
+            except Exception:  # the task's worker died: not the cell's own error
+                yield cell, False, traceback.format_exc(), float("nan")
+
+    def close(self):
+        if self._started and self._ray.is_initialized():
+            self._ray.shutdown()
+            self._started = False
+
+
+def make_executor(name: str = "local", workers: int | None = None,
+                  address: str | None = None) -> Executor:
+    """The executor called ``name``: ``local``, ``process`` (``workers`` processes, default
+    one per core) or ``ray`` (``address``, default ``$RAY_ADDRESS`` or a local instance).
+
+    Raises:
+        ValueError: for an unknown ``name``, ``workers < 1``, or ``workers``/``address``
+            given to an executor that does not use them.
+        ImportError: for ``ray`` when Ray is not installed.
+    """
+    if name not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {name!r}")
+    if workers is not None and name != "process":
+        raise ValueError(f"workers applies to executor 'process' only, got executor {name!r}")
+    if address is not None and name != "ray":
+        raise ValueError(f"address applies to executor 'ray' only, got executor {name!r}")
+    if name == "process":
+        return ProcessExecutor(workers)
+    if name == "ray":
+        return RayExecutor(address)
+    return LocalExecutor()
+
+
+class CellsFailed(RuntimeError):
+    """Some cells of a grid raised; every other cell finished and was written.
+
+    Attributes:
+        failures: ``{cell name: formatted traceback}``.
+        errors: ``{cell name: exception class name}`` (read off the traceback's last line,
+            so it is the same whichever process raised it).
+        results: ``{cell name: result}`` of the cells that are done.
+    """
+
+    def __init__(self, failures: dict[str, str], results: dict[str, Any]):
+        self.failures, self.results = failures, results
+        self.errors = {}
+        lines = [f"{len(failures)} of {len(failures) + len(results)} cells failed "
+                 f"(the {len(results)} others are written; rerun to retry only the failed ones):"]
+        for name, tb in failures.items():
+            last = tb.strip().splitlines()[-1] if tb.strip() else "unknown error"
+            kind = re.match(r"[\w.]+", last)
+            self.errors[name] = kind.group(0).rsplit(".", 1)[-1] if kind else "unknown"
+            lines.append(f"  {name}: {last}")
+        lines.append("")
+        for name, tb in failures.items():
+            lines.append(f"--- {name} ---\n{tb.rstrip()}")
+        super().__init__("\n".join(lines))
+
+
+# Result formats: (suffix, save(result, path), load(path)).
+def _save_json(obj, path):
+    atomic_write_json(path, obj)
+
+
+def _load_json(path):
+    return json.loads(Path(path).read_text())
+
+
+def _save_csv(df, path):
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def _load_csv(path):
+    import pandas as pd
+
+    return pd.read_csv(path)
+
+
+def _save_pickle(obj, path):
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _load_pickle(path):
+    return pickle.loads(Path(path).read_bytes())
+
+
+FORMATS = {"json": (".json", _save_json, _load_json), "csv": (".csv", _save_csv, _load_csv),
+           "pickle": (".pkl", _save_pickle, _load_pickle)}
+
+
+def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Executor | None = None,
+              fmt: str = "json", progress: bool = True, desc: str = "cells",
+              seconds_file: str | None = "_seconds.json", log=None) -> dict[str, Any]:
+    """Run (or resume) a grid; return ``{name: result}`` in the order of ``cells``.
+
+    A cell whose ``<out_dir>/<name><suffix>`` exists is not run again. The others go
+    through ``executor`` (default :class:`LocalExecutor`); each result is written
+    atomically by this driver as it arrives (``fmt``: ``json`` for dicts, ``csv`` for
+    DataFrames, ``pickle`` for anything else) and its compute seconds are added to
+    ``<out_dir>/<seconds_file>`` (``None``: not recorded). Every result returned is read
+    back from its file, so a fresh run and a resumed one hand on the same values.
+
+    Raises:
+        ValueError: for an unknown ``fmt`` or repeated cell names.
+        CellsFailed: after every other cell finished and was written, naming each cell
+            that raised with its traceback.
+
+    Source: DESIGN.md §4 (a cell: config + seed -> a result file, skipped when done);
+    issue 17.
+    """
+    from tqdm.auto import tqdm
+
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {tuple(FORMATS)}, got {fmt!r}")
+    names = [c.name for c in cells]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"cell names must be unique, repeated: {dup}")
+    suffix, save, load = FORMATS[fmt]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = {c.name: out / f"{c.name}{suffix}" for c in cells}
+    todo = [c for c in cells if not path[c.name].exists()]
+    failures: dict[str, str] = {}
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress, desc=desc)
+    if todo:
+        own = executor is None
+        executor = executor or LocalExecutor()
+        try:
+            for cell, ok, value, seconds in executor.submit_all(todo):
+                if ok:
+                    save(value, path[cell.name])
+                    if seconds_file is not None:
+                        _add_seconds(out / seconds_file, cell.name, seconds)
+                else:
+                    failures[cell.name] = value
+                if log is not None:
+                    log(f"[posinterp] {cell.name}: " + ("done" if ok else "FAILED")
+                        + f" ({seconds:.1f} s)")
+                bar.update()
+        finally:
+            bar.close()
+            if own:
+                executor.close()
+    else:
+        bar.close()
+    results = {c.name: load(path[c.name]) for c in cells if c.name not in failures}
+    if failures:
+        raise CellsFailed({n: failures[n] for n in names if n in failures}, results)
+    return results
+
+
+def _add_seconds(path: Path, name: str, seconds: float) -> None:
+    # Each cell's compute time, kept across resumed runs: a report can sum them, and a
+    # rerun that only reads cells back cannot pass its seconds off as the run's cost.
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table[name] = round(seconds, 1)
+    atomic_write_json(path, table)
