@@ -217,14 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "Writes report.html, adjacency.csv and history.csv; resumes from the last "
                 "checkpoint when rerun with the same options.", _demo, "checkpoints")
     d.add_argument("--quick", action="store_true",
-                   help="6-digit strings, at most 1500 steps, final accuracy on 5,000 held-out "
+                   help="6-digit strings, at most 600 steps, final accuracy on 5,000 held-out "
                    "samples; ~2.5 min on one thread, ~80 s with --threads 2 on an idle 2-core "
                    "machine (docs/performance.md)")
     d.add_argument("--digits", type=int, default=None, choices=range(5, 17), metavar="{5..16}",
                    help="length of the strings to reverse (default 8, or 6 with --quick)")
     d.add_argument("--seed", type=pos0, default=0, help="seed of model, data and batches (default 0)")
     d.add_argument("--max-steps", type=pos1, default=None,
-                   help="training step cap (default 3000, or 1500 with --quick)")
+                   help="training step cap (default 3000, or 600 with --quick)")
     d.add_argument("--threads", type=pos1, default=1, help="torch threads (default 1: steady "
                    "when other jobs share the cores; --threads 2 is faster on an otherwise idle "
                    "2-core machine but several times slower next to a busy process; results "
