@@ -1,6 +1,6 @@
 """posinterp: how transformers represent token position (a TransformerLens plugin).
 
-Every command runs offline on a CPU; see docs/cli.md.
+Every command runs offline, on a CPU or (--device) a GPU; see docs/cli.md and docs/scale.md.
 """
 
 # Imports stay inside the command functions: ``posinterp --help`` must not load torch.
@@ -40,6 +40,23 @@ def _out_folder(text: str) -> str:
     return text
 
 
+def _device(text: str) -> str:
+    """argparse type for --device: checked at parse time (imports torch only when given)."""
+    from .devices import resolve_device
+
+    try:
+        resolve_device(text, "--device")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _add_device(p) -> None:
+    p.add_argument("--device", type=_device, default=None, metavar="DEVICE",
+                   help="where models run: auto (default: cuda if PyTorch sees a GPU, else "
+                   "cpu), cpu, cuda or cuda:N; see docs/scale.md")
+
+
 def _table(df, **options) -> str:
     import pandas as pd
 
@@ -58,7 +75,7 @@ def _demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(quick=args.quick, digits=args.digits, seed=args.seed,
                      max_steps=args.max_steps, threads=args.threads)
     out = args.out or ("posinterp-demo-quick" if args.quick else "posinterp-demo")
-    res = run_demo(cfg, out, progress=not args.no_progress)
+    res = run_demo(cfg, out, progress=not args.no_progress, device=args.device)
     print(_table(res.table))
     status = "reached" if res.reached_target else "did not reach"
     print(f"\ntraining {status} the target in {res.steps} steps; "
@@ -76,7 +93,7 @@ def _zoo_train(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
     df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
-                   first_seed=args.first_seed)
+                   first_seed=args.first_seed, device=args.device)
     print(_table(df))
     print(f"zoo: {args.home or zoo_home()}")
     return 0
@@ -99,7 +116,7 @@ def _spectrum(args: argparse.Namespace) -> int:
     extra = {} if args.min_prev_score is None else {"min_prev_score": args.min_prev_score}
     res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
                        progress=not args.no_progress, units=args.units, markdown=args.markdown,
-                       command=" ".join(["posinterp", *args.argv]), **extra)
+                       command=" ".join(["posinterp", *args.argv]), device=args.device, **extra)
     if len(res.tests):
         from .viz.report import fingerprint_summary
 
@@ -116,7 +133,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
     res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
                       batch=args.batch, ablate=args.ablate, seed=args.seed,
-                      max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress)
+                      max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
+                      device=args.device)
     from .analysis.inspect import head_wide
 
     wide = head_wide(res.table)
@@ -136,7 +154,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     command = ("posinterp reproduce zuo2024 " + ("--full" if args.full else "--quick")
                + f" --out {args.out}" + (f" --markdown {args.markdown}" if args.markdown else ""))
     claims = run_zuo2024(cfg, args.out, progress=not args.no_progress, markdown=args.markdown,
-                         command=command)
+                         command=command, device=args.device)
     print(_table(claims[["claim", "point", "figure", "holds"]], **{"display.max_colwidth": 90}))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
@@ -156,7 +174,7 @@ def _experiment(args: argparse.Namespace) -> int:
 
     command = " ".join(["posinterp", *args.argv])
     summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
-                                 markdown=args.markdown, command=command)
+                                 markdown=args.markdown, command=command, device=args.device)
     print(_table(summary))
     run = json.loads((Path(args.out) / "run.json").read_text())
     print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
@@ -173,6 +191,7 @@ def _parser(sub, name: str, summary: str, description: str, func, resumable: str
 
 def _no_progress(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars or log lines")
+    _add_device(p)  # every command that runs a model has both
 
 
 def build_parser() -> argparse.ArgumentParser:

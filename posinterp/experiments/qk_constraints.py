@@ -58,6 +58,7 @@ from ..analysis.spectral import (
     is_rotary,
     qk_weights,
 )
+from ..devices import model_device, resolve_device, to_device
 from ..interventions.channels import CHANNELS
 from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
@@ -195,8 +196,11 @@ def induction_scores(model, tokens: torch.Tensor, target_mask: torch.Tensor) -> 
     Source: Olsson et al. 2022 (induction heads attend to the token after the previous
     occurrence of the current one).
     """
-    periods = target_mask.argmax(-1) - 1  # first scored token is p + 1
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    from ..models.backend import run_cached
+
+    periods = target_mask.cpu().argmax(-1) - 1  # first scored token is p + 1
+    # the forward on the model's device, the patterns back on CPU
+    cache = run_cached(model, tokens, None, lambda n: n.endswith("hook_pattern"))
     n = tokens.shape[1]
     b_idx, q_idx = [], []
     for b, p in enumerate(periods.tolist()):
@@ -224,10 +228,10 @@ def _one_thread():
         torch.set_num_threads(before)
 
 
-def _run_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int) -> dict:
+def _run_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, device=None) -> dict:
     t0 = time.time()
     with _one_thread():
-        out = _train_cell(grid, pe, constraint, seed)
+        out = _train_cell(grid, pe, constraint, seed, device)
     return {**out, "cell_seconds": round(time.time() - t0, 1)}
 
 
@@ -243,11 +247,11 @@ def _channel_summary(model, prefix: str, banned: str | None) -> dict:
     return out
 
 
-def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int) -> dict:
+def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, device=None) -> dict:
     cfg = ToyModelConfig(pe=pe, n_layers=2, d_model=grid.d_model, n_heads=grid.n_heads,
                          n_ctx=grid.n_ctx, tokenizer=None, d_vocab=grid.d_vocab, attn_only=True,
                          normalization="LN", seed=seed)
-    model = build_model(cfg)
+    model = build_model(cfg, device=device)
     target_norms = grid.init_scale * qk_norms(model)  # the untied model's, this seed
     if constraint != "none":
         constrain_qk(model, constraint, generator=torch.Generator().manual_seed(seed))
@@ -255,7 +259,8 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int) -> di
     banned = constraint.removeprefix("ban_") if constraint in BANS else None
     init = _channel_summary(model, "init", banned)
     eval_gen = torch.Generator().manual_seed(10_000 + seed)
-    eval_tokens, eval_mask = induction_batch(eval_gen, 256, grid.n_ctx, grid.d_vocab)
+    eval_tokens, eval_mask = to_device(induction_batch(eval_gen, 256, grid.n_ctx, grid.d_vocab),
+                                       model_device(model))
 
     @torch.no_grad()
     def evaluate(m):
@@ -471,8 +476,11 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
 
 def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinterp-qk-constraints",
                        progress: bool = True, markdown: str | Path | None = None,
-                       command: str | None = None) -> pd.DataFrame:
+                       command: str | None = None, device=None) -> pd.DataFrame:
     """Run (or resume) every cell, then write ``runs.csv``, ``summary.csv``, ``report.html``.
+
+    Cells train on ``device`` (:func:`posinterp.devices.resolve_device`; None: CUDA when
+    available, else CPU); the initial weights and batches are the same on every device.
 
     Each finished cell is written at once to ``cells/<pe>-<constraint>-seed<s>.json``
     (atomically), so an interrupted run resumes cell by cell. ``grid.workers`` processes
@@ -513,6 +521,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     """
     from tqdm.auto import tqdm
 
+    device = str(resolve_device(device))  # a string travels to spawned workers
     out = Path(out_dir)
     check_out_dir(out, "out_dir")
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -551,14 +560,14 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
 
     if grid.workers == 1 or len(todo) <= 1:
         for cell in todo:
-            finish(cell, _run_cell(grid, *cell))
+            finish(cell, _run_cell(grid, *cell, device))
     else:
         # spawn, not fork: forking a process that has used torch's thread pool can hang
         ctx = multiprocessing.get_context("spawn")
         # more one-thread workers than cores only adds contention
         n = min(grid.workers, len(todo), os.cpu_count() or 1)
         with ProcessPoolExecutor(max(n, 1), mp_context=ctx) as pool:
-            futures = {pool.submit(_run_cell, grid, *cell): cell for cell in todo}
+            futures = {pool.submit(_run_cell, grid, *cell, device): cell for cell in todo}
             for fut in as_completed(futures):
                 finish(futures[fut], fut.result())
     bar.close()

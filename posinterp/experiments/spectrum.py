@@ -20,6 +20,7 @@ from ..analysis.fingerprint import (
     trajectory_correlations,
 )
 from ..analysis.spectral import qk_spectrum, spectral_measures
+from ..devices import resolve_device
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import load_model
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
@@ -56,7 +57,7 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
                  measure: str = "rotational_mass", dynamics: bool = False, seed: int = 0,
                  progress: bool = True, units: str = "family",
                  min_prev_score: float = MIN_PREV_SCORE, markdown: str | Path | None = None,
-                 command: str | None = None) -> SpectrumResult:
+                 command: str | None = None, device=None) -> SpectrumResult:
     """Load each model, tabulate its heads, test RoPE vs other, write CSVs and a report.
 
     Spectra use one convention for every loader (the norm gain folded into W_Q, W_K;
@@ -68,10 +69,14 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     ``dynamics_summary.csv``. ``markdown``: also write the reproduction page
     (:func:`render_markdown`).
 
+    Models are loaded onto ``device`` (:func:`posinterp.devices.resolve_device`; None:
+    CUDA when available, else CPU); spectra are computed on CPU in float64 either way.
+
     Raises:
         ValueError, FileNotFoundError: from :func:`posinterp.load_model` for bad specs,
-            or an unknown ``units``.
+            or an unknown ``units`` or ``device``.
     """
+    device = resolve_device(device)
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = Path(out_dir)
     out = check_out_dir(out, "out_dir")
@@ -79,7 +84,7 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     heads, spectra, schemes, infos, dyn, conv = {}, [], {}, {}, [], []
     for spec in specs:
         log(f"[posinterp] {spec}")
-        model, info = load_model(spec)
+        model, info = load_model(spec, device=device)
         heads[spec] = head_table(model, seed=seed)
         spectra.append(qk_spectrum(model).assign(model=spec))
         schemes[spec] = (info.pe, info.causal)
@@ -89,9 +94,10 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
         if dynamics and spec.startswith("zoo:"):
             from ..experiments.zoo import load_zoo_model
 
-            _, card = load_zoo_model(spec)
+            _, card = load_zoo_model(spec, device=device)
             body = spec.split("@")[0]
-            snaps = ((s, load_zoo_model(f"{body}@{s}")[0]) for s in card["snapshot_steps"])
+            snaps = ((s, load_zoo_model(f"{body}@{s}", device=device)[0])
+                     for s in card["snapshot_steps"])
             dyn.append(head_dynamics(snaps, seed=seed).assign(model=spec))
     head_df = pd.concat([h.assign(model=m) for m, h in heads.items()], ignore_index=True)
     table = fingerprint_table(heads, schemes, K=K, measure=measure, units=units,

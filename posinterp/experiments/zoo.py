@@ -27,6 +27,7 @@ import torch
 
 from .._validate import require_at_least
 from ..analysis.heads import previous_token_scores, random_tokens
+from ..devices import model_device
 from ..io import atomic_write_json, check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
@@ -95,7 +96,7 @@ def _val_starts(corpus: ByteCorpus, cfg: ZooConfig) -> torch.Tensor:
 @torch.no_grad()
 def _val_loss(model, corpus: ByteCorpus, cfg: ZooConfig) -> dict[str, float]:
     model.eval()
-    toks = corpus.windows("val", _val_starts(corpus, cfg), cfg.n_ctx)
+    toks = corpus.windows("val", _val_starts(corpus, cfg), cfg.n_ctx).to(model_device(model))
     return {"val_loss": model(toks, return_type="loss").item()}
 
 
@@ -118,8 +119,9 @@ def _model_dir(home: Path, pe: str, seed: int) -> Path:
 
 def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path | None = None,
               progress: bool = True, corpus: ByteCorpus | None = None,
-              first_seed: int = 0) -> pd.DataFrame:
-    """Train (or resume, or skip when done) every (scheme, seed) of the zoo.
+              first_seed: int = 0, device=None) -> pd.DataFrame:
+    """Train (or resume, or skip when done) every (scheme, seed) of the zoo on ``device``
+    (:func:`posinterp.devices.resolve_device`; None: CUDA when available, else CPU).
 
     Each model is an independent cell: its folder is addressed by ``pe`` and seed, a
     finished one (with ``card.json``) is skipped, an unfinished one resumes from its
@@ -140,7 +142,7 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
     rows = []
     for seed in range(first_seed, first_seed + seeds):
         for pe in config.schemes:
-            card = _train_one(config, pe, seed, home, corpus, progress)
+            card = _train_one(config, pe, seed, home, corpus, progress, device)
             rows.append({"pe": pe, "seed": seed, "val_loss": card["val_loss"], "steps": card["steps"],
                          **{f"{k}_top": f"L{v['layer']}H{v['head']} {v['score']:.3f}"
                             for k, v in sorted(card["previous_token_heads"].items()) if k != "bos"}})
@@ -148,13 +150,13 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
 
 
 def _train_one(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCorpus,
-               progress: bool) -> dict:
+               progress: bool, device=None) -> dict:
     folder = _model_dir(home, pe, seed)
     card_path = folder / "card.json"
     if card_path.exists():
         return json.loads(card_path.read_text())
     model_cfg, train_cfg = config.model_config(pe, seed), config.train_config(seed)
-    model = build_model(model_cfg)
+    model = build_model(model_cfg, device=device)
     n_train = len(corpus.train) - config.n_ctx
 
     def next_batch(gen):
@@ -200,8 +202,9 @@ def list_zoo(home: str | Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["name", "pe", "seed", "status", "steps", "val_loss"])
 
 
-def load_zoo_model(spec: str, home: str | Path | None = None):
-    """Load ``zoo:<pe>[:<seed>][@<step>]`` (default seed 0, final weights).
+def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
+    """Load ``zoo:<pe>[:<seed>][@<step>]`` (default seed 0, final weights) onto ``device``
+    (:func:`posinterp.devices.resolve_device`; None: CUDA when available, else CPU).
 
     Returns:
         ``(model, card)``.
@@ -225,7 +228,7 @@ def load_zoo_model(spec: str, home: str | Path | None = None):
         raise FileNotFoundError(f"{folder} holds no finished zoo model (no card.json); "
                                 "run `posinterp zoo train` first")
     card = json.loads(card_path.read_text())
-    model = build_model(ToyModelConfig.from_dict(card["model"]))
+    model = build_model(ToyModelConfig.from_dict(card["model"]), device=device)
     if step:
         weights = folder / "checkpoints" / "snapshots" / f"step_{int(step):07d}.safetensors"
         if not weights.exists():

@@ -38,6 +38,7 @@ from scipy import stats
 
 from ..analysis import adjacency_by_layer, probe_positions
 from ..analysis.probing import ProbeConfig
+from ..devices import resolve_device
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import build_model, preset
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
@@ -150,7 +151,7 @@ def _task_data(config: ReproConfig, task: str, seed: int):
                                      n_train=config.n_samples, n_test=config.n_samples))
 
 
-def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None):
+def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None, device=None):
     data = _task_data(config, task, seed)
     overrides = {} if n_layers is None else {"n_layers": n_layers}
     mc = preset(config.model_preset, seed=seed, **overrides)
@@ -159,10 +160,10 @@ def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None):
     res = train(mc, data, TrainConfig(max_steps=steps or config.train_steps, eval_every=100,
                                       warmup_steps=50,
                                       target_accuracy=THRESHOLDS["target_accuracy"], seed=seed),
-                checkpoint_dir=out / "checkpoints" / tag, progress=progress)
+                checkpoint_dir=out / "checkpoints" / tag, progress=progress, device=device)
     toks = data.test.tokens[: config.n_sequences]
     mask = data.test.attention_mask[: config.n_sequences]
-    before = adjacency_by_layer(build_model(mc), toks, mask).assign(state="init")
+    before = adjacency_by_layer(build_model(mc, device=device), toks, mask).assign(state="init")
     after = adjacency_by_layer(res.model, toks, mask).assign(state="trained")
     acc = evaluate(res.model, data.test)["test_accuracy"]
     return pd.concat([before, after]).assign(task=task, seed=seed, accuracy=acc, steps=res.steps,
@@ -170,16 +171,20 @@ def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None):
                                              n_layers=mc.n_layers)
 
 
-def _trained_model(out: Path, task: str, seed: int):
-    model, _ = load_checkpoint(latest_checkpoint(out / "checkpoints" / f"{task}-seed{seed}"))
+def _trained_model(out: Path, task: str, seed: int, device=None):
+    model, _ = load_checkpoint(latest_checkpoint(out / "checkpoints" / f"{task}-seed{seed}"),
+                               device=device)
     return model
 
 
 def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posinterp-zuo2024",
                 progress: bool = True, markdown: str | Path | None = None,
-                command: str | None = None) -> pd.DataFrame:
+                command: str | None = None, device=None) -> pd.DataFrame:
     """Run the reproduction; write the cells, the summary CSVs, ``claims.csv``, ``run.json``
     and ``report.html`` (and with ``markdown``, the page from :func:`render_markdown`).
+
+    Models train and run on ``device`` (:func:`posinterp.devices.resolve_device`; None:
+    CUDA when available, else CPU); ``run.json`` records it.
 
     Returns:
         The claims table (``claims.csv``): ``claim, point, figure, mean, ci_low, ci_high,
@@ -189,30 +194,34 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
         ValueError: for invalid presets or task lengths.
     """
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    device = resolve_device(device)
     out = check_out_dir(Path(out_dir), "out_dir")
     t0 = time.time()
     rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
 
     # 1-2. Init, random tokens, several init seeds.
     init = _cell(out, "init_random_tokens", lambda: pd.concat([
-        adjacency_by_layer(build_model(preset(config.model_preset, seed=s)), rand).assign(seed=s)
+        adjacency_by_layer(build_model(preset(config.model_preset, seed=s), device=device),
+                           rand).assign(seed=s)
         for s in config.init_seeds]), log)
 
     # 3. Training on the four tasks, adjacency before and after on held-out samples.
     adj = [_cell(out, f"train_{task}_seed{seed}",
-                 lambda task=task, seed=seed: _train_cell(config, out, task, seed, progress), log)
+                 lambda task=task, seed=seed: _train_cell(config, out, task, seed, progress,
+                                                          device=device), log)
            for task in config.task_lengths for seed in config.train_seeds]
     for depth in config.train_depths:
         adj += [_cell(out, f"train_reversal_L{depth}_seed{seed}",
                       lambda depth=depth, seed=seed: _train_cell(config, out, "reversal", seed,
-                                                                 progress, n_layers=depth)
+                                                                 progress, n_layers=depth,
+                                                                 device=device)
                       .assign(task=f"reversal L{depth}"), log)
                 for seed in config.train_seeds]
     for task in config.long_train_tasks:
         seed, steps = config.train_seeds[0], config.long_train_steps
         adj.append(_cell(out, f"train_{task}_steps{steps}_seed{seed}",
                          lambda task=task, seed=seed, steps=steps: _train_cell(
-                             config, out, task, seed, progress, steps=steps)
+                             config, out, task, seed, progress, steps=steps, device=device)
                          .assign(task=f"{task} (long run, <= {steps} steps)"), log))
     adjacency = pd.concat(adj, ignore_index=True)
 
@@ -220,7 +229,7 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     def depth_width():
         frames = []
         for depth, width, seed, mc in depth_width_configs(config):
-            m = build_model(mc)
+            m = build_model(mc, device=device)
             frames.append(adjacency_by_layer(m, rand[:16]).assign(depth=depth, width=width,
                                                                   seed=seed))
             del m
@@ -230,8 +239,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     # 5. Init ablation: mean x std, several seeds.
     grid = _cell(out, "init_mean_std", lambda: pd.concat([
         adjacency_by_layer(build_model(preset(config.model_preset, init_mean=mean, init_std=std,
-                                              seed=s)), rand).assign(init_mean=mean, init_std=std,
-                                                                     seed=s)
+                                              seed=s), device=device), rand).assign(
+            init_mean=mean, init_std=std, seed=s)
         for mean in config.init_means for std in config.init_stds for s in config.grid_seeds]),
         log)
 
@@ -244,8 +253,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
             test = _task_data(config, "reversal", seed).test
             toks = test.tokens[: config.n_probe_sequences]
             mask = test.attention_mask[: config.n_probe_sequences]
-        model = (build_model(preset(config.model_preset, seed=seed)) if state == "init"
-                 else _trained_model(out, "reversal", seed))
+        model = (build_model(preset(config.model_preset, seed=seed), device=device)
+                 if state == "init" else _trained_model(out, "reversal", seed, device))
         return probe_positions(model, toks, mask, features=PROBE_FEATURES, seeds=(seed,),
                                config=ProbeConfig()).assign(dataset=dataset, state=state)
     probe = pd.concat([_cell(out, f"probe_{d}_{s}_seed{seed}",
@@ -260,7 +269,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
         with atomic_path(out / f"{name}.csv") as tmp:
             df.to_csv(tmp, index=False)
     atomic_write_json(out / "run.json", {"config": json.loads(json.dumps(asdict(config))),
-                                         "command": command, "versions": versions(),
+                                         "command": command, "device": str(device),
+                                         "versions": versions(),
                                          "thresholds": THRESHOLDS,
                                          "seconds": round(time.time() - t0, 1),
                                          "cell_seconds": _cell_seconds(out, config)})
