@@ -202,7 +202,7 @@ def adjacency_by_layer(
     """
     hooks = site_hooks(model, sites)
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     lengths = lengths_from_mask(mask, *tokens.shape)
     if (lengths < 3).any():
         raise ValueError(

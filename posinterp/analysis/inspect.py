@@ -328,7 +328,7 @@ def inspect_heads(
         if v is not None and v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     batch, pos = tokens.shape
     lengths = lengths_from_mask(mask, batch, pos)
     if (lengths < 3).any():
