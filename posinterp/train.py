@@ -565,7 +565,8 @@ def _resume_state(ckpt_dir: Path, configs: dict):
             continue
         now, before = _comparable(configs), _comparable(saved)
         # mixed_precision is absent when off (so older checkpoints compare equal): check both ways.
-        for key in {*now, *({"mixed_precision"} & before.keys())}:
+        for key in [*now, *(["mixed_precision"] if "mixed_precision" in before.keys() - now.keys()
+                            else [])]:
             if before.get(key) != now.get(key):
                 raise ValueError(
                     f"checkpoint {folder} was written with a different {key} config; "

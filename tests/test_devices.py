@@ -136,6 +136,17 @@ def test_mixed_precision_is_cuda_only_and_validated():
         fit(model, None, None, None, _steps(1), {}, mixed_precision="fp8")
 
 
+def test_resume_refuses_another_mixed_precision_setting(tmp_path):
+    """A checkpoint written under bf16 autocast must not be continued in float32 (nor the
+    other way round): the run would mix two precisions under one config."""
+    data = tiny_task(n=40)
+    train(_tiny(), data, _steps(2), progress=False, device="cpu", checkpoint_dir=tmp_path)
+    cfg_file = next(tmp_path.glob("step_*")) / "config.json"
+    cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), "mixed_precision": "bf16"}))
+    with pytest.raises(ValueError, match="different mixed_precision config"):
+        train(_tiny(), data, _steps(2), progress=False, device="cpu", checkpoint_dir=tmp_path)
+
+
 # --- the default device gives the CPU numbers on a machine without CUDA ---------------
 
 
