@@ -1,6 +1,6 @@
 """posinterp: how transformers represent token position (a TransformerLens plugin).
 
-Every command runs offline on a CPU; see docs/cli.md.
+Every command runs offline, on a CPU or (--device) a GPU; see docs/cli.md and docs/scale.md.
 """
 
 # Imports stay inside the command functions: ``posinterp --help`` must not load torch.
@@ -64,6 +64,26 @@ def _executor_options(p, workers_help: str, default: str = "local") -> None:
                    "default $RAY_ADDRESS, else a Ray instance running here, else a new local one")
 
 
+def _device(text: str) -> str:
+    """argparse type for --device: checked at parse time (imports torch only when given)."""
+    from .devices import resolve_device
+
+    try:
+        resolve_device(text, "--device")
+    except ValueError as err:
+        # A Ray driver may have no GPU while its workers do: availability is checked
+        # where the cells run (the run functions check it for local executors).
+        if "sees no CUDA device" not in str(err):
+            raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _add_device(p) -> None:
+    p.add_argument("--device", type=_device, default=None, metavar="DEVICE",
+                   help="where models run: auto (default: cuda if PyTorch sees a GPU, else "
+                   "cpu), cpu, cuda or cuda:N; see docs/scale.md")
+
+
 def _table(df, **options) -> str:
     import pandas as pd
 
@@ -82,7 +102,7 @@ def _demo(args: argparse.Namespace) -> int:
     cfg = DemoConfig(quick=args.quick, digits=args.digits, seed=args.seed,
                      max_steps=args.max_steps, threads=args.threads)
     out = args.out or ("posinterp-demo-quick" if args.quick else "posinterp-demo")
-    res = run_demo(cfg, out, progress=not args.no_progress)
+    res = run_demo(cfg, out, progress=not args.no_progress, device=args.device)
     print(_table(res.table))
     status = "reached" if res.reached_target else "did not reach"
     print(f"\ntraining {status} the target in {res.steps} steps; "
@@ -97,7 +117,8 @@ def _zoo_train(args: argparse.Namespace) -> int:
     cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
     with _executor(args) as executor:
         df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
-                       first_seed=args.first_seed, executor=executor, threads=args.threads)
+                       first_seed=args.first_seed, executor=executor, threads=args.threads,
+                       device=args.device)
     print(_table(df))
     print(f"zoo: {args.home or zoo_home()}")
     return 0
@@ -122,7 +143,7 @@ def _spectrum(args: argparse.Namespace) -> int:
         res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
                            progress=not args.no_progress, units=args.units,
                            markdown=args.markdown, command=" ".join(["posinterp", *args.argv]),
-                           executor=executor, **extra)
+                           executor=executor, device=args.device, **extra)
     if len(res.tests):
         from .viz.report import fingerprint_summary
 
@@ -139,7 +160,8 @@ def _inspect(args: argparse.Namespace) -> int:
 
     res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
                       batch=args.batch, ablate=args.ablate, seed=args.seed,
-                      max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress)
+                      max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
+                      device=args.device)
     from .analysis.inspect import head_wide
 
     wide = head_wide(res.table)
@@ -160,7 +182,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                + f" --out {args.out}" + (f" --markdown {args.markdown}" if args.markdown else ""))
     with _executor(args) as executor:
         claims = run_zuo2024(cfg, args.out, progress=not args.no_progress,
-                             markdown=args.markdown, command=command, executor=executor)
+                             markdown=args.markdown, command=command, executor=executor,
+                             device=args.device)
     print(_table(claims[["claim", "point", "figure", "holds"]], **{"display.max_colwidth": 90}))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
@@ -183,7 +206,8 @@ def _experiment(args: argparse.Namespace) -> int:
     default = "local" if grid.workers == 1 else "process"
     with _executor(args, default, grid.workers) as executor:
         summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
-                                     markdown=args.markdown, command=command, executor=executor)
+                                     markdown=args.markdown, command=command, executor=executor,
+                                     device=args.device)
     print(_table(summary))
     run = json.loads((Path(args.out) / "run.json").read_text())
     print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
@@ -200,6 +224,7 @@ def _parser(sub, name: str, summary: str, description: str, func, resumable: str
 
 def _no_progress(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars or log lines")
+    _add_device(p)  # every command that runs a model has both
 
 
 def build_parser() -> argparse.ArgumentParser:

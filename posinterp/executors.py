@@ -34,7 +34,7 @@ from typing import Any
 from .io import atomic_path, atomic_write_json
 
 __all__ = ["EXECUTORS", "Cell", "CellsFailed", "Executor", "LocalExecutor", "ProcessExecutor",
-           "RayExecutor", "make_executor", "run_cells"]
+           "RayExecutor", "gpus_for", "make_executor", "run_cells"]
 
 EXECUTORS = ("local", "process", "ray")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*(/[A-Za-z0-9][A-Za-z0-9._+=-]*)*")
@@ -353,3 +353,13 @@ def _add_seconds(path: Path, name: str, seconds: float) -> None:
     table = json.loads(path.read_text()) if path.exists() else {}
     table[name] = round(seconds, 1)
     atomic_write_json(path, table)
+
+
+def gpus_for(device) -> float:
+    """What a cell running on ``device`` asks a scheduler for: 1 GPU when ``device`` names
+    CUDA explicitly (``"cuda"``, ``"cuda:N"``), else 0.
+
+    ``None``/``"auto"`` ask for none, so on a Ray cluster such a cell sees no GPU and runs
+    on CPU: pass ``--device cuda`` to place cells on GPUs (docs/scale.md). Raises nothing.
+    """
+    return 1.0 if str(device or "").strip().lower().startswith("cuda") else 0.0

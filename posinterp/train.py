@@ -30,6 +30,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ._validate import require_at_least
+from .devices import model_device, move_model, to_device
 from .io import atomic_dir, atomic_path, versions
 from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
@@ -162,14 +163,17 @@ def exact_match(
 
 @torch.no_grad()
 def evaluate(model, split: TaskSplit, n: int | None = None, batch_size: int = 500) -> dict:
-    """Exact-match accuracy and answer loss on the first ``n`` samples of ``split``."""
+    """Exact-match accuracy and answer loss on the first ``n`` samples of ``split``
+    (computed on the model's device; Python floats back)."""
+    device = model_device(model)
     n = len(split) if n is None else min(n, len(split))
     was_training = model.training
     model.eval()
     hits, loss_sum, n_tok = 0.0, 0.0, 0
     for start in range(0, n, batch_size):
         sl = slice(start, min(n, start + batch_size))
-        toks, attn, ans = split.tokens[sl], split.attention_mask[sl], split.answer_mask[sl]
+        toks, attn, ans = to_device((split.tokens[sl], split.attention_mask[sl],
+                                     split.answer_mask[sl]), device)
         logits = model(toks, attention_mask=attn)
         hits += exact_match(logits, toks, ans).sum().item()
         k = int(ans[:, 1:].sum())
@@ -201,8 +205,10 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: str | Path):
-    """Load a checkpoint folder written by :func:`train`.
+def load_checkpoint(path: str | Path, device=None):
+    """Load a checkpoint folder written by :func:`train`, on any device (the weights are
+    read to CPU and copied into a model built on ``device``;
+    :func:`posinterp.devices.resolve_device`, None: CUDA when available, else CPU).
 
     Returns:
         ``(model, configs)`` where ``configs`` is the dict of ``config.json`` (model,
@@ -211,14 +217,14 @@ def load_checkpoint(path: str | Path):
     Raises:
         FileNotFoundError: if ``model.safetensors`` or ``config.json`` is missing.
         ValueError: if either file is unreadable (truncated, corrupt, or from another
-            model); the message names the file.
+            model); the message names the file; a bad ``device``.
     """
     path = Path(path)
     for name in ("model.safetensors", "config.json"):
         if not (path / name).exists():
             raise FileNotFoundError(f"checkpoint {path} lacks {name}")
     configs = _read_json(path / "config.json")
-    model = build_model(ToyModelConfig.from_dict(configs["model"]))
+    model = build_model(ToyModelConfig.from_dict(configs["model"]), device=device)
     model.load_state_dict(_read_weights(path / "model.safetensors"), strict=True)
     return model, configs
 
@@ -250,10 +256,11 @@ def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, 
         return target
     with atomic_dir(target) as tmp:
         # state_dict holds NoPE's zero W_pos buffer too; safetensors wants contiguous tensors.
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()},
-                  tmp / "model.safetensors")
-        (tmp / "config.json").write_text(
-            json.dumps({**configs, "step": step, "versions": versions()}, indent=2))
+        save_file(_cpu_state(model), tmp / "model.safetensors")
+        # The device is provenance, not config: a checkpoint resumes on any device.
+        (tmp / "config.json").write_text(json.dumps(
+            {**configs, "step": step, "device": str(model_device(model)), "versions": versions()},
+            indent=2))
         torch.save({"step": step, "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "rng": gen.get_state(),
                     "history": history}, tmp / "trainer_state.pt")
@@ -271,6 +278,8 @@ def train(
     resume: bool = True,
     progress: bool = True,
     model=None,
+    device=None,
+    mixed_precision: str | None = None,
 ) -> TrainResult:
     """Train a toy model on a synthetic task with answer-only cross-entropy and AdamW.
 
@@ -287,19 +296,27 @@ def train(
         progress: show a tqdm bar.
         model: an already-built model for ``model_config`` (e.g. to keep a handle on
             it); default: built here.
+        device: where to train (:func:`posinterp.devices.resolve_device`; None: CUDA when
+            available, else CPU, or where ``model`` already is). The initial weights and
+            the batches' order do not depend on it; batches are drawn on CPU and moved.
+        mixed_precision: None (float32) or ``"bf16"``: bfloat16 autocast of the forward
+            pass, CUDA only (see :func:`fit`).
 
     Returns:
         :class:`TrainResult`.
 
     Raises:
-        ValueError: if the task's sequences exceed ``n_ctx`` or a checkpoint to resume
-            was written for different configs.
+        ValueError: if the task's sequences exceed ``n_ctx``, a checkpoint to resume
+            was written for different configs, or a bad ``device``/``mixed_precision``.
     """
     if data.max_len > model_config.n_ctx:
         raise ValueError(
             f"task sequences have up to {data.max_len} tokens but n_ctx is {model_config.n_ctx}")
     configs = _configs_dict(model_config, data.config, config)
-    model = build_model(model_config) if model is None else model
+    if model is None:
+        model = build_model(model_config, device=device)
+    elif device is not None:
+        move_model(model, device)
     train_split = data.train
 
     def next_batch(gen: torch.Generator):
@@ -315,7 +332,8 @@ def train(
 
     history, step = fit(
         model, next_batch, loss_fn, lambda m: evaluate(m, data.test, config.n_eval), config,
-        configs, checkpoint_dir=checkpoint_dir, resume=resume, progress=progress)
+        configs, checkpoint_dir=checkpoint_dir, resume=resume, progress=progress,
+        mixed_precision=mixed_precision)
     return TrainResult(model=model, history=history, steps=step,
                        reached_target=_reached(history.itertuples(index=False), config))
 
@@ -339,8 +357,12 @@ def fit(
     progress: bool = True,
     snapshot_steps: Sequence[int] = (),
     desc: str = "train",
+    mixed_precision: str | None = None,
 ) -> tuple[pd.DataFrame, int]:
     """The training loop shared by task training and the zoo: AdamW, resumable, seeded.
+
+    Runs on the model's device: each batch (drawn on CPU from the seeded generator, so
+    the same batches on every device) is moved there before ``loss_fn``.
 
     Args:
         model: the model to train in place.
@@ -354,6 +376,11 @@ def fit(
         checkpoint_dir: where ``step_*`` folders go (None: no checkpoints).
         snapshot_steps: steps (0 = init) at which weights alone are also kept, under
             ``checkpoint_dir/snapshots/step_XXXXXXX.safetensors``, for training dynamics.
+        mixed_precision: None: float32 throughout (the default, and the only choice on
+            CPU). ``"bf16"``: the forward pass and loss under ``torch.autocast("cuda",
+            torch.bfloat16)``; weights, gradients and AdamW state stay float32. Off by
+            default because it changes the numbers (docs/scale.md); it is recorded in the
+            checkpoints and a resume with another setting is refused.
 
     Returns:
         ``(history, steps)``: tidy ``step, metric, value`` DataFrame and steps taken.
@@ -363,11 +390,31 @@ def fit(
     a thread-dependent order, and training amplifies the rounding into different runs.
 
     Raises:
-        ValueError: if a checkpoint to resume was written with different ``configs``.
+        ValueError: if a checkpoint to resume was written with different ``configs`` or
+            ``mixed_precision``; ``mixed_precision`` other than None/"bf16", or "bf16" on a
+            model that is not on CUDA.
     """
+    autocast = _autocast(mixed_precision, model_device(model))
+    if mixed_precision is not None:
+        configs = {**configs, "mixed_precision": mixed_precision}
     with _deterministic_algorithms():
         return _fit(model, next_batch, loss_fn, evaluate_fn, config, configs, checkpoint_dir,
-                    resume, progress, snapshot_steps, desc)
+                    resume, progress, snapshot_steps, desc, autocast)
+
+
+MIXED_PRECISION = (None, "bf16")
+
+
+def _autocast(mixed_precision: str | None, device: torch.device):
+    """A factory of the autocast context for one training step."""
+    if mixed_precision not in MIXED_PRECISION:
+        raise ValueError(f"mixed_precision must be one of {MIXED_PRECISION}, got {mixed_precision!r}")
+    if mixed_precision is None:
+        return contextlib.nullcontext
+    if device.type != "cuda":
+        raise ValueError(f"mixed_precision='bf16' is for CUDA models; this model is on {device} "
+                         "(use mixed_precision=None)")
+    return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
 
 
 @contextlib.contextmanager
@@ -393,7 +440,19 @@ def _fit(
     progress: bool = True,
     snapshot_steps: Sequence[int] = (),
     desc: str = "train",
+    autocast=contextlib.nullcontext,
 ) -> tuple[pd.DataFrame, int]:
+    device = model_device(model)
+
+    def batch_on_device(gen: torch.Generator):
+        return to_device(next_batch(gen), device)
+
+    def loss_in_precision(m, batch):
+        if autocast is contextlib.nullcontext:  # float32: exactly the plain call
+            return loss_fn(m, batch)
+        with autocast():
+            return loss_fn(m, batch).float()
+
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
@@ -425,9 +484,9 @@ def _fit(
     bar = tqdm(total=config.max_steps, initial=step, disable=not progress, desc=desc,
                dynamic_ncols=True)
     try:
-        step, last_saved = _loop(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir,
-                                 snapshot, params, optimizer, scheduler, gen, history, step,
-                                 last_saved, bar)
+        step, last_saved = _loop(model, batch_on_device, loss_in_precision, evaluate_fn, config,
+                                 configs, ckpt_dir, snapshot, params, optimizer, scheduler, gen,
+                                 history, step, last_saved, bar)
     finally:
         bar.close()
     model.eval()
@@ -505,16 +564,21 @@ def _resume_state(ckpt_dir: Path, configs: dict):
             errors.append(str(err))
             continue
         now, before = _comparable(configs), _comparable(saved)
-        for key in now:
-            if before.get(key) != now[key]:
+        # mixed_precision is absent when off (so older checkpoints compare equal): check both ways.
+        for key in [*now, *(["mixed_precision"] if "mixed_precision" in before.keys() - now.keys()
+                            else [])]:
+            if before.get(key) != now.get(key):
                 raise ValueError(
                     f"checkpoint {folder} was written with a different {key} config; "
                     f"use another checkpoint_dir or resume=False.\n saved: {before.get(key)}\n"
-                    f" now:   {now[key]}")
+                    f" now:   {now.get(key)}")
         try:
             weights = _read_weights(folder / "model.safetensors")
             try:
-                state = torch.load(folder / "trainer_state.pt", weights_only=False)
+                # Optimizer moments saved from CUDA load here too; AdamW's load_state_dict
+                # moves them to each parameter's device.
+                state = torch.load(folder / "trainer_state.pt", weights_only=False,
+                                   map_location="cpu")
             except Exception as err:
                 raise ValueError(f"{folder / 'trainer_state.pt'} is unreadable "
                                  f"({type(err).__name__}: {err})") from None
@@ -541,4 +605,10 @@ def _save_weights(path: Path, model) -> None:
     if path.exists():
         return
     with atomic_path(path) as tmp:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp)
+        save_file(_cpu_state(model), tmp)
+
+
+def _cpu_state(model) -> dict[str, Tensor]:
+    """The state dict as contiguous CPU tensors (NoPE's zero W_pos buffer included), the
+    form safetensors writes and any device reads back."""
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}

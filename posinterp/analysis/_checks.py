@@ -9,7 +9,8 @@ __all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask", "masked_
 
 
 def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
-    """Return ``tokens`` as ``[batch, pos]`` int64.
+    """Return ``tokens`` as ``[batch, pos]`` int64 on the CPU, where analyses compute their
+    metrics (:func:`run_cached` moves them to the model's device for the forward pass).
 
     Raises:
         ValueError: for a non-tensor, a wrong rank, an empty or non-integer tensor, ids
@@ -31,11 +32,13 @@ def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
     if tokens.shape[1] > model.cfg.n_ctx:
         raise ValueError(
             f"tokens has {tokens.shape[1]} positions but the model's n_ctx is {model.cfg.n_ctx}")
-    return tokens.long()
+    return tokens.long().cpu()
 
 
-def check_attention_mask(mask: torch.Tensor | None, shape: tuple[int, ...]) -> torch.Tensor | None:
-    """Return ``mask`` as a ``[batch, pos]`` 0/1 int64 tensor, or raise ``ValueError``.
+def check_attention_mask(mask: torch.Tensor | None, shape: tuple[int, ...],
+                         device: torch.device | None = None) -> torch.Tensor | None:
+    """Return ``mask`` as a ``[batch, pos]`` 0/1 int64 tensor (moved to ``device`` if
+    given: analyses of a model pass their CPU tokens' device), or raise ``ValueError``.
 
     Raises:
         ValueError: if the shape differs from ``shape`` or values are not 0/1.
@@ -54,7 +57,7 @@ def check_attention_mask(mask: torch.Tensor | None, shape: tuple[int, ...]) -> t
             f"got {tuple(mask.shape)}")
     if not ((mask == 0) | (mask == 1)).all():
         raise ValueError("attention_mask must contain only 0 (padding) and 1 (real token)")
-    return mask.long()
+    return mask.long() if device is None else mask.long().to(device)
 
 
 def lengths_from_mask(mask: torch.Tensor | None, batch: int, pos: int) -> torch.Tensor:

@@ -143,7 +143,7 @@ def adjacency_score(
             "adjacency needs at least 3 real tokens per sequence (rows k >= 2); "
             f"got lengths {lengths.tolist()}")
     sim = similarity.detach().to(torch.float64).cpu().numpy()
-    n_real = lengths.long().numpy()
+    n_real = lengths.long().cpu().numpy()
     inv, tie = batch_counts(sim, n_real)
     if (inv < 0).any():
         b, k = np.argwhere(inv < 0)[0]
@@ -202,7 +202,7 @@ def adjacency_by_layer(
     """
     hooks = site_hooks(model, sites)
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     lengths = lengths_from_mask(mask, *tokens.shape)
     if (lengths < 3).any():
         raise ValueError(

@@ -108,7 +108,7 @@ def previous_token_scores(
         ValueError: as :func:`previous_token_score`, or tokens longer than ``n_ctx``.
     """
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     cache = run_cached(model, tokens, mask, lambda n: n.endswith("attn.hook_pattern"))
     rows = []
     for layer in range(model.cfg.n_layers):

@@ -237,8 +237,11 @@ def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: i
 @torch.no_grad()
 def _loss(model, tokens, mask, fwd_hooks=()) -> float:
     """Mean next-token cross-entropy (nats) from each real token to the next real one."""
-    with model.hooks(fwd_hooks=list(fwd_hooks)):
-        logits = model(tokens, attention_mask=mask)
+    from ..devices import model_device, to_device
+
+    device = model_device(model)
+    with model.hooks(fwd_hooks=list(fwd_hooks)):  # forward on the model's device, scores on CPU
+        logits = model(tokens.to(device), attention_mask=to_device(mask, device)).cpu()
     cur, nxt, valid = next_token_pairs(mask, *tokens.shape)
     rows = torch.arange(tokens.shape[0])[:, None]
     logp = logits[rows, cur].log_softmax(-1).gather(-1, tokens[rows, nxt][..., None])[..., 0]
@@ -325,7 +328,7 @@ def inspect_heads(
         if v is not None and v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     batch, pos = tokens.shape
     lengths = lengths_from_mask(mask, batch, pos)
     if (lengths < 3).any():

@@ -284,7 +284,7 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
             ``[-1, n_layers)``, or too few sequences (see :func:`sequence_split`).
     """
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     # -1 is the embedding; -2 must not silently become it too.
     # The embedding (-1) is the baseline row: whatever a probe reads there is not built
     # by attention (a task template alone can place tokens), so it is always scored.

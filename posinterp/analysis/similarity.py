@@ -163,7 +163,7 @@ def similarity_by_layer(
         ValueError: for tokens longer than ``n_ctx`` or a malformed attention mask.
     """
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     hooks = residual_hooks(model) if hooks is None else hooks
     names = {name for name, _ in hooks}
     cache = run_cached(model, tokens, mask, lambda n: n in names)

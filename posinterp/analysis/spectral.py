@@ -189,7 +189,7 @@ def effective_weights(W: Float[Tensor, "... d_model d_head"], gain: Float[Tensor
     """
     W = W.detach().double()
     if gain is not None:
-        W = W * gain.double()[:, None]
+        W = W * gain.double().to(W.device)[:, None]
     if center:
         W = W - W.mean(-2, keepdim=True)
     return W
@@ -214,7 +214,8 @@ def attention_input_norm(model, layer: int) -> tuple[Tensor | None, bool, str]:
     gain = getattr(norm, "w", None) if norm_type in ("LN", "RMS") else None
     if norm_type is None:
         where = "none"
-    return (gain.detach() if gain is not None else None), center, where
+    # A CPU copy, like attention_weights: spectra are computed on CPU (docs/scale.md).
+    return (gain.detach().cpu() if gain is not None else None), center, where
 
 
 def qk_convention(model) -> dict:

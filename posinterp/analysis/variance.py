@@ -52,7 +52,7 @@ def variance_by_layer(model, tokens: Int[Tensor, "batch pos"],
         ValueError: for tokens longer than ``n_ctx`` or a malformed mask.
     """
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     hooks = [("blocks.0.hook_resid_pre", -1)]
     for layer in range(model.cfg.n_layers):
         hooks += [(f"blocks.{layer}.hook_attn_out", layer), (f"blocks.{layer}.hook_resid_post", layer)]

@@ -17,8 +17,10 @@ import pandas as pd
 import torch
 
 from ..analysis import adjacency_by_layer, similarity_by_layer
+from ..devices import resolve_device
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import build_model, preset
+from ..models.backend import run_cached
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
 from ..train import TrainConfig, _comparable, evaluate, latest_checkpoint, train
 from ..viz import Report, adjacency_plot, attention_view, history_plot, similarity_grid
@@ -104,8 +106,11 @@ def _adjacency(model, inputs: dict, state: str, seed: int) -> pd.DataFrame:
 
 
 def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp-demo",
-             progress: bool = True) -> DemoResult:
+             progress: bool = True, device=None) -> DemoResult:
     """Run the demo and write ``report.html``, ``adjacency.csv``, ``history.csv`` to ``out_dir``.
+
+    Models train and run on ``device`` (:func:`posinterp.devices.resolve_device`; None:
+    CUDA when available, else CPU); ``run.json`` records it.
 
     Resumable: training checkpoints live in ``out_dir/checkpoints``; a rerun with the
     same config continues from the latest one.
@@ -121,12 +126,13 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
     before = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _run_demo(config, out_dir, progress)
+        return _run_demo(config, out_dir, progress, device)
     finally:
         torch.set_num_threads(before)
 
 
-def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool) -> DemoResult:
+def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=None) -> DemoResult:
+    device = resolve_device(device)
     d = config.digits
     task_cfg = TaskConfig("reversal", min_digits=d, max_digits=d, seed=config.seed)
     model_cfg = preset(config.preset, pe="nope", seed=config.seed)
@@ -148,11 +154,11 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool) -> DemoRe
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     log(f"[posinterp] adjacency at init ({model_cfg.n_layers} layers, d_model "
         f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
-    model = build_model(model_cfg)
+    model = build_model(model_cfg, device=device)
     frames = [_adjacency(model, inputs, "init", config.seed)]
     # The embedding score depends on the tokens and W_E: average init seeds too (docs/concepts.md).
     for s in range(1, config.init_seeds):
-        m = build_model(preset(config.preset, pe="nope", seed=config.seed + s),
+        m = build_model(preset(config.preset, pe="nope", seed=config.seed + s), device=device,
                         tokenizer=model.tokenizer)  # building a tokenizer costs ~0.3 s
         frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
                                  config.seed + s))
@@ -184,7 +190,8 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool) -> DemoRe
     meta = {"demo": asdict(config), "model": model_cfg.to_dict(), "task": data.config.to_dict(),
             "train": train_cfg.to_dict(), "steps": result.steps,
             "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
-            "n_test": n_test, "threads": config.threads, "versions": versions(),
+            "n_test": n_test, "threads": config.threads, "device": str(device),
+            "versions": versions(),
             "seconds": round(time.time() - t0, 1)}
     atomic_write_json(out / "run.json", meta)
 
@@ -317,7 +324,7 @@ def _report(config, model_cfg, model, table, adjacency, result, final, sample_to
                    f"similarity heatmaps, {state}",
                    save_as=figures / f"similarity_{state}")
     rep.heading("Attention patterns of every head (trained model, one test sample)")
-    _, cache = model.run_with_cache(sample_toks, names_filter=lambda n: n.endswith("hook_pattern"))
+    cache = run_cached(model, sample_toks, None, lambda n: n.endswith("hook_pattern"))
     str_tokens = model.to_str_tokens(sample_toks[0])
     for layer in range(model.cfg.n_layers):
         rep.circuits(attention_view(str_tokens, cache[f"blocks.{layer}.attn.hook_pattern"][0]),

@@ -75,7 +75,8 @@ def text_batch(model, text: str, max_len: int | None = None):
 
 def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = None,
                 n_tokens: int = 64, batch: int = 8, ablate: bool = False, seed: int = 0,
-                max_pattern_tokens: int = 96, progress: bool = True) -> InspectResult:
+                max_pattern_tokens: int = 96, progress: bool = True,
+                device=None) -> InspectResult:
     """Inspect every head of the model ``spec`` and write the page to ``out_dir``.
 
     Args:
@@ -88,6 +89,8 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
         batch: number of random-token sequences (intervals are over sequences).
         ablate: also measure loss changes when heads or spectral channels are removed.
         seed: seed of the random tokens and the random-head null.
+        device: where the model runs (:func:`posinterp.devices.resolve_device`; None:
+            CUDA when available, else CPU); the scores are computed on CPU.
 
     Raises:
         ValueError: a bad argument (named), an output path that is a file, a text file
@@ -100,6 +103,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
     if text is not None and not Path(text).is_file():
         raise FileNotFoundError(f"--text: no such file: {text}")
+    from ..devices import resolve_device
+
+    device = resolve_device(device, "--device")
     out = check_out_dir(out_dir, create=False)  # created once the model and input are good
     from ..analysis.fingerprint import _has_bos
     from ..analysis.heads import random_tokens
@@ -110,7 +116,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     t0 = time.time()
     log(f"[posinterp] loading {spec}")
-    model, info = load_model(spec)
+    model, info = load_model(spec, device=device)
     if not info.causal:
         raise ValueError(f"{spec} is a bidirectional encoder; inspect needs a causal model")
     if text is not None:

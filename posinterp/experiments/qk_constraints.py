@@ -54,7 +54,8 @@ from ..analysis.spectral import (
     is_rotary,
     qk_weights,
 )
-from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, run_cells
+from ..devices import model_device, resolve_device, to_device
+from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..interventions.channels import CHANNELS
 from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
@@ -192,8 +193,11 @@ def induction_scores(model, tokens: torch.Tensor, target_mask: torch.Tensor) -> 
     Source: Olsson et al. 2022 (induction heads attend to the token after the previous
     occurrence of the current one).
     """
-    periods = target_mask.argmax(-1) - 1  # first scored token is p + 1
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    from ..models.backend import run_cached
+
+    periods = target_mask.cpu().argmax(-1) - 1  # first scored token is p + 1
+    # the forward on the model's device, the patterns back on CPU
+    cache = run_cached(model, tokens, None, lambda n: n.endswith("hook_pattern"))
     n = tokens.shape[1]
     b_idx, q_idx = [], []
     for b, p in enumerate(periods.tolist()):
@@ -223,11 +227,11 @@ def _channel_summary(model, prefix: str, banned: str | None) -> dict:
     return out
 
 
-def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int) -> dict:
+def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, device=None) -> dict:
     cfg = ToyModelConfig(pe=pe, n_layers=2, d_model=grid.d_model, n_heads=grid.n_heads,
                          n_ctx=grid.n_ctx, tokenizer=None, d_vocab=grid.d_vocab, attn_only=True,
                          normalization="LN", seed=seed)
-    model = build_model(cfg)
+    model = build_model(cfg, device=device)
     target_norms = grid.init_scale * qk_norms(model)  # the untied model's, this seed
     if constraint != "none":
         constrain_qk(model, constraint, generator=torch.Generator().manual_seed(seed))
@@ -235,7 +239,8 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int) -> di
     banned = constraint.removeprefix("ban_") if constraint in BANS else None
     init = _channel_summary(model, "init", banned)
     eval_gen = torch.Generator().manual_seed(10_000 + seed)
-    eval_tokens, eval_mask = induction_batch(eval_gen, 256, grid.n_ctx, grid.d_vocab)
+    eval_tokens, eval_mask = to_device(induction_batch(eval_gen, 256, grid.n_ctx, grid.d_vocab),
+                                       model_device(model))
 
     @torch.no_grad()
     def evaluate(m):
@@ -451,9 +456,12 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
 
 def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinterp-qk-constraints",
                        progress: bool = True, markdown: str | Path | None = None,
-                       command: str | None = None, executor: Executor | None = None
-                       ) -> pd.DataFrame:
+                       command: str | None = None, executor: Executor | None = None,
+                       device=None) -> pd.DataFrame:
     """Run (or resume) every cell, then write ``runs.csv``, ``summary.csv``, ``report.html``.
+
+    Cells train on ``device`` (:func:`posinterp.devices.resolve_device`; None: CUDA when
+    available, else CPU); the initial weights and batches are the same on every device.
 
     Each finished cell is written at once to ``cells/<pe>-<constraint>-seed<s>.json``
     (atomically, by :func:`posinterp.executors.run_cells`), so an interrupted run resumes
@@ -498,6 +506,8 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         docs/interventions.md, "The learning-speed experiment"; the claims tested are summarized in
         docs/interventions.md.
     """
+    if executor is None or isinstance(executor, (LocalExecutor, ProcessExecutor)):
+        device = str(resolve_device(device))  # a string travels to spawned workers
     out = Path(out_dir)
     check_out_dir(out, "out_dir")
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -521,7 +531,8 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
                          f"(stored vs requested: {diff}); use a new out_dir")
     atomic_write_json(grid_file, budget)
     names = ["{}-{}-seed{}".format(*cell) for cell in cells]
-    specs = [Cell(name, _train_cell, dict(grid=grid, pe=pe, constraint=c, seed=s), num_cpus=1)
+    specs = [Cell(name, _train_cell, dict(grid=grid, pe=pe, constraint=c, seed=s, device=device),
+                  num_cpus=1, num_gpus=gpus_for(device))
              for name, (pe, c, s) in zip(names, cells, strict=True)]
     todo = [n for n in names if not (out / "cells" / f"{n}.json").exists()]
     own = executor is None

@@ -23,7 +23,8 @@ from ..analysis.fingerprint import (
     trajectory_correlations,
 )
 from ..analysis.spectral import qk_spectrum, spectral_measures
-from ..executors import Cell, Executor, run_cells
+from ..devices import resolve_device
+from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import load_model
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
@@ -60,7 +61,8 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
                  measure: str = "rotational_mass", dynamics: bool = False, seed: int = 0,
                  progress: bool = True, units: str = "family",
                  min_prev_score: float = MIN_PREV_SCORE, markdown: str | Path | None = None,
-                 command: str | None = None, executor: Executor | None = None) -> SpectrumResult:
+                 command: str | None = None, executor: Executor | None = None,
+                 device=None) -> SpectrumResult:
     """Load each model, tabulate its heads, test RoPE vs other, write CSVs and a report.
 
     Spectra use one convention for every loader (the norm gain folded into W_Q, W_K;
@@ -78,12 +80,17 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     the size and modification time of the model's files (a zoo model's ``card.json``), so
     a rerun reuses a model's tables only while its checkpoint is unchanged.
 
+    Models are loaded onto ``device`` (:func:`posinterp.devices.resolve_device`; None:
+    CUDA when available, else CPU); spectra are computed on CPU in float64 either way.
+
     Raises:
-        ValueError: for an unknown ``units``.
+        ValueError: for an unknown ``units`` or ``device``.
         posinterp.executors.CellsFailed: naming each model that failed to load or
             analyse (bad specs: the ValueError or FileNotFoundError of
             :func:`posinterp.load_model`), after the others are done.
     """
+    if executor is None or isinstance(executor, (LocalExecutor, ProcessExecutor)):
+        resolve_device(device)  # a bad device fails here, not in every cell; Ray workers resolve theirs
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = Path(out_dir)
     out = check_out_dir(out, "out_dir")
@@ -91,7 +98,8 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     if units not in UNITS:  # before any model is loaded
         raise ValueError(f"units must be one of {UNITS}, got {units!r}")
     cells = [Cell(_cell_name(spec, seed, dynamics), _model_tables,
-                  dict(spec=spec, seed=seed, dynamics=dynamics)) for spec in specs]
+                  dict(spec=spec, seed=seed, dynamics=dynamics, device=device),
+                  num_gpus=gpus_for(device)) for spec in specs]
     done = run_cells(cells, out / "cells", executor, fmt="pickle", progress=progress,
                      desc="spectrum", log=log)
     heads, spectra, schemes, infos, dyn, conv = {}, [], {}, {}, [], []
@@ -135,11 +143,11 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     return result
 
 
-def _model_tables(spec: str, seed: int, dynamics: bool) -> dict:
+def _model_tables(spec: str, seed: int, dynamics: bool, device=None) -> dict:
     """One model's cell: its head table, spectrum, PE scheme, load info, convention table
     (models whose norm gains posinterp folds) and, for zoo specs with ``dynamics``, the
     head dynamics over its snapshots."""
-    model, info = load_model(spec)
+    model, info = load_model(spec, device=device)
     out = {"heads": head_table(model, seed=seed), "spectrum": qk_spectrum(model).assign(model=spec),
            "scheme": (info.pe, info.causal), "info": info.to_dict(), "convention": None,
            "dynamics": None}
@@ -148,9 +156,10 @@ def _model_tables(spec: str, seed: int, dynamics: bool) -> dict:
     if dynamics and spec.startswith("zoo:"):
         from ..experiments.zoo import load_zoo_model
 
-        _, card = load_zoo_model(spec)
+        _, card = load_zoo_model(spec, device=device)
         body = spec.split("@")[0]
-        snaps = ((s, load_zoo_model(f"{body}@{s}")[0]) for s in card["snapshot_steps"])
+        snaps = ((s, load_zoo_model(f"{body}@{s}", device=device)[0])
+                 for s in card["snapshot_steps"])
         out["dynamics"] = head_dynamics(snaps, seed=seed).assign(model=spec)
     return out
 

@@ -27,7 +27,8 @@ import torch
 
 from .._validate import require_at_least
 from ..analysis.heads import previous_token_scores, random_tokens
-from ..executors import Cell, Executor, LocalExecutor, run_cells
+from ..devices import model_device
+from ..executors import Cell, Executor, LocalExecutor, gpus_for, run_cells
 from ..io import check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
@@ -96,7 +97,7 @@ def _val_starts(corpus: ByteCorpus, cfg: ZooConfig) -> torch.Tensor:
 @torch.no_grad()
 def _val_loss(model, corpus: ByteCorpus, cfg: ZooConfig) -> dict[str, float]:
     model.eval()
-    toks = corpus.windows("val", _val_starts(corpus, cfg), cfg.n_ctx)
+    toks = corpus.windows("val", _val_starts(corpus, cfg), cfg.n_ctx).to(model_device(model))
     return {"val_loss": model(toks, return_type="loss").item()}
 
 
@@ -120,8 +121,9 @@ def _model_dir(home: Path, pe: str, seed: int) -> Path:
 def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path | None = None,
               progress: bool = True, corpus: ByteCorpus | None = None,
               first_seed: int = 0, executor: Executor | None = None,
-              threads: int = 1) -> pd.DataFrame:
-    """Train (or resume, or skip when done) every (scheme, seed) of the zoo.
+              threads: int = 1, device=None) -> pd.DataFrame:
+    """Train (or resume, or skip when done) every (scheme, seed) of the zoo on ``device``
+    (:func:`posinterp.devices.resolve_device`; None: CUDA when available, else CPU).
 
     Each model is an independent cell (:mod:`posinterp.executors`): its folder is
     addressed by ``pe`` and seed, a finished one (with ``card.json``) is skipped, an
@@ -155,7 +157,8 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
     keys = [(pe, seed) for seed in range(first_seed, first_seed + seeds) for pe in config.schemes]
     cells = [Cell(f"{_model_dir(Path(), pe, seed).name}/card", _train_model,
                   dict(config=config, pe=pe, seed=seed, home=home, corpus=corpus,
-                       progress=progress and in_process), num_cpus=threads) for pe, seed in keys]
+                       progress=progress and in_process, device=device),
+                  num_cpus=threads, num_gpus=gpus_for(device)) for pe, seed in keys]
     cards = run_cells(cells, home, executor, progress=progress and not in_process, desc="zoo",
                       seconds_file=None)
     rows = []
@@ -167,12 +170,12 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
 
 
 def _train_model(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCorpus | None,
-                 progress: bool) -> dict:
+                 progress: bool, device=None) -> dict:
     """Train (or resume) one zoo model; return its card (the driver writes card.json)."""
     corpus = corpus or stdlib_corpus()
     folder = _model_dir(home, pe, seed)
     model_cfg, train_cfg = config.model_config(pe, seed), config.train_config(seed)
-    model = build_model(model_cfg)
+    model = build_model(model_cfg, device=device)
     n_train = len(corpus.train) - config.n_ctx
 
     def next_batch(gen):
@@ -216,8 +219,9 @@ def list_zoo(home: str | Path | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["name", "pe", "seed", "status", "steps", "val_loss"])
 
 
-def load_zoo_model(spec: str, home: str | Path | None = None):
-    """Load ``zoo:<pe>[:<seed>][@<step>]`` (default seed 0, final weights).
+def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
+    """Load ``zoo:<pe>[:<seed>][@<step>]`` (default seed 0, final weights) onto ``device``
+    (:func:`posinterp.devices.resolve_device`; None: CUDA when available, else CPU).
 
     Returns:
         ``(model, card)``.
@@ -241,7 +245,7 @@ def load_zoo_model(spec: str, home: str | Path | None = None):
         raise FileNotFoundError(f"{folder} holds no finished zoo model (no card.json); "
                                 "run `posinterp zoo train` first")
     card = json.loads(card_path.read_text())
-    model = build_model(ToyModelConfig.from_dict(card["model"]))
+    model = build_model(ToyModelConfig.from_dict(card["model"]), device=device)
     if step:
         weights = folder / "checkpoints" / "snapshots" / f"step_{int(step):07d}.safetensors"
         if not weights.exists():

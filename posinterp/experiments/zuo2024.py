@@ -40,7 +40,8 @@ from scipy import stats
 
 from ..analysis import adjacency_by_layer, probe_positions
 from ..analysis.probing import ProbeConfig
-from ..executors import Cell, CellsFailed, Executor, LocalExecutor, run_cells
+from ..devices import resolve_device
+from ..executors import Cell, CellsFailed, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import build_model, preset
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
@@ -140,7 +141,7 @@ def _task_data(config: ReproConfig, task: str, seed: int):
                                      n_train=config.n_samples, n_test=config.n_samples))
 
 
-def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None):
+def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None, device=None):
     data = _task_data(config, task, seed)
     overrides = {} if n_layers is None else {"n_layers": n_layers}
     mc = preset(config.model_preset, seed=seed, **overrides)
@@ -149,10 +150,10 @@ def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None):
     res = train(mc, data, TrainConfig(max_steps=steps or config.train_steps, eval_every=100,
                                       warmup_steps=50,
                                       target_accuracy=THRESHOLDS["target_accuracy"], seed=seed),
-                checkpoint_dir=out / "checkpoints" / tag, progress=progress)
+                checkpoint_dir=out / "checkpoints" / tag, progress=progress, device=device)
     toks = data.test.tokens[: config.n_sequences]
     mask = data.test.attention_mask[: config.n_sequences]
-    before = adjacency_by_layer(build_model(mc), toks, mask).assign(state="init")
+    before = adjacency_by_layer(build_model(mc, device=device), toks, mask).assign(state="init")
     after = adjacency_by_layer(res.model, toks, mask).assign(state="trained")
     acc = evaluate(res.model, data.test)["test_accuracy"]
     return pd.concat([before, after]).assign(task=task, seed=seed, accuracy=acc, steps=res.steps,
@@ -164,36 +165,38 @@ def _labelled_train_cell(label, **kwargs):
     return _train_cell(**kwargs).assign(task=label)
 
 
-def _init_cell(config: ReproConfig) -> pd.DataFrame:
+def _init_cell(config: ReproConfig, device=None) -> pd.DataFrame:
     """1-2. Init, random tokens, several init seeds."""
     rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
     return pd.concat([
-        adjacency_by_layer(build_model(preset(config.model_preset, seed=s)), rand).assign(seed=s)
+        adjacency_by_layer(build_model(preset(config.model_preset, seed=s), device=device),
+                           rand).assign(seed=s)
         for s in config.init_seeds])
 
 
-def _depth_width_cell(config: ReproConfig) -> pd.DataFrame:
+def _depth_width_cell(config: ReproConfig, device=None) -> pd.DataFrame:
     """4. Depth x width at init, independent seeds, every layer."""
     rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
     frames = []
     for depth, width, seed, mc in depth_width_configs(config):
-        m = build_model(mc)
+        m = build_model(mc, device=device)
         frames.append(adjacency_by_layer(m, rand[:16]).assign(depth=depth, width=width, seed=seed))
         del m
     return pd.concat(frames)
 
 
-def _init_grid_cell(config: ReproConfig) -> pd.DataFrame:
+def _init_grid_cell(config: ReproConfig, device=None) -> pd.DataFrame:
     """5. Init ablation: mean x std, several seeds."""
     rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
     return pd.concat([
         adjacency_by_layer(build_model(preset(config.model_preset, init_mean=mean, init_std=std,
-                                              seed=s)), rand).assign(init_mean=mean, init_std=std,
-                                                                     seed=s)
+                                              seed=s), device=device), rand).assign(
+            init_mean=mean, init_std=std, seed=s)
         for mean in config.init_means for std in config.init_stds for s in config.grid_seeds])
 
 
-def _probe_cell(config: ReproConfig, out: Path, dataset: str, state: str, seed: int) -> pd.DataFrame:
+def _probe_cell(config: ReproConfig, out: Path, dataset: str, state: str, seed: int,
+                device=None) -> pd.DataFrame:
     """6. Probes, embedding included, per model seed (the probe's split uses the same seed)."""
     if dataset == "random_tokens":
         toks, mask = _random_tokens(config.n_probe_sequences, config.n_tokens,
@@ -205,22 +208,27 @@ def _probe_cell(config: ReproConfig, out: Path, dataset: str, state: str, seed: 
                                          n_test=config.n_probe_sequences)).test
         toks = test.tokens[: config.n_probe_sequences]
         mask = test.attention_mask[: config.n_probe_sequences]
-    model = (build_model(preset(config.model_preset, seed=seed)) if state == "init"
-             else _trained_model(out, "reversal", seed))
+    model = (build_model(preset(config.model_preset, seed=seed), device=device)
+             if state == "init" else _trained_model(out, "reversal", seed, device))
     return probe_positions(model, toks, mask, features=PROBE_FEATURES, seeds=(seed,),
                            config=ProbeConfig()).assign(dataset=dataset, state=state)
 
 
-def _trained_model(out: Path, task: str, seed: int):
-    model, _ = load_checkpoint(latest_checkpoint(out / "checkpoints" / f"{task}-seed{seed}"))
+def _trained_model(out: Path, task: str, seed: int, device=None):
+    model, _ = load_checkpoint(latest_checkpoint(out / "checkpoints" / f"{task}-seed{seed}"),
+                               device=device)
     return model
 
 
 def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posinterp-zuo2024",
                 progress: bool = True, markdown: str | Path | None = None,
-                command: str | None = None, executor: Executor | None = None) -> pd.DataFrame:
+                command: str | None = None, executor: Executor | None = None,
+                device=None) -> pd.DataFrame:
     """Run the reproduction; write the cells, the summary CSVs, ``claims.csv``, ``run.json``
     and ``report.html`` (and with ``markdown``, the page from :func:`render_markdown`).
+
+    Models train and run on ``device`` (:func:`posinterp.devices.resolve_device`; None:
+    CUDA when available, else CPU); ``run.json`` records it.
 
     Returns:
         The claims table (``claims.csv``): ``claim, point, figure, mean, ci_low, ci_high,
@@ -235,6 +243,10 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
             unrun because its training failed), after every other cell is written.
     """
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    # A bad device fails here, not in every cell; Ray workers resolve their own.
+    where = (str(resolve_device(device))
+             if executor is None or isinstance(executor, (LocalExecutor, ProcessExecutor))
+             else str(device or "auto"))
     out = check_out_dir(Path(out_dir), "out_dir")
     _check_same_config(out, config)
     t0 = time.time()
@@ -246,24 +258,30 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
                    n_test=config.n_samples)
 
     # Stage 1: every cell that needs no other (init, training, depth x width, init grid).
-    train = dict(config=config, out=out, progress=bars)
-    first = [Cell("init_random_tokens", _init_cell, dict(config=config))]
-    first += [Cell(f"train_{task}_seed{seed}", _train_cell, dict(task=task, seed=seed, **train))
+    train = dict(config=config, out=out, progress=bars, device=device)
+    gpus = gpus_for(device)
+    first = [Cell("init_random_tokens", _init_cell, dict(config=config, device=device),
+                  num_gpus=gpus)]
+    first += [Cell(f"train_{task}_seed{seed}", _train_cell, dict(task=task, seed=seed, **train),
+                   num_gpus=gpus)
               for task in config.task_lengths for seed in config.train_seeds]
     first += [Cell(f"train_reversal_L{depth}_seed{seed}", _labelled_train_cell,
                    dict(label=f"reversal L{depth}", task="reversal", seed=seed, n_layers=depth,
-                        **train))
+                        **train), num_gpus=gpus)
               for depth in config.train_depths for seed in config.train_seeds]
     for task in config.long_train_tasks:
         seed, steps = config.train_seeds[0], config.long_train_steps
         first.append(Cell(f"train_{task}_steps{steps}_seed{seed}", _labelled_train_cell,
                           dict(label=f"{task} (long run, <= {steps} steps)", task=task, seed=seed,
-                               steps=steps, **train)))
-    first += [Cell("depth_width_init", _depth_width_cell, dict(config=config)),
-              Cell("init_mean_std", _init_grid_cell, dict(config=config))]
+                               steps=steps, **train), num_gpus=gpus))
+    first += [Cell("depth_width_init", _depth_width_cell, dict(config=config, device=device),
+                   num_gpus=gpus),
+              Cell("init_mean_std", _init_grid_cell, dict(config=config, device=device),
+                   num_gpus=gpus)]
     # Stage 2: the probes of trained models read the reversal checkpoints of stage 1.
     probes = [Cell(f"probe_{d}_{s}_seed{seed}", _probe_cell,
-                   dict(config=config, out=out, dataset=d, state=s, seed=seed))
+                   dict(config=config, out=out, dataset=d, state=s, seed=seed, device=device),
+                   num_gpus=gpus)
               for d, s in (("random_tokens", "init"), ("random_tokens", "trained"),
                            ("reversal_strings", "trained"))
               for seed in config.train_seeds]
@@ -294,7 +312,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
         with atomic_path(out / f"{name}.csv") as tmp:
             df.to_csv(tmp, index=False)
     atomic_write_json(out / "run.json", {"config": json.loads(json.dumps(asdict(config))),
-                                         "command": command, "versions": versions(),
+                                         "command": command, "device": where,
+                                         "versions": versions(),
                                          "thresholds": THRESHOLDS,
                                          "seconds": round(time.time() - t0, 1),
                                          "cell_seconds": _cell_seconds(out, config)})

@@ -191,6 +191,7 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
             any layer is changed).
     """
     from ..analysis.spectral import attention_input_norm
+    from ..devices import model_device
     from ..models.backend import MissingFeatureError, is_bridge
 
     _check_kind(kind)
@@ -220,8 +221,9 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
                 parametrize.register_parametrization(attn, "b_Q", ChannelBan(channel, None, ban),
                                                      unsafe=True)
             continue
+        # X is drawn on CPU from ``generator`` (the same X on every device), then moved.
         weight = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.W_Q,
-                         generator=generator)
+                         generator=generator).to(model_device(model))
         parametrize.register_parametrization(attn, "W_K", weight, unsafe=True)
         if hasattr(attn, "b_K"):
             bias = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.b_Q,

@@ -108,8 +108,8 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
             sequence without a predictable answer token.
     """
     tokens = check_tokens(model, tokens)
-    mask = check_attention_mask(attention_mask, tuple(tokens.shape))
-    answer_mask = check_attention_mask(answer_mask, tuple(tokens.shape))
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
+    answer_mask = check_attention_mask(answer_mask, tuple(tokens.shape), tokens.device)
     lengths = lengths_from_mask(mask, *tokens.shape)
     interventions = [interventions] if isinstance(interventions, QKIntervention) else list(interventions)
     if not interventions:

@@ -106,7 +106,9 @@ def _expand(W: Tensor, n_heads: int) -> Tensor:
 
 def attention_weights(model, layer: int) -> dict[str, Tensor]:
     """``W_Q, W_K, W_V`` ``[n_heads, d_model, d_head]``, ``W_O`` ``[n_heads, d_head,
-    d_model]``, ``b_Q, b_K, b_V`` ``[n_heads, d_head]`` of ``layer``, detached float64.
+    d_model]``, ``b_Q, b_K, b_V`` ``[n_heads, d_head]`` of ``layer``, detached float64
+    CPU copies, whatever the model's device (spectra are computed on CPU in float64, so
+    they are the same numbers for a model on any device; docs/scale.md).
 
     Keys and values are expanded over grouped-query heads (query head h reads KV head
     h // (n_heads / n_kv_heads), as both TL versions and HF do); missing biases are 0.
@@ -115,14 +117,14 @@ def attention_weights(model, layer: int) -> dict[str, Tensor]:
     H, dh = model.cfg.n_heads, model.cfg.d_head
     out = {}
     for name in ("W_Q", "W_K", "W_V", "W_O"):
-        out[name] = _expand(getattr(attn, name).detach().double(), H)
+        out[name] = _expand(getattr(attn, name).detach().cpu().double(), H)
     for name in ("b_Q", "b_K", "b_V"):
         try:
             b = getattr(attn, name)
         except AttributeError:
             b = None
         out[name] = (torch.zeros(H, dh, dtype=torch.float64) if b is None
-                     else _expand(b.detach().double().reshape(-1, dh), H))
+                     else _expand(b.detach().cpu().double().reshape(-1, dh), H))
     return out
 
 
@@ -141,7 +143,7 @@ def _hf_inv_freq(model) -> Tensor | None:
     """The ``inv_freq`` buffer HF's rotary embedding computed (bridged HF models)."""
     for name, buf in model.original_model.named_buffers():
         if name.endswith("inv_freq"):
-            return buf.detach().double()
+            return buf.detach().cpu().double()
     return None
 
 
@@ -172,7 +174,7 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
 
         rot = comp.rotary
         _, position_scale, inv = _resolve_rope_scaling(cfg, rot.rotary_dim)
-        return RotarySpec(rot.rotary_dim, True, inv.double() / position_scale)
+        return RotarySpec(rot.rotary_dim, True, inv.detach().cpu().double() / position_scale)
     inv = _hf_inv_freq(model)
     if inv is None:
         raise MissingFeatureError("this bridged model exposes no RoPE inv_freq buffer; posinterp "
@@ -227,9 +229,18 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     ``return_type=None``; ``HookedTransformer`` and TL 4 bridges take ``attention_mask``
     (bridges derive positions from it, as TL 3.9 does).
 
+    The forward pass runs on the model's device (``tokens`` and ``mask`` are moved
+    there); the cached activations (only those ``names_filter`` keeps) and the logits
+    come back on CPU, where every metric is computed (docs/scale.md).
+
     Returns:
         the cache, or ``(logits, cache)`` with ``return_logits``.
     """
+    from ..devices import model_device
+
+    device = model_device(model)
+    tokens = tokens.to(device)
+    mask = None if mask is None else mask.to(device)
     bidirectional = getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
     kwargs = {"names_filter": names_filter}
     if mask is not None:
@@ -238,4 +249,7 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
     out, cache = model.run_with_cache(tokens, **kwargs)
+    if device.type != "cpu":
+        cache = cache.to("cpu")
+        out = out.cpu() if isinstance(out, Tensor) else out
     return (out, cache) if return_logits else cache

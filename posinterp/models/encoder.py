@@ -39,21 +39,30 @@ def minilm_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / "model"
 
 
-def load_bert_encoder(folder: str | Path, seed: int = 0):
+def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     """Load a local ``BertModel``/``BertForMaskedLM`` checkpoint as a ``HookedEncoder``.
+
+    Converted on CPU, then moved to ``device`` (:func:`posinterp.devices.resolve_device`;
+    None: CUDA when available, else CPU).
 
     Args:
         folder: HF checkpoint folder (``config.json``, ``model.safetensors``).
         seed: seeds the stand-in MLM head when the checkpoint has none.
+        device: where the model lives.
 
     Returns:
         ``(model, has_mlm_head)``.
 
     Raises:
         ValueError: if the weights cannot be read, or a config setting TL's BERT does not
-            have (relative positions, another activation, a decoder); the message names it.
+            have (relative positions, another activation, a decoder); the message names it;
+            or a bad ``device``.
     """
     import transformers
+
+    from ..devices import move_model, resolve_device
+
+    device = resolve_device(device)
     from transformer_lens import HookedEncoder, HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
 
@@ -83,5 +92,5 @@ def load_bert_encoder(folder: str | Path, seed: int = 0):
     model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
     with torch.no_grad():
         model.load_state_dict(convert_bert_weights(source, cfg), strict=False)
-    model.eval()
+    move_model(model.eval(), device)
     return model, has_head

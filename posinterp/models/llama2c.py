@@ -120,8 +120,13 @@ def _state_dict(h: Llama2cHeader, w: dict[str, torch.Tensor]) -> dict[str, torch
 
 
 def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weights: bool = False,
-                 center_unembed: bool = False, fold_value_biases: bool = False):
+                 center_unembed: bool = False, fold_value_biases: bool = False,
+                 device=None, dtype=None):
     """Build a ``HookedTransformer`` from a llama2.c checkpoint, offline.
+
+    The weights are read and processed on CPU in float32, then moved to ``device``
+    (:func:`posinterp.devices.resolve_device`; None: CUDA when available, else CPU) and
+    ``dtype`` (None: float32).
 
     Source: Karpathy's llama2.c (``run.c``/``export.py`` legacy format). Shapes follow
     TransformerLens: ``W_Q`` ``[n_layers, n_heads, d_model, d_head]``; with grouped-query
@@ -132,9 +137,14 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
         (path, sha256) and the header.
 
     Raises:
-        FileNotFoundError, ValueError: see :func:`read_llama2c`.
+        FileNotFoundError, ValueError: see :func:`read_llama2c`; ValueError for a bad
+            ``device``/``dtype``.
     """
     from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from ..devices import move_model, resolve_device
+
+    device = resolve_device(device)
 
     header, arrays = read_llama2c(path)
     cfg = HookedTransformerConfig(
@@ -153,7 +163,7 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
         _state_dict(header, arrays), fold_ln=fold_ln,
         center_writing_weights=center_writing_weights, center_unembed=center_unembed,
         fold_value_biases=fold_value_biases)
-    model.eval()
+    move_model(model.eval(), device, dtype)
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return model, {"weights": {"path": str(Path(path).resolve()), "sha256": digest},
                    "header": header}

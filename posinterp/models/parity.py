@@ -115,8 +115,11 @@ def hf_parity(folder: str | os.PathLike, *, lengths=None, paddings=PADDINGS, bat
 
 
 def _causal_pair(model, hf, tokens, mask):
+    from ..devices import model_device
+
+    device = model_device(model)  # the TL model may be on CUDA; HF's reference stays on CPU
     with torch.no_grad():
-        got = model(tokens, attention_mask=mask).double().log_softmax(-1)
+        got = model(tokens.to(device), attention_mask=mask.to(device)).cpu().double().log_softmax(-1)
     return got, _hf_log_probs(hf, tokens, mask), "max_abs_logprob_diff"
 
 
@@ -124,7 +127,9 @@ def _encoder_pair(model, hf, tokens, mask):
     """BERT: TL's encoder has no trained LM head here, so compare the last hidden state.
     HF BERT counts positions by index even under padding; TL's encoder does too."""
     last = f"blocks.{model.cfg.n_layers - 1}.hook_normalized_resid_post"
+    from ..models.backend import run_cached
+
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, one_zero_attention_mask=mask, names_filter=last)
+        cache = run_cached(model, tokens, mask, last)  # CPU activations, from any device
         want = hf(tokens, attention_mask=mask).last_hidden_state
     return cache[last].double(), want.double(), "max_abs_hidden_diff"

@@ -350,7 +350,9 @@ def _load_hub(name: str, processing: dict, dtype, **kwargs):
     architecture = (getattr(hf_config, "architectures", None) or [""])[0]
     pe = scheme_for_architecture(architecture)
     overrides = tl_overrides(architecture, hf_config, pe)
-    model = HookedTransformer.from_pretrained(name, dtype=dtype, **processing, **kwargs)
+    # On CPU like every other load (TL would pick CUDA itself); load_model moves it after.
+    model = HookedTransformer.from_pretrained(name, dtype=dtype, device="cpu", **processing,
+                                              **kwargs)
     # TL built the model from its own reading; where it disagrees with the config on a
     # shape we cannot patch afterwards, refuse rather than run a different model.
     for key in ("d_head", "n_key_value_heads", "rotary_dim", "rotary_adjacent_pairs"):
@@ -385,7 +387,7 @@ def _load_llama2c(path: Path, processing: dict):
 def _load_zoo(spec: str):
     from ..experiments.zoo import load_zoo_model
 
-    model, card = load_zoo_model(spec)
+    model, card = load_zoo_model(spec, device="cpu")  # load_model moves it
     return model, ModelInfo.from_model(
         model, spec=spec, source="zoo", pe=card["pe"], architecture="posinterp-toy",
         alibi_slopes=alibi_slopes(model.cfg.n_heads).tolist() if card["pe"] == "alibi" else None,
@@ -396,8 +398,11 @@ def _load_zoo(spec: str):
 
 def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
                center_writing_weights: bool | None = None, center_unembed: bool | None = None,
-               fold_value_biases: bool | None = None, dtype=None, **hub_kwargs):
+               fold_value_biases: bool | None = None, dtype=None, device=None, **hub_kwargs):
     """Load a pretrained model as a ``HookedTransformer`` and describe its positions.
+
+    Every model is read, converted and checked against HF on CPU (so the load-time checks
+    give the same numbers everywhere), then moved to ``device`` (docs/scale.md).
 
     Args:
         spec: a hub name, a local HF checkpoint folder, a llama2.c ``.bin`` file, a
@@ -413,7 +418,9 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
         center_writing_weights: see ``fold_ln``.
         center_unembed: see ``fold_ln``.
         fold_value_biases: see ``fold_ln``.
-        dtype: torch dtype of the weights (default float32).
+        dtype: torch dtype of the weights (default float32), for every kind of spec.
+        device: where the model lives (:func:`posinterp.devices.resolve_device`; None:
+            CUDA when available, else CPU).
         hub_kwargs: passed to ``HookedTransformer.from_pretrained`` for hub names.
 
     Returns:
@@ -426,11 +433,24 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
             the model is not cached (said at once, without the client's retries).
         ValueError: a corrupt or truncated file (the message names it and what was
             expected), or an architecture without a known positional scheme (see
-            :data:`posinterp.models.ARCHITECTURE_SCHEMES`).
+            :data:`posinterp.models.ARCHITECTURE_SCHEMES`); a bad ``device`` or ``dtype``
+            (naming the allowed values).
     """
     import torch
 
-    dtype = dtype or torch.float32
+    from ..devices import move_model, resolve_device, resolve_dtype
+
+    device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading
+    model, info = _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed,
+                               fold_value_biases, dtype, **hub_kwargs)
+    # HF loads are already in dtype; others (toy, zoo, llama2.c, BERT) are built in float32.
+    move_model(model, device, None if dtype == torch.float32 else dtype)
+    return model, info
+
+
+def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
+                 dtype, **hub_kwargs):
+    """:func:`load_model` before the move to its device."""
     if not str(spec).strip():
         raise ValueError("spec must be a hub name, a checkpoint folder, a .bin file or zoo:<pe>; "
                          "got an empty string")
@@ -527,7 +547,7 @@ def _load_toy(path: Path):
     from ..train import latest_checkpoint, load_checkpoint
 
     folder = path if (path / "trainer_state.pt").is_file() else latest_checkpoint(path / "checkpoints")
-    model, configs = load_checkpoint(folder)
+    model, configs = load_checkpoint(folder, device="cpu")  # load_model moves it
     pe = configs["model"]["pe"]
     return model, ModelInfo.from_model(
         model, spec=str(path), source="toy", pe=pe, architecture="posinterp-toy",

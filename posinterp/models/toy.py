@@ -219,8 +219,11 @@ def make_nope(model) -> None:
     pos_embed.register_buffer("W_pos", torch.zeros(shape, device=model.cfg.device))
 
 
-def build_model(config: ToyModelConfig, tokenizer=None):
+def build_model(config: ToyModelConfig, tokenizer=None, device=None, dtype=None):
     """Build the toy model for ``config``, initialized from ``config.seed``.
+
+    The weights are drawn on CPU from seeded generators and then moved to ``device``, so
+    every device starts from the same model (docs/scale.md).
 
     With TransformerLens 3.9 a ``HookedTransformer``; with TransformerLens 4 a
     ``TransformerBridge`` around a TL-native model carrying the same weights
@@ -229,14 +232,26 @@ def build_model(config: ToyModelConfig, tokenizer=None):
     Args:
         config: the architecture.
         tokenizer: a HF tokenizer; default: the local one named by ``config.tokenizer``.
+        device: where the model lives (:func:`posinterp.devices.resolve_device`; None:
+            CUDA when available, else CPU).
+        dtype: the weights' dtype (:func:`posinterp.devices.resolve_dtype`; None: float32).
 
     Returns:
         the model, with ``model.posinterp_config = config``.
         Shapes follow TransformerLens: ``W_Q`` is ``[n_layers, n_heads, d_model, d_head]``.
 
     Raises:
-        ValueError: from :class:`ToyModelConfig` validation.
+        ValueError: from :class:`ToyModelConfig` validation, or a bad ``device``/``dtype``.
     """
+    from ..devices import move_model, resolve_device, resolve_dtype
+
+    device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before building
+    return move_model(_build_on_cpu(config, tokenizer), device,
+                      None if dtype == torch.float32 else dtype)
+
+
+def _build_on_cpu(config: ToyModelConfig, tokenizer=None):
+    """:func:`build_model` on CPU in float32 (the seeded draw)."""
     from ..tasks.tokenizer import build_byte_tokenizer, build_tokenizer
     from .backend import TL_MAJOR
 
