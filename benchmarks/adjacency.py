@@ -46,7 +46,7 @@ from posinterp.analysis import (
     adjacency_by_layer,
     adjacency_score,
     cosine_self_similarity,
-    residual_hooks,
+    site_hooks,
 )
 from posinterp.analysis._checks import run_cached
 from posinterp.models import build_model, preset
@@ -101,7 +101,7 @@ def by_layer(repeat: int) -> None:
     model = build_model(preset("small", pe="nope", seed=0))
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, model.cfg.d_vocab, (64, 32), generator=gen)
-    names = {name for name, _ in residual_hooks(model)}
+    names = {name for name, _ in site_hooks(model)}  # the hooks adjacency_by_layer scores
 
     @torch.no_grad()
     def forward():

@@ -86,6 +86,8 @@ def cosine_self_similarity(
     # and column is read from its first identical copy in the sequence: equal vectors get
     # exactly equal cosines. Distinct vectors are compared exactly, with no tolerance.
     rep = _first_copy(x)  # [batch, pos]
+    if bool((rep == torch.arange(rep.shape[1])).all()):
+        return sim  # no repeated vector: nothing to align (and two O(pos^2) gathers saved)
     index = rep[:, :, None].expand_as(sim)
     sim = sim.gather(1, index)
     return sim.gather(2, rep[:, None, :].expand_as(sim))
@@ -93,7 +95,37 @@ def cosine_self_similarity(
 
 def _first_copy(x: Float[Tensor, "batch pos d"]) -> Int[Tensor, "batch pos"]:
     """Index of the first position in the same sequence whose vector equals ``x[b, i]``
-    exactly (NaN rows, i.e. padding, are their own copy)."""
+    exactly (NaN rows, i.e. padding, are their own copy).
+
+    Rows are grouped by a hash of their bits (``-0.0`` counted as ``0.0``, as ``==``
+    does) and every row is then checked against its group's first row element by
+    element; should two different rows ever share a hash, the exact but slower
+    lexicographic grouping (:func:`_first_copy_exact`) is used instead. Sorting whole
+    rows (``torch.unique(dim=0)``) cost as much as the rest of ``adjacency_by_layer``.
+    """
+    batch, pos, d = x.shape
+    has_nan = torch.isnan(x).any(-1)
+    clean = (torch.nan_to_num(x, nan=0.0) + 0.0).contiguous()
+    gen = torch.Generator().manual_seed(0)
+    odd = torch.randint(0, 2**62, (d,), generator=gen, dtype=torch.int64) * 2 + 1
+    flat = torch.arange(batch * pos).reshape(batch, pos)
+    # int64 products and sums wrap modulo 2**64: equal bits, equal key
+    key = (clean.view(torch.int64) * odd).sum(-1) * 1_000_003 + torch.arange(batch)[:, None]
+    key = torch.where(has_nan, -1 - flat, key)
+    _, inverse = torch.unique(key.reshape(-1), return_inverse=True)
+    rep = torch.full((int(inverse.max()) + 1,), batch * pos, dtype=torch.long)
+    rep = rep.scatter_reduce(0, inverse, flat.reshape(-1), reduce="amin")[inverse]
+    b_rep, i_rep = rep // pos, rep % pos
+    rows = clean.reshape(batch * pos, d)
+    ok = ((b_rep == flat.reshape(-1) // pos) & (rows[rep] == rows).all(-1)
+          & (~has_nan.reshape(-1) | (rep == flat.reshape(-1))))
+    if not bool(ok.all()):
+        return _first_copy_exact(x)
+    return i_rep.reshape(batch, pos)
+
+
+def _first_copy_exact(x: Float[Tensor, "batch pos d"]) -> Int[Tensor, "batch pos"]:
+    """:func:`_first_copy` by sorting whole rows: exact, no hash (its fallback and oracle)."""
     batch, pos, _ = x.shape
     has_nan = torch.isnan(x).any(-1)
     b = torch.arange(batch)[:, None].expand(batch, pos)

@@ -81,3 +81,40 @@ def test_identical_vectors_get_exactly_equal_cosines():
     ref = F.cosine_similarity(x[:, :, None], x[:, None], dim=-1)
     assert torch.allclose(C[0], ref[0], atol=1e-12)
     assert torch.isnan(C[1, 30:]).all() and torch.isnan(C[1, :, 30:]).all()
+
+
+def test_first_copy_is_exact_equality_on_zero_tiny_and_nearly_parallel_vectors():
+    """Grouping must neither miss an exact copy (zero vectors, vectors below eps, -0.0 vs
+    0.0) nor merge vectors that differ by one ulp: checked against a naive all-pairs scan."""
+    from posinterp.analysis.similarity import _first_copy, _first_copy_exact
+
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(4, 16, generator=gen, dtype=torch.float64)
+    vocab = torch.stack([base[0], torch.zeros(16), base[1] * 1e-12, base[2],
+                         torch.nextafter(base[2], base[2] + 1), -torch.zeros(16), base[3]])
+    ids = torch.randint(0, len(vocab), (5, 30), generator=gen)
+    x = vocab[ids]
+    x[2, 20:] = float("nan")  # padding rows are their own copy
+    for first_copy in (_first_copy, _first_copy_exact):
+        got = first_copy(x)
+        for b in range(5):
+            for i in range(30):
+                want = next(j for j in range(i + 1) if j == i or bool((x[b, i] == x[b, j]).all()))
+                assert got[b, i] == want, (first_copy.__name__, b, i)
+
+
+def test_first_copy_falls_back_to_exact_grouping_on_a_hash_collision(monkeypatch):
+    """Two different rows forced onto one key must not be merged: the check sees it and
+    the exact grouping answers."""
+    import posinterp.analysis.similarity as sim_mod
+
+    x = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]]], dtype=torch.float64)
+    real_unique = torch.unique
+
+    def colliding_unique(t, *args, **kwargs):  # every 1-D key collides
+        if t.ndim == 1:
+            return real_unique(torch.zeros_like(t), *args, **kwargs)
+        return real_unique(t, *args, **kwargs)
+
+    monkeypatch.setattr(sim_mod.torch, "unique", colliding_unique)
+    assert sim_mod._first_copy(x).tolist() == [[0, 1, 0]]
