@@ -224,9 +224,37 @@ def load_checkpoint(path: str | Path, device=None):
         if not (path / name).exists():
             raise FileNotFoundError(f"checkpoint {path} lacks {name}")
     configs = _read_json(path / "config.json")
+    check_tl_major(configs.get("versions"), f"checkpoint {path}")
     model = build_model(ToyModelConfig.from_dict(configs["model"]), device=device)
     model.load_state_dict(_read_weights(path / "model.safetensors"), strict=True)
     return model, configs
+
+
+def check_tl_major(saved: dict, where) -> None:
+    """Refuse weights saved under another TransformerLens major version, by name.
+
+    TL 3.9 saves a ``HookedTransformer``'s weights (``blocks.0.attn.W_Q``, per head) and
+    TL 4 a ``TransformerBridge``'s (``blocks.0.attn.q.weight``, fused): the names and
+    shapes differ, so loading across versions would fail deep in ``load_state_dict``.
+
+    Args:
+        saved: the ``versions`` dict recorded with the weights (``io.versions``); files
+            without one (older checkpoints) are let through.
+        where: the checkpoint folder or file, for the message.
+
+    Raises:
+        ValueError: naming both versions and how to load the weights.
+    """
+    from .models.backend import TL_MAJOR, TL_VERSION
+
+    got = str((saved or {}).get("transformer-lens", ""))
+    if got[:1].isdigit() and int(got.split(".")[0]) != TL_MAJOR:
+        raise ValueError(
+            f"{where} was written under TransformerLens {got} and this is TransformerLens "
+            f"{TL_VERSION}: their weights are named and shaped differently (HookedTransformer "
+            f"vs TransformerBridge), so it cannot be loaded here. Load or resume it with "
+            f"TransformerLens {got.split('.')[0]}.x, e.g. pip install "
+            f"'transformer-lens=={got}' (docs/tl4.md), or train it again in another folder.")
 
 
 def _read_json(file: Path) -> dict:
@@ -563,6 +591,7 @@ def _resume_state(ckpt_dir: Path, configs: dict):
         except ValueError as err:
             errors.append(str(err))
             continue
+        check_tl_major(saved.get("versions"), f"checkpoint {folder}")
         now, before = _comparable(configs), _comparable(saved)
         # mixed_precision is absent when off (so older checkpoints compare equal): check both ways.
         for key in [*now, *(["mixed_precision"] if "mixed_precision" in before.keys() - now.keys()

@@ -115,3 +115,25 @@ def test_two_threads_give_the_same_parameters_twice():
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         assert torch.equal(x, y), name
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
+
+
+def test_weights_of_the_other_transformerlens_major_are_refused_by_name(tmp_path):
+    """A checkpoint records the TransformerLens that wrote it; loading or resuming it under
+    the other major version (other weight names and shapes) is refused with both versions
+    named, instead of failing deep in load_state_dict."""
+    import json
+
+    from posinterp.models.backend import TL_MAJOR
+
+    mc = preset("tiny")
+    data = tiny_task("reversal", n=50, max_digits=6)
+    train(mc, data, _cfg(max_steps=5), checkpoint_dir=tmp_path, progress=False)
+    last = latest_checkpoint(tmp_path)
+    config = json.loads((last / "config.json").read_text())
+    other = "3.9.0" if TL_MAJOR >= 4 else "4.3.0"
+    config["versions"]["transformer-lens"] = other
+    (last / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"TransformerLens {other}.*transformer-lens=={other}"):
+        load_checkpoint(last)
+    with pytest.raises(ValueError, match=f"TransformerLens {other}"):
+        train(mc, data, _cfg(max_steps=6), checkpoint_dir=tmp_path, progress=False)

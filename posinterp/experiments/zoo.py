@@ -32,7 +32,7 @@ from ..executors import Cell, Executor, LocalExecutor, gpus_for, run_cells
 from ..io import check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
-from ..train import TrainConfig, fit, latest_checkpoint
+from ..train import TrainConfig, check_tl_major, fit, latest_checkpoint
 
 __all__ = ["ZooConfig", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
 
@@ -245,6 +245,7 @@ def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
         raise FileNotFoundError(f"{folder} holds no finished zoo model (no card.json); "
                                 "run `posinterp zoo train` first")
     card = json.loads(card_path.read_text())
+    check_tl_major(card.get("versions"), f"zoo model {folder}")
     model = build_model(ToyModelConfig.from_dict(card["model"]), device=device)
     if step:
         weights = folder / "checkpoints" / "snapshots" / f"step_{int(step):07d}.safetensors"
