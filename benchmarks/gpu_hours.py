@@ -5,6 +5,7 @@ Run alone, from the repository root::
 
     python benchmarks/gpu_hours.py --device cuda --out gpu-hours      # GPU, ~2-4 min
     OMP_NUM_THREADS=1 python benchmarks/gpu_hours.py --quick --device cpu --out cpu-hours
+    OMP_NUM_THREADS=1 python benchmarks/gpu_hours.py --project h200 --out gpu-proj  # no GPU, ~4 min
 
 An **estimate**, not a run: for every kind of training run or analysis cell a full
 reproduction does, this measures the seconds per optimizer step (or per call) of that
@@ -25,6 +26,15 @@ at its target accuracy (zuo2024 at 90% exact match, qk-constraints at the grid's
 Evaluations are counted as the loop runs them (every ``eval_every`` steps, plus the final
 ones). ``--quick`` measures fewer steps and scales a few rows from measured ones (deeper
 models by layer count, more sequences by count); those rows say "scaled" and from what.
+
+``--project h200`` measures nothing on a GPU: it **projects** each training/evaluation row's
+seconds on an H200 as a bracket [low, high] from the step's matrix-product FLOPs (counted
+from the model config, :func:`flops_forward`) over the chip's rate at an assumed
+utilization, and the host floor (the same code path timed on CPU with 8-wide tensors,
+plus a launch cost per kernel counted with torch.profiler): see :func:`bracket` and
+:func:`projection_header` for the assumptions, which the output states. Analysis rows
+that run partly on CPU keep this CPU's ``--quick`` time. Output:
+``gpu_hours_projection.{csv,md}``. docs/scale.md, "Projection for an NVIDIA H200".
 """
 
 from __future__ import annotations
