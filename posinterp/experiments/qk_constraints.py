@@ -227,11 +227,18 @@ def _channel_summary(model, prefix: str, banned: str | None) -> dict:
     return out
 
 
+EVAL_SEQUENCES = 256  # held-out induction sequences each cell evaluates every eval_every steps
+
+
+def _cell_config(grid: ConstraintGrid, pe: str, seed: int) -> ToyModelConfig:
+    """The model a grid cell trains: 2 attention-only layers, LayerNorm, the grid's sizes."""
+    return ToyModelConfig(pe=pe, n_layers=2, d_model=grid.d_model, n_heads=grid.n_heads,
+                          n_ctx=grid.n_ctx, tokenizer=None, d_vocab=grid.d_vocab, attn_only=True,
+                          normalization="LN", seed=seed)
+
+
 def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, device=None) -> dict:
-    cfg = ToyModelConfig(pe=pe, n_layers=2, d_model=grid.d_model, n_heads=grid.n_heads,
-                         n_ctx=grid.n_ctx, tokenizer=None, d_vocab=grid.d_vocab, attn_only=True,
-                         normalization="LN", seed=seed)
-    model = build_model(cfg, device=device)
+    model = build_model(_cell_config(grid, pe, seed), device=device)
     target_norms = grid.init_scale * qk_norms(model)  # the untied model's, this seed
     if constraint != "none":
         constrain_qk(model, constraint, generator=torch.Generator().manual_seed(seed))
@@ -239,7 +246,8 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
     banned = constraint.removeprefix("ban_") if constraint in BANS else None
     init = _channel_summary(model, "init", banned)
     eval_gen = torch.Generator().manual_seed(10_000 + seed)
-    eval_tokens, eval_mask = to_device(induction_batch(eval_gen, 256, grid.n_ctx, grid.d_vocab),
+    eval_tokens, eval_mask = to_device(induction_batch(eval_gen, EVAL_SEQUENCES, grid.n_ctx,
+                                                       grid.d_vocab),
                                        model_device(model))
 
     @torch.no_grad()
