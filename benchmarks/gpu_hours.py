@@ -9,7 +9,7 @@ Run alone, from the repository root::
 
 An **estimate**, not a run: for every kind of training run or analysis cell a full
 reproduction does, this measures the seconds per optimizer step (or per call) of that
-run's own code (``posinterp.train.train``, the qk-constraints cell, the zoo's ``fit``) on
+run's own code (``posinterp.training.train``, the qk-constraints cell, the zoo's ``fit``) on
 ``--device``, in float32 and with bf16 autocast (CUDA only), and multiplies by how many
 steps/calls the full run does, read from the code's configs (``ReproConfig.full()``,
 ``depth_width_configs``, ``ConstraintGrid()``, ``ZooConfig()``), never retyped. Only the
@@ -64,7 +64,7 @@ from posinterp.experiments import zuo2024  # noqa: E402
 from posinterp.experiments.zoo import ZooConfig  # noqa: E402
 from posinterp.models import build_model, preset  # noqa: E402
 from posinterp.tasks.corpus import stdlib_corpus  # noqa: E402
-from posinterp.train import TrainConfig, evaluate, fit, train  # noqa: E402
+from posinterp.training import TrainConfig, evaluate, fit, train  # noqa: E402
 
 ZOO_SEEDS = 3  # docs/reproductions/fingerprints.md: `posinterp zoo train --seeds 3` (12 models)
 N_BENCH_SAMPLES = 2_000  # task samples built for timing; batch shapes do not depend on it
@@ -323,7 +323,7 @@ def _pname(mp) -> str:
 
 
 def _train_run(mc, data, mp, device, batch_size=None):
-    """``run(n)``: ``posinterp.train.train`` for n steps (no early stop, no checkpoints)."""
+    """``run(n)``: ``posinterp.training.train`` for n steps (no early stop, no checkpoints)."""
     def run(n):
         train(mc, data, _train_config(n, batch_size), progress=False, device=device,
               mixed_precision=mp)

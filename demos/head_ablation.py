@@ -9,7 +9,7 @@ Run: ``python demos/head_ablation.py``.
 import torch
 
 import posinterp as pi
-from posinterp.train import answer_loss, exact_match
+from posinterp.training import answer_loss, exact_match
 
 torch.manual_seed(0)
 data = pi.make_task_data(pi.TaskConfig("reversal", min_digits=5, max_digits=5,

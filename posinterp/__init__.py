@@ -30,7 +30,7 @@ _EXPORTS = {
                      "load_model", "preset"), ".models"),
     **dict.fromkeys(("TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer"),
                     ".tasks"),
-    **dict.fromkeys(("TrainConfig", "TrainResult", "load_checkpoint", "train"), ".train"),
+    **dict.fromkeys(("TrainConfig", "TrainResult", "load_checkpoint", "train"), ".training"),
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -77,4 +77,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         preset,
     )
     from .tasks import TASKS, TaskConfig, build_tokenizer, make_task_data, task_answer  # noqa: F401
-    from .train import TrainConfig, TrainResult, load_checkpoint, train  # noqa: F401
+    from .training import TrainConfig, TrainResult, load_checkpoint, train  # noqa: F401

@@ -25,7 +25,7 @@ from posinterp.devices import (
     to_device,
 )
 from posinterp.models import build_model, preset
-from posinterp.train import TrainConfig, fit, load_checkpoint, train
+from posinterp.training import TrainConfig, fit, load_checkpoint, train
 from tests.helpers import random_tokens, tiny_task
 
 HAS_CUDA = torch.cuda.is_available()

@@ -48,3 +48,19 @@ def test_docs_build_strict(tmp_path):
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
                           "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_no_exported_name_is_also_a_submodule():
+    """A package attribute named like a submodule is overwritten by that module whenever
+    anything imports it (``posinterp.train`` the function became ``posinterp/train.py``):
+    every name re-exported from ``posinterp`` must stay what it is, whatever is imported."""
+    import posinterp
+
+    submodules = {m.name.rsplit(".", 1)[-1]
+                  for m in pkgutil.walk_packages(posinterp.__path__, "posinterp.")}
+    assert sorted(set(posinterp.__all__) & submodules) == []
+    for m in pkgutil.walk_packages(posinterp.__path__, "posinterp."):
+        importlib.import_module(m.name)
+    for name in posinterp.__all__:
+        if name != "__version__":
+            assert not inspect.ismodule(getattr(posinterp, name)), name

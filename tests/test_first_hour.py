@@ -14,7 +14,7 @@ import torch
 from posinterp.cli import _interrupted, build_parser, main
 from posinterp.io import check_out_dir
 from posinterp.models import preset
-from posinterp.train import TrainConfig, TrainingInterrupted, latest_checkpoint, load_checkpoint, train
+from posinterp.training import TrainConfig, TrainingInterrupted, latest_checkpoint, load_checkpoint, train
 from tests.helpers import random_tokens, tiny_model, tiny_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_interrupt_reports_the_last_checkpoint_truthfully(tmp_path):
         raise KeyboardInterrupt
 
     from posinterp.models import build_model
-    from posinterp.train import fit
+    from posinterp.training import fit
 
     model = build_model(preset("tiny"))
     with pytest.raises(TrainingInterrupted) as info:

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from posinterp.models import preset
-from posinterp.train import (
+from posinterp.training import (
     TrainConfig,
     answer_loss,
     exact_match,

@@ -22,7 +22,7 @@ from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import build_model, preset
 from ..models.backend import run_cached
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
-from ..train import TrainConfig, _comparable, evaluate, latest_checkpoint, train
+from ..training import TrainConfig, _comparable, evaluate, latest_checkpoint, train
 from ..viz import Report, adjacency_plot, attention_view, history_plot, similarity_grid
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]

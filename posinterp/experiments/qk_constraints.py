@@ -60,7 +60,7 @@ from ..interventions.channels import CHANNELS
 from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
-from ..train import TrainConfig, fit
+from ..training import TrainConfig, fit
 
 __all__ = ["ConstraintGrid", "claims_table", "heads_table", "induction_batch",
            "induction_ceiling", "induction_scores", "render_markdown", "run_qk_constraints"]

@@ -32,7 +32,7 @@ from ..executors import Cell, Executor, LocalExecutor, gpus_for, run_cells
 from ..io import check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
-from ..train import TrainConfig, check_tl_major, fit, latest_checkpoint
+from ..training import TrainConfig, check_tl_major, fit, latest_checkpoint
 
 __all__ = ["ZooConfig", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
 

@@ -45,7 +45,7 @@ from ..executors import Cell, CellsFailed, Executor, LocalExecutor, ProcessExecu
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import build_model, preset
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
-from ..train import TrainConfig, evaluate, latest_checkpoint, load_checkpoint, train
+from ..training import TrainConfig, evaluate, latest_checkpoint, load_checkpoint, train
 
 __all__ = ["THRESHOLDS", "ReproConfig", "depth_width_configs", "render_markdown", "run_zuo2024"]
 

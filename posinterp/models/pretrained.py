@@ -536,7 +536,7 @@ def _check_hub_name(name: str) -> None:
 
 def _is_toy_checkpoint(path: Path) -> bool:
     """A folder written by :func:`posinterp.train` (or holding ``checkpoints/step_*`` of one)."""
-    from ..train import latest_checkpoint
+    from ..training import latest_checkpoint
 
     if (path / "trainer_state.pt").is_file() and (path / "model.safetensors").is_file():
         return True
@@ -544,7 +544,7 @@ def _is_toy_checkpoint(path: Path) -> bool:
 
 
 def _load_toy(path: Path):
-    from ..train import latest_checkpoint, load_checkpoint
+    from ..training import latest_checkpoint, load_checkpoint
 
     folder = path if (path / "trainer_state.pt").is_file() else latest_checkpoint(path / "checkpoints")
     model, configs = load_checkpoint(folder, device="cpu")  # load_model moves it
