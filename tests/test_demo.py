@@ -54,6 +54,13 @@ def test_demo_input_errors(tmp_path, capsys):
     other = DemoConfig(preset="tiny", digits=6, max_steps=2, n_analysis=3, init_seeds=1)
     with pytest.raises(ValueError, match="choose another --out folder"):
         run_demo(other, tmp_path, progress=False)
+    # The thread count changes the numbers: a resume with another one is refused by name,
+    # before anything is written (run.json still says what produced the folder's numbers).
+    before = (tmp_path / "run.json").read_text()
+    with pytest.raises(ValueError, match="--threads: the folder has 1, this run 2"):
+        run_demo(DemoConfig(preset="tiny", digits=5, max_steps=2, n_analysis=3, init_seeds=1,
+                            threads=2), tmp_path, progress=False)
+    assert (tmp_path / "run.json").read_text() == before
 
 
 def test_demo_config_defaults_and_errors():

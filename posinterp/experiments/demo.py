@@ -140,8 +140,11 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=No
         max_steps=config.max_steps, target_accuracy=config.target_accuracy,
         eval_every=50 if config.quick else 100, warmup_steps=50, seed=config.seed)
     _check_resumable(Path(out_dir), {"model": model_cfg.to_dict(), "task": task_cfg.to_dict(),
-                                     "train": train_cfg.to_dict()})
+                                     "train": train_cfg.to_dict()}, config.threads)
     out = check_out_dir(out_dir, "out_dir")
+    # The thread count changes the numbers (summation order) but is not a training config:
+    # record it before training, so a resume with another count is refused by name.
+    atomic_write_json(out / "threads.json", {"threads": config.threads})
     t0 = time.time()
     data = make_task_data(task_cfg)
 
@@ -208,8 +211,9 @@ _OPTION_OF = {("task", "min_digits"): "--digits", ("task", "max_digits"): "--dig
               ("train", "max_steps"): "--max-steps", ("train", "eval_every"): "--quick"}
 
 
-def _check_resumable(out: Path, configs: dict) -> None:
-    """Refuse at once (not after the init analysis) to resume a run made with other options."""
+def _check_resumable(out: Path, configs: dict, threads: int) -> None:
+    """Refuse at once (not after the init analysis) to resume a run made with other options
+    (``threads`` included: it changes the numbers)."""
     try:
         last = latest_checkpoint(out / "checkpoints") if out.is_dir() else None
     except OSError:
@@ -221,9 +225,19 @@ def _check_resumable(out: Path, configs: dict) -> None:
     except (OSError, ValueError):
         return  # train() reports unreadable checkpoints by name
     now = _comparable(configs)
-    diffs = sorted({(_OPTION_OF.get((part, k), f"{part}.{k}"), saved.get(part, {}).get(k), v)
-                    for part in now for k, v in now[part].items()
-                    if saved.get(part, {}).get(k) != v}, key=str)
+    diffs = {(_OPTION_OF.get((part, k), f"{part}.{k}"), saved.get(part, {}).get(k), v)
+             for part in now for k, v in now[part].items() if saved.get(part, {}).get(k) != v}
+    # --quick shows as its eval_every (50 vs 100): name the option, not the number
+    diffs = {("--quick", "--quick" if old == 50 else "no --quick", "--quick" if new == 50
+              else "no --quick") if opt == "--quick" else (opt, old, new)
+             for opt, old, new in diffs}
+    try:
+        saved_threads = json.loads((out / "threads.json").read_text())["threads"]
+    except (OSError, ValueError, KeyError):
+        saved_threads = None  # older folders did not record it
+    if saved_threads is not None and saved_threads != threads:
+        diffs.add(("--threads", saved_threads, threads))
+    diffs = sorted(diffs, key=str)
     if diffs:
         said = "; ".join(f"{opt}: the folder has {old!r}, this run {new!r}" for opt, old, new in diffs)
         raise ValueError(f"{out} holds a demo run with other settings ({said}); rerun with the "
