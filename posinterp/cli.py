@@ -104,9 +104,14 @@ def _demo(args: argparse.Namespace) -> int:
     out = args.out or ("posinterp-demo-quick" if args.quick else "posinterp-demo")
     res = run_demo(cfg, out, progress=not args.no_progress, device=args.device)
     print(_table(res.table))
+    import json
+
+    run = json.loads((Path(out) / "run.json").read_text())
     status = "reached" if res.reached_target else "did not reach"
-    print(f"\ntraining {status} the target in {res.steps} steps; "
-          f"held-out exact match {res.accuracy:.3f}")
+    # Two different held-out samples: say which number is which.
+    print(f"\ntraining {status} the target ({cfg.target_accuracy:.0%} exact match on the "
+          f"stopping rule's {run['train']['n_eval']:,} held-out samples) in {res.steps} steps; "
+          f"exact match on {run['n_test']:,} held-out samples: {res.accuracy:.3f}")
     print(f"report: {res.report_path.resolve()}")
     return 0
 
@@ -238,12 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = _parser(sub, "demo", "train a NoPE model on reversal and report its adjacency pattern "
-                "at init and after training (offline, CPU)",
+                "at init and after training (offline; CPU or --device)",
                 "Writes report.html, adjacency.csv and history.csv; resumes from the last "
                 "checkpoint when rerun with the same options.", _demo, "checkpoints")
     d.add_argument("--quick", action="store_true",
                    help="6-digit strings, at most 600 steps, final accuracy on 5,000 held-out "
-                   "samples; ~2.5 min on one thread, ~80 s with --threads 2 on an idle 2-core "
+                   "samples; ~90 s on one thread, ~65 s with --threads 2 on an idle 2-core "
                    "machine (docs/performance.md)")
     d.add_argument("--digits", type=int, default=None, choices=range(5, 17), metavar="{5..16}",
                    help="length of the strings to reverse (default 8, or 6 with --quick)")
@@ -366,14 +371,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _interrupted(err: KeyboardInterrupt, args: argparse.Namespace) -> str:
     """A truthful line about what an interrupted command kept."""
     saved = getattr(err, "saved", False)
+    kept = getattr(args, "resumable", "")
     if saved is not False:  # raised by posinterp.train with the last complete checkpoint
         step = getattr(err, "step", "?")
+        # in a grid, the training that was interrupted is one cell; the finished ones stay
+        grid = f"; {kept} are kept" if kept and kept != "checkpoints" else ""
+        if saved is None and grid:
+            return (f"posinterp: interrupted at step {step} of a running cell, which had no "
+                    f"checkpoint yet and will start again{grid}; rerun the same command to resume")
         if saved is None:
             return (f"posinterp: interrupted at step {step}; no checkpoint had been written yet, "
                     "so nothing was saved")
-        return (f"posinterp: interrupted at step {step}; the last checkpoint ({saved}) is saved, "
-                "rerun the same command to resume from it")
-    kept = getattr(args, "resumable", "")
+        return (f"posinterp: interrupted at step {step}; the last checkpoint ({saved}) is saved"
+                f"{grid}; rerun the same command to resume from it")
     if kept:
         return f"posinterp: interrupted; {kept} are kept, rerun the same command to resume"
     return "posinterp: interrupted; no partial output was written"

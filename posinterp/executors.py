@@ -167,6 +167,7 @@ class RayExecutor(Executor):
 
     Raises:
         ImportError: naming ``pip install posinterp[ray]`` when Ray is not installed.
+        ValueError: naming the address when no Ray cluster answers there.
     """
 
     name = "ray"
@@ -180,8 +181,14 @@ class RayExecutor(Executor):
         self._ray = ray
         self._started = False
         if not ray.is_initialized():
-            ray.init(address=address or os.environ.get("RAY_ADDRESS") or None,
-                     log_to_driver=False, include_dashboard=False)
+            where = address or os.environ.get("RAY_ADDRESS") or None
+            try:
+                ray.init(address=where, log_to_driver=False, include_dashboard=False)
+            except ConnectionError as err:  # a wrong address is bad input, not a crash
+                source = "address" if address else "$RAY_ADDRESS"
+                raise ValueError(f"the ray executor could not connect to {source}={where!r} "
+                                 f"({err}); start the cluster with `ray start --head`, or "
+                                 "leave the address out to start a local instance") from None
             self._started = True
 
     def submit_all(self, cells):

@@ -59,6 +59,9 @@ def test_interrupt_reports_the_last_checkpoint_truthfully(tmp_path):
             checkpoint_dir=tmp_path / "other", progress=False)
     assert none.value.saved is None
     assert "nothing was saved" in _interrupted(none.value, argparse.Namespace(resumable="checkpoints"))
+    # In a grid the interrupted training is one cell: the finished cells are kept.
+    grid = _interrupted(none.value, argparse.Namespace(resumable="finished cells"))
+    assert "finished cells are kept" in grid and "nothing was saved" not in grid
     assert "no partial output" in _interrupted(KeyboardInterrupt(), argparse.Namespace(resumable=""))
 
 

@@ -73,6 +73,9 @@ def cosine_self_similarity(
     Raises:
         ValueError: if ``resid`` is not 2-D or 3-D, or the mask has the wrong shape/values.
     """
+    if not isinstance(resid, torch.Tensor):
+        raise ValueError(f"resid must be a torch.Tensor [batch, pos, d_model], got "
+                         f"{type(resid).__name__} (torch.as_tensor converts an array)")
     if resid.ndim == 2:
         resid = resid[None]
     if resid.ndim != 3:

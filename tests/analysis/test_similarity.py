@@ -118,3 +118,11 @@ def test_first_copy_falls_back_to_exact_grouping_on_a_hash_collision(monkeypatch
 
     monkeypatch.setattr(sim_mod.torch, "unique", colliding_unique)
     assert sim_mod._first_copy(x).tolist() == [[0, 1, 0]]
+
+
+def test_non_tensor_input_is_named():
+    import numpy as np
+    import pytest
+
+    with pytest.raises(ValueError, match="resid must be a torch.Tensor"):
+        cosine_self_similarity(np.zeros((2, 4, 8)))
