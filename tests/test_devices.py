@@ -299,3 +299,30 @@ def test_cuda_qk_interventions_match_cpu(kind, variant):
     loss_a = a[a.metric == "loss"].value.to_numpy()
     loss_b = b[b.metric == "loss"].value.to_numpy()
     assert abs(loss_a - loss_b).max() <= 1e-4  # nats; the change itself is O(1e-2..1)
+
+
+@needs_cuda
+def test_cuda_activations_in_the_pure_metrics_give_the_cpu_numbers():
+    """A user's cache may live on the GPU: the pure metric functions take its tensors
+    (and a CUDA mask, with a gap) and return exactly the CPU result, on the CPU."""
+    from posinterp.analysis.heads import previous_token_score
+    from posinterp.analysis.probing import position_features
+    from posinterp.analysis.similarity import cosine_self_similarity
+    from posinterp.analysis.variance import position_variance
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 12, 16, generator=gen)
+    x[:, 5] = x[:, 2]  # a repeated vector: the exact-tie path
+    pattern = torch.softmax(torch.randn(3, 2, 12, 12, generator=gen), -1)
+    mask = torch.ones(3, 12, dtype=torch.long)
+    mask[0, :3] = 0
+    mask[1, 7] = 0  # a gap
+    for fn, args in ((cosine_self_similarity, (x,)), (position_variance, (x,)),
+                     (previous_token_score, (pattern,))):
+        want = fn(*args, mask)
+        got = fn(*(a.cuda() for a in args), mask.cuda())
+        assert got.device.type == "cpu" and torch.equal(torch.nan_to_num(got, 7.0),
+                                                        torch.nan_to_num(want, 7.0)), fn.__name__
+    for a, b in zip(position_features(x, mask), position_features(x.cuda(), mask.cuda()),
+                    strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b)

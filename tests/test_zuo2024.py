@@ -55,6 +55,10 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     # Cells are reused by name, so a folder of another configuration is refused, by field.
     with pytest.raises(ValueError, match="train_steps"):
         run_zuo2024(replace(SMOKE, train_steps=4), tmp_path / "run", progress=False)
+    # probe lengths are checked before any cell runs, like the task lengths
+    with pytest.raises(ValueError, match="max_digits=17"):
+        run_zuo2024(replace(SMOKE, probe_lengths=(4, 17)), tmp_path / "other", progress=False)
+    assert not (tmp_path / "other").exists()  # nothing made on bad input
     assert {p: p.stat().st_mtime_ns for p in cells.iterdir()} == stamp
 
 

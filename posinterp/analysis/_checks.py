@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask", "masked_scores",
+__all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask", "on_cpu", "masked_scores",
            "next_token_pairs"]
 
 
@@ -58,6 +58,13 @@ def check_attention_mask(mask: torch.Tensor | None, shape: tuple[int, ...],
     if not ((mask == 0) | (mask == 1)).all():
         raise ValueError("attention_mask must contain only 0 (padding) and 1 (real token)")
     return mask.long() if device is None else mask.long().to(device)
+
+
+def on_cpu(t):
+    """``t`` on the CPU, where metrics are computed (docs/scale.md): a user's activations,
+    patterns or masks may come from a CUDA cache. Non-tensors and None pass through, for
+    the validation that follows to name them."""
+    return t.detach().cpu() if isinstance(t, torch.Tensor) else t
 
 
 def lengths_from_mask(mask: torch.Tensor | None, batch: int, pos: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
 from .similarity import compact_real_tokens
 
 __all__ = ["previous_token_score", "previous_token_scores", "random_tokens"]
@@ -47,6 +47,7 @@ def previous_token_score(
     if start < 1:
         raise ValueError(f"start must be >= 1, got {start}")
     batch, _, pos, _ = pattern.shape
+    pattern, attention_mask = on_cpu(pattern), on_cpu(attention_mask)
     mask = check_attention_mask(attention_mask, (batch, pos))
     lengths = lengths_from_mask(mask, batch, pos)
     if (lengths <= start).any():

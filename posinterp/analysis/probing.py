@@ -35,7 +35,7 @@ from scipy import stats
 from torch import Tensor
 
 from .._validate import check_indices
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
 from .similarity import compact_real_tokens, cosine_self_similarity
 
 __all__ = ["FEATURES", "ProbeConfig", "ProbeResult", "fit_probe", "min_sequences",
@@ -74,6 +74,7 @@ def position_features(
     if resid.ndim != 3:
         raise ValueError(f"resid must have shape [batch, pos, d_model], got {tuple(resid.shape)}")
     batch, pos, _ = resid.shape
+    resid, attn_out, attention_mask = on_cpu(resid), on_cpu(attn_out), on_cpu(attention_mask)
     mask = check_attention_mask(attention_mask, (batch, pos))
     lengths = lengths_from_mask(mask, batch, pos)
     k = torch.arange(pos)

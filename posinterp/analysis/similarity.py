@@ -11,7 +11,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._checks import check_attention_mask, check_tokens, run_cached
+from ._checks import check_attention_mask, check_tokens, on_cpu, run_cached
 
 __all__ = ["SITES", "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer",
            "site_hooks"]
@@ -76,6 +76,7 @@ def cosine_self_similarity(
     if not isinstance(resid, torch.Tensor):
         raise ValueError(f"resid must be a torch.Tensor [batch, pos, d_model], got "
                          f"{type(resid).__name__} (torch.as_tensor converts an array)")
+    resid, attention_mask = on_cpu(resid), on_cpu(attention_mask)
     if resid.ndim == 2:
         resid = resid[None]
     if resid.ndim != 3:

@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
 from .similarity import compact_real_tokens
 
 __all__ = ["position_variance", "variance_by_layer"]
@@ -34,7 +34,7 @@ def position_variance(
     """
     if act.ndim != 3:
         raise ValueError(f"act must have shape [batch, pos, d_model], got {tuple(act.shape)}")
-    x = compact_real_tokens(act.detach().to(torch.float64), attention_mask)
+    x = compact_real_tokens(on_cpu(act).to(torch.float64), on_cpu(attention_mask))
     return x.var(dim=-1, unbiased=False)
 
 

@@ -247,15 +247,17 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     where = (str(resolve_device(device))
              if executor is None or isinstance(executor, (LocalExecutor, ProcessExecutor))
              else str(device or "auto"))
-    out = check_out_dir(Path(out_dir), "out_dir")
-    _check_same_config(out, config)
-    t0 = time.time()
-    bars = progress and (executor is None or isinstance(executor, LocalExecutor))
-    # bad presets and task lengths fail here, not as failed cells
+    # Bad presets and lengths fail here, before the folder and its config.json are made,
+    # not as failed cells.
     preset(config.model_preset, seed=0)
     for task, (lo, hi) in config.task_lengths.items():
         TaskConfig(task, min_digits=lo, max_digits=hi, n_train=config.n_samples,
                    n_test=config.n_samples)
+    TaskConfig("reversal", min_digits=config.probe_lengths[0], max_digits=config.probe_lengths[1])
+    out = check_out_dir(Path(out_dir), "out_dir")
+    _check_same_config(out, config)
+    t0 = time.time()
+    bars = progress and (executor is None or isinstance(executor, LocalExecutor))
 
     # Stage 1: every cell that needs no other (init, training, depth x width, init grid).
     train = dict(config=config, out=out, progress=bars, device=device)
