@@ -32,3 +32,35 @@ def check_indices(name: str, chosen, stop: int, start: int = 0) -> list[int]:
     if len(set(items)) != len(items):
         raise ValueError(f"{name} must not repeat an index, got {items}")
     return [int(c) for c in items]
+
+
+class Derived(int):
+    """An integer a config derived from its other fields, not one the caller set.
+
+    ``dataclasses.replace`` passes every field back to ``__init__``, derived ones too, so
+    a plain int would freeze a value computed for the old inputs
+    (``replace(preset("small"), d_model=384)`` kept ``d_head=32``). Marked with this type,
+    :func:`derive` recomputes it from the new inputs; a value the caller sets (a plain int)
+    is kept. It is an ``int`` everywhere else (arithmetic, JSON, ``torch`` shapes).
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+    def __reduce__(self):
+        return (Derived, (int(self),))
+
+
+def derive(obj, name: str, compute) -> None:
+    """Set frozen ``obj.name`` to ``compute()`` unless the caller gave it.
+
+    Call from ``__post_init__``: a field still None, or carrying a :class:`Derived` value
+    from an earlier derivation (``dataclasses.replace``), is derived again; ``compute`` may
+    return None ("unset"), which stays None.
+    """
+    value = getattr(obj, name)
+    if value is None or isinstance(value, Derived):
+        new = compute()
+        object.__setattr__(obj, name, None if new is None else Derived(new))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from .._validate import derive
 from ..analysis import adjacency_by_layer, similarity_by_layer
 from ..devices import resolve_device
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
@@ -60,15 +61,13 @@ class DemoConfig:
     n_test: int | None = None
 
     def __post_init__(self) -> None:
-        if self.digits is None:
-            object.__setattr__(self, "digits", 6 if self.quick else 8)
-        if self.max_steps is None:
-            # The learning rate decays (cosine) over max_steps: a 600-step horizon decays it
-            # while 6-digit reversal converges, which reached the target in 350 steps
-            # instead of the 600 that a 1,500-step horizon took (seed 0; docs/performance.md).
-            object.__setattr__(self, "max_steps", 600 if self.quick else 3000)
-        if self.n_test is None and self.quick:
-            object.__setattr__(self, "n_test", 5000)
+        # Derived from quick; they follow it through dataclasses.replace unless set.
+        derive(self, "digits", lambda: 6 if self.quick else 8)
+        # The learning rate decays (cosine) over max_steps: a 600-step horizon decays it
+        # while 6-digit reversal converges, which reached the target in 350 steps
+        # instead of the 600 that a 1,500-step horizon took (seed 0; docs/performance.md).
+        derive(self, "max_steps", lambda: 600 if self.quick else 3000)
+        derive(self, "n_test", lambda: 5000 if self.quick else None)
         if not 5 <= self.digits <= 16:
             raise ValueError(f"digits must be in 5..16 (enough distinct strings), got {self.digits}")
         if self.n_analysis < 1 or self.init_seeds < 1:

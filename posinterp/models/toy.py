@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from .._validate import require_at_least
+from .._validate import Derived, derive, require_at_least
 from ..tasks.tokenizer import BYTE_VOCAB_SIZE, CHAR_VOCAB
 from .positions import alibi_slopes, install_alibi
 
@@ -79,11 +79,11 @@ class ToyModelConfig:
     def __post_init__(self) -> None:
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {list(TOKENIZERS)}, got {self.tokenizer!r}")
-        if self.d_vocab is None:
-            if self.tokenizer is None:
-                raise ValueError("d_vocab is required when tokenizer is None")
-            object.__setattr__(self, "d_vocab", TOKENIZERS[self.tokenizer])
-        elif self.tokenizer is not None and self.d_vocab != TOKENIZERS[self.tokenizer]:
+        if self.tokenizer is not None:
+            derive(self, "d_vocab", lambda: TOKENIZERS[self.tokenizer])
+        elif self.d_vocab is None:
+            raise ValueError("d_vocab is required when tokenizer is None")
+        if self.tokenizer is not None and self.d_vocab != TOKENIZERS[self.tokenizer]:
             raise ValueError(f"d_vocab={self.d_vocab} does not match tokenizer {self.tokenizer!r} "
                              f"({TOKENIZERS[self.tokenizer]} ids); set tokenizer=None for a custom vocab")
         if self.pe not in PE_SCHEMES:
@@ -92,16 +92,16 @@ class ToyModelConfig:
             raise ValueError(
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         require_at_least(self, ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab"))
-        if self.d_head is None:
-            if self.d_model % self.n_heads:
-                raise ValueError(
-                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                    "choose n_heads among its divisors or give d_head explicitly")
-            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
-        elif self.d_head < 1:
+        if (self.d_head is None or isinstance(self.d_head, Derived)) and self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                "choose n_heads among its divisors or give d_head explicitly")
+        # Derived fields follow their inputs through dataclasses.replace (and preset
+        # overrides) unless the caller sets them (posinterp._validate.Derived).
+        derive(self, "d_head", lambda: self.d_model // self.n_heads)
+        derive(self, "d_mlp", lambda: 4 * self.d_model)
+        if self.d_head < 1:
             raise ValueError(f"d_head must be a positive integer, got {self.d_head}")
-        if self.d_mlp is None:
-            object.__setattr__(self, "d_mlp", 4 * self.d_model)
         if self.pe == "rotary" and self.d_head % 2:
             raise ValueError(f"pe='rotary' needs an even d_head, got d_head={self.d_head}")
         if self.init_std < 0:

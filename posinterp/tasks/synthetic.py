@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .._validate import derive
 from .tokenizer import CHAR_VOCAB, CharVocab
 
 __all__ = ["TASKS", "TaskConfig", "TaskData", "TaskSplit", "make_task_data", "task_answer"]
@@ -138,10 +139,9 @@ class TaskConfig:
     def __post_init__(self) -> None:
         spec = _check_task(self.task)
         lo, hi = spec.digit_range
-        if self.min_digits is None:
-            object.__setattr__(self, "min_digits", spec.default_digits[0])
-        if self.max_digits is None:
-            object.__setattr__(self, "max_digits", spec.default_digits[1])
+        # follow the task through dataclasses.replace unless set (posinterp._validate.Derived)
+        derive(self, "min_digits", lambda: spec.default_digits[0])
+        derive(self, "max_digits", lambda: spec.default_digits[1])
         if not lo <= self.min_digits <= self.max_digits <= hi:
             raise ValueError(
                 f"for task {self.task!r}, need {lo} <= min_digits <= max_digits <= {hi}, "
