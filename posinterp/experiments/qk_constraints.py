@@ -607,9 +607,10 @@ def _cell_seconds(cells_dir: Path, names: list[str], results: list[dict]) -> flo
 
 
 def _report(grid, summary, heads, claims):
-    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     from ..viz import Report
+    from ..viz.figures import _subplots
 
     rep = Report("QK constraints and learning speed (induction at random offsets)")
     rep.paragraph(f"2-layer attention-only models, d_model {grid.d_model}, {grid.n_heads} heads, "
@@ -625,7 +626,7 @@ def _report(grid, summary, heads, claims):
                   note=True)
     rep.table(heads)
     d = summary[summary.ratio.notna()].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(7.5, 0.3 * len(d) + 1.4))
+    fig, ax = _subplots(figsize=(7.5, 0.3 * len(d) + 1.4))
     for control, marker, colour in (("tied", "o", "C0"), ("none", "s", "C1")):
         sel = d[d.control == control]
         if not len(sel):
@@ -641,7 +642,7 @@ def _report(grid, summary, heads, claims):
     ax.set_xscale("log")
     ticks = [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    ax.xaxis.set_minor_locator(plt.NullLocator())
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set_yticks(d.index)
     ax.set_yticklabels(d.pe + " / " + d.constraint + " vs " + d.control, fontsize=7)
     ax.invert_yaxis()

@@ -1,6 +1,9 @@
 """Static matplotlib figures: similarity heatmaps, adjacency by layer, training curves.
 
-All functions return a ``matplotlib.figure.Figure`` (Agg backend, no display needed).
+All functions return a ``matplotlib.figure.Figure`` built without pyplot: posinterp never
+selects a backend or registers figures with pyplot, so a notebook user's own ``plt.show()``
+and inline display keep working (a bare ``Figure`` draws with the Agg canvas, no display
+needed, and Jupyter's inline formatter shows it as an image).
 """
 
 from __future__ import annotations
@@ -8,11 +11,9 @@ from __future__ import annotations
 import math
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
+import pandas as pd
+import torch
+from matplotlib.figure import Figure
 
 __all__ = ["adjacency_plot", "dynamics_plot", "eigenvalue_planes", "fingerprint_plot",
            "grid_heatmap", "history_plot", "save_figure", "similarity_grid"]
@@ -41,8 +42,24 @@ def save_figure(fig, stem, formats=("png", "svg"), dpi: int = 150, close: bool =
             fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
         paths.append(path)
     if close:
-        plt.close(fig)
+        _release(fig)
     return paths
+
+
+def _subplots(nrows: int = 1, ncols: int = 1, figsize=None, **kwargs):
+    """pyplot's ``subplots`` without pyplot: a standalone ``Figure`` and its axes."""
+    layout = kwargs.pop("layout", None)
+    fig = Figure(figsize=figsize, layout=layout)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def _release(fig) -> None:
+    """Close a figure in pyplot's registry once saved, if a user's pyplot figure was
+    passed; standalone figures are in no registry and need nothing."""
+    import sys
+
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close(fig)
 
 
 def _position_ticks(ax, n: int, tokens: list[str] | None, max_labels: int = 24) -> None:
@@ -77,7 +94,7 @@ def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int =
     n = len(sims)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.8 * ncols, 2.9 * nrows), squeeze=False,
+    fig, axes = _subplots(nrows, ncols, figsize=(2.8 * ncols, 2.9 * nrows), squeeze=False,
                              layout="constrained")
     for ax in axes.flat[n:]:
         ax.axis("off")
@@ -108,7 +125,7 @@ def adjacency_plot(df: pd.DataFrame, by: str = "state"):
     """
     d = df[df.metric == "adjacency_score"]
     hooks = list(dict.fromkeys(d.hook))
-    fig, ax = plt.subplots(figsize=(max(5, 0.6 * len(hooks)), 3.2))
+    fig, ax = _subplots(figsize=(max(5, 0.6 * len(hooks)), 3.2))
     for key, g in d.groupby(by, sort=False):
         vals = g.set_index("hook").value.reindex(hooks)
         ax.plot(range(len(hooks)), vals.values, marker="o", label=str(key))
@@ -130,7 +147,7 @@ def history_plot(history: pd.DataFrame, target: float | None = None):
         history: tidy ``step, metric, value`` from :class:`posinterp.TrainResult`.
         target: draw the target accuracy as a dashed line.
     """
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = _subplots(figsize=(6, 3.2))
     acc = history[history.metric == "test_accuracy"]
     ax.plot(acc.step, acc.value, marker="o", color="C0", label="test exact match")
     if target is not None:
@@ -181,11 +198,11 @@ def eigenvalue_planes(spectrum: pd.DataFrame, scores: pd.DataFrame | None = None
     layers, heads = layers[:max_layers], heads[:max_heads]
     score = {} if scores is None else {(r.layer, r.head): r.previous_token_score
                                        for r in scores.itertuples()}
-    cmap = plt.get_cmap("viridis")
+    cmap = matplotlib.colormaps["viridis"]
     ncols = max(1, min(ncols, len(heads)))
     rows_per_layer = math.ceil(len(heads) / ncols)
     nrows = rows_per_layer * len(layers)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(1.45 * ncols + (1.0 if scores is not None else 0),
+    fig, axes = _subplots(nrows, ncols, figsize=(1.45 * ncols + (1.0 if scores is not None else 0),
                                                     1.55 * nrows + 0.5), squeeze=False,
                              layout="constrained")
     for ax in axes.flat:
@@ -223,7 +240,7 @@ def fingerprint_plot(table: pd.DataFrame):
     Each model has its own colour; the line style gives its group (solid RoPE,
     dashed other, dotted excluded), as the legend says.
     """
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = _subplots(figsize=(6, 3.6))
     styles = {"rope": "-", "other": "--", None: ":"}
     names = {"rope": "RoPE", "other": "other", None: "excluded"}
     for i, (model, g) in enumerate(table.groupby("model", sort=False)):
@@ -242,7 +259,7 @@ def fingerprint_plot(table: pd.DataFrame):
 
 def dynamics_plot(dynamics: pd.DataFrame, measure: str = "rotational_mass", title: str = ""):
     """A measure and the previous-token score of every head against training step."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, (a1, a2) = _subplots(1, 2, figsize=(9, 3.2))
     for (layer, head), g in dynamics.groupby(["layer", "head"]):
         g = g.sort_values("step")
         x = g.step.clip(lower=0.5)  # log axis: step 0 (init) drawn at 0.5
@@ -261,7 +278,7 @@ def dynamics_plot(dynamics: pd.DataFrame, measure: str = "rotational_mass", titl
 def grid_heatmap(df: pd.DataFrame, row: str, col: str, title: str = ""):
     """Heatmap of ``value`` over two grid columns, annotated (e.g. init mean x std)."""
     table = df.pivot_table(index=row, columns=col, values="value")
-    fig, ax = plt.subplots(figsize=(1.2 * table.shape[1] + 2, 0.8 * table.shape[0] + 1.5))
+    fig, ax = _subplots(figsize=(1.2 * table.shape[1] + 2, 0.8 * table.shape[0] + 1.5))
     im = ax.imshow(table.values, vmin=0.3, vmax=1.0, cmap="viridis")
     ax.set_xticks(range(table.shape[1]))
     ax.set_xticklabels(table.columns)

@@ -102,7 +102,7 @@ class Report:
 
         With ``save_as`` (a path without suffix) it is also written as PNG and SVG.
         """
-        import matplotlib.pyplot as plt
+        from .figures import _release
 
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110 if save_as is None else 150, bbox_inches="tight")
@@ -114,7 +114,7 @@ class Report:
             with atomic_path(Path(f"{save_as}.png")) as tmp:
                 Path(tmp).write_bytes(buf.getvalue())
             save_figure(fig, save_as, formats=("svg",), close=False)
-        plt.close(fig)
+        _release(fig)
         data = base64.b64encode(buf.getvalue()).decode("ascii")
         cap = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
         self._parts.append(f'<figure><img alt="{html.escape(caption)}" '
