@@ -189,6 +189,16 @@ class Inspection:
         """Wide view: one row per (layer, head), one column per scalar score."""
         return head_wide(self.table)
 
+    def _repr_html_(self) -> str:
+        """The ``posinterp inspect`` dashboard inline in a notebook: the page
+        :func:`posinterp.viz.inspect_page` writes, in a frame (posinterp.viz.notebook)."""
+        from ..viz.inspect import inspect_page
+        from ..viz.notebook import notebook_html
+
+        models = self.table["model"].dropna().unique() if "model" in self.table else []
+        title = "posinterp inspect" + (f": {models[0]}" if len(models) else "")
+        return notebook_html(inspect_page(self, title), height=900)
+
 
 def score_key(metric: str, offset, ablation) -> str:
     """Column name of a scalar per-head row in the wide view (e.g. ``rotational_mass@Δ=-1``)."""

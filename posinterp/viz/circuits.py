@@ -65,6 +65,15 @@ class CircuitsView:
         return (f'{note}<div id="{html.escape(self.element_id)}" style="margin: 15px 0;"></div>\n'
                 f"<script>\n{self.render_call}\n</script>")
 
+    def _repr_html_(self) -> str:
+        """The view inline in a notebook: its own page with the bundle inlined once, in a
+        frame (viz.notebook), instead of the bundle pasted into the notebook as text."""
+        from .notebook import notebook_html
+
+        page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'></head><body>\n"
+                f"<script>\n{script_safe_js(self.bundle)}\n</script>\n{self.html()}\n</body></html>\n")
+        return notebook_html(page, height=560)
+
 
 def split_local_src(local_src: str) -> CircuitsView:
     """Split circuitsvis's ``local_src`` into bundle, element id and render call.

@@ -137,6 +137,12 @@ class Report:
                 f"<title>{html.escape(self.title)}</title><style>{_STYLE}</style></head>\n"
                 f"<body><h1>{html.escape(self.title)}</h1>\n{body}\n</body></html>\n")
 
+    def _repr_html_(self) -> str:
+        """The report inline in a notebook (viz.notebook: the same page as the file)."""
+        from .notebook import notebook_html
+
+        return notebook_html(self.html())
+
     def save(self, path: str | Path) -> Path:
         """Write the report atomically; returns the path."""
         return atomic_write_text(path, self.html())
