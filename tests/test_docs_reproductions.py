@@ -71,3 +71,18 @@ def test_committed_zuo_run_is_the_grid_the_page_claims():
     assert "random_tokens" in set(probes.dataset)
     total = sum(f.stat().st_size for f in data.iterdir())
     assert total < 400_000  # small run outputs only
+
+
+def test_qk_page_and_its_km_figure_come_from_write_page(tmp_path):
+    """write_page writes the committed page text and the Kaplan-Meier figure it links."""
+    data = DOCS / "data" / "qk-constraints"
+    page = qk_constraints.write_page(data, tmp_path / "qk-constraints.md")
+    assert page.read_text() == (DOCS / "qk-constraints.md").read_text()
+    figure = tmp_path / qk_constraints.KM_FIGURE
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"]({qk_constraints.KM_FIGURE})" in page.read_text()
+    assert (DOCS / qk_constraints.KM_FIGURE).is_file()  # committed beside the page
+    surv = qk_constraints.survival_table(pd.read_csv(data / "runs.csv"),
+                                         pd.read_csv(data / "summary.csv", keep_default_na=False,
+                                                     na_values=[""]))
+    assert (surv.p_exact >= surv.min_p - 1e-12).all() and (surv.q_bh >= surv.p_exact - 1e-12).all()

@@ -35,6 +35,7 @@ as a Ray task (:mod:`posinterp.executors`), so its numbers do not depend on wher
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ from ..analysis.spectral import (
     is_rotary,
     qk_weights,
 )
+from ..analysis.survival import kaplan_meier, km_median, logrank_test
 from ..devices import model_device, resolve_device, to_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..interventions.channels import CHANNELS
@@ -63,7 +65,8 @@ from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..training import TrainConfig, fit
 
 __all__ = ["ConstraintGrid", "claims_table", "heads_table", "induction_batch",
-           "induction_ceiling", "induction_scores", "render_markdown", "run_qk_constraints"]
+           "induction_ceiling", "induction_scores", "km_figure", "render_markdown", "run_qk_constraints",
+           "survival_table", "write_page"]
 
 
 @dataclass(frozen=True)
@@ -580,7 +583,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
                                                       if c["cells_run"]), 1)})
     _report(grid, summary, heads, claims).save(out / "report.html")
     if markdown is not None:
-        Path(markdown).write_text(render_markdown(out))
+        write_page(out, markdown)
     return summary
 
 
@@ -682,6 +685,97 @@ def _ceiling_with_repeats(n_ctx: int, d_vocab: int, n: int = 256) -> float:
     t = torch.arange(n_ctx)
     tokens = torch.gather(base, 1, t[None, :] % periods[:, None])
     return induction_ceiling(tokens, (t[None, :] >= periods[:, None]).long())
+
+
+KM_FIGURE = "img/qk-constraints-km.png"  # relative to the page
+
+
+def survival_table(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """Steps to target as censored data, for every comparison of ``summary``.
+
+    Per (pe, constraint, control): runs that reached the target, Kaplan-Meier medians
+    with 95% CIs (``inf``: not reached within the cap), the exact one-sided log-rank
+    permutation p (constrained slower than control), the design's smallest p and BH q
+    across the comparisons (:mod:`posinterp.analysis.survival`).
+    """
+    rows = []
+    for r in summary[summary.control.notna() & (summary.control != "")].itertuples():
+        a = runs[(runs.pe == r.pe) & (runs.constraint == r.constraint)]
+        b = runs[(runs.pe == r.pe) & (runs.constraint == r.control)]
+        ea, eb = ~a.censored.astype(bool).to_numpy(), ~b.censored.astype(bool).to_numpy()
+        test = logrank_test(a.steps, ea, b.steps, eb, alternative="slower")
+        med, lo, hi = km_median(a.steps, ea)
+        cmed, clo, chi = km_median(b.steps, eb)
+        rows.append(dict(pe=r.pe, constraint=r.constraint, control=r.control, n=len(a),
+                         reached=int(ea.sum()), km_median=med, km_low=lo, km_high=hi,
+                         control_n=len(b), control_reached=int(eb.sum()), control_km_median=cmed,
+                         control_km_low=clo, control_km_high=chi, logrank_z=test.statistic,
+                         p_exact=test.p_exact, p_normal=test.p_normal, min_p=test.min_p))
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["q_bh"] = stats.false_discovery_control(out.p_exact, method="bh")
+    return out
+
+
+def _separated(runs: pd.DataFrame, r) -> bool:
+    """Every run of constraint ``r`` slower than every run of its control (a censored run
+    took more than the cap, so it is slower than any run that finished)."""
+    a = runs[(runs.pe == r.pe) & (runs.constraint == r.constraint)]
+    b = runs[(runs.pe == r.pe) & (runs.constraint == r.control)]
+    slow_a = np.where(a.censored.astype(bool), np.inf, a.steps)
+    slow_b = np.where(b.censored.astype(bool), np.inf, b.steps)
+    return bool(slow_a.min() > slow_b.max())
+
+
+def km_figure(runs: pd.DataFrame, max_steps: int):
+    """Kaplan-Meier curves of steps to target, one panel per PE, one line per constraint
+    (crosses: censored runs at the cap)."""
+    from ..viz.figures import _subplots
+
+    pes = list(dict.fromkeys(runs.pe))
+    fig, axes = _subplots(1, len(pes), figsize=(4.6 * len(pes), 3.4), squeeze=False,
+                          layout="constrained")
+    for ax, pe in zip(axes[0], pes, strict=True):
+        for i, (constraint, g) in enumerate(runs[runs.pe == pe].groupby("constraint", sort=False)):
+            reached = ~g.censored.astype(bool).to_numpy()
+            km = kaplan_meier(g.steps, reached)
+            colour = f"C{i}"
+            ax.step(km.step, km.survival, where="post", color=colour, label=constraint)
+            cens = g.steps[~reached]
+            if len(cens):
+                s_at = [float(km.survival[km.step <= c].iloc[-1]) for c in cens]
+                ax.scatter(cens, s_at, marker="x", color=colour, zorder=3)
+        ax.set_xscale("log")
+        ax.set_xlim(left=max(1, runs.steps.min() * 0.8), right=max_steps * 1.1)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(pe)
+        ax.set_xlabel("training steps")
+        ax.set_ylabel("share of runs below target")
+        ax.legend(fontsize=7)
+    return fig
+
+
+def write_page(out_dir, markdown) -> Path:
+    """Write the reproduction page (:func:`render_markdown`) to ``markdown`` and its
+    Kaplan-Meier figure to ``KM_FIGURE`` beside it, both from the run's outputs in
+    ``out_dir`` (a run folder, or docs/reproductions/data/qk-constraints); nothing is
+    recomputed. Returns the page's path.
+
+    Raises:
+        FileNotFoundError: if one of the run's output files is missing.
+    """
+    from ..viz.figures import save_figure
+
+    markdown = Path(markdown)
+    page = render_markdown(out_dir)
+    runs = pd.read_csv(Path(out_dir) / "runs.csv")
+    g = json.loads((Path(out_dir) / "run.json").read_text())["grid"]
+    figure = markdown.parent / KM_FIGURE
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    save_figure(km_figure(runs, g["max_steps"]), figure.with_suffix(""), formats=("png",), dpi=110)
+    from ..io import atomic_write_text
+
+    return atomic_write_text(markdown, page)
 
 
 def render_markdown(out_dir) -> str:
@@ -802,6 +896,46 @@ def render_markdown(out_dir) -> str:
         "median steps": summary.median_steps.map("{:.0f}".format),
         "ratio [95% CI]": [_fmt_ratio(r) for r in summary.itertuples()],
         "q (BH)": summary.q_bh.map(lambda v: "" if not np.isfinite(v) else f"{v:.3g}")})) + "\n")
+    p.append("## Steps to target as survival data\n")
+    surv = survival_table(runs, summary)
+
+    def steps(v) -> str:
+        return "not reached" if not np.isfinite(v) else f"{v:.0f}"
+
+    def km(m, lo, hi) -> str:
+        return f"{steps(m)} [{steps(lo)}, {steps(hi)}]"
+
+    p.append("A run that hits the cap is censored: it needed more steps than the cap, "
+             "nothing more is known. Here steps to target are analysed as survival data "
+             "(`posinterp.analysis.survival`): Kaplan-Meier median with its 95% CI (read off "
+             "the log-log band; 'not reached' = more than half the runs censored), and a "
+             "one-sided log-rank test (constrained slower than control) whose p comes from "
+             "all relabellings of the pooled runs, exact at any n because both groups share "
+             "the cap. The smallest p the design can give, 1 / C(n1 + n2, n1), is printed "
+             f"beside it; q: Benjamini-Hochberg over these {len(surv)} tests. "
+             "The curves are in the figure below the table.\n")
+    if len(surv):
+        p.append(_md_table(pd.DataFrame({
+            "pe": surv.pe, "constraint": surv.constraint, "control": surv.control,
+            "reached": [f"{r.reached}/{r.n} vs {r.control_reached}/{r.control_n}"
+                        for r in surv.itertuples()],
+            "KM median [95% CI]": [km(r.km_median, r.km_low, r.km_high) for r in surv.itertuples()],
+            "control KM median": [km(r.control_km_median, r.control_km_low, r.control_km_high)
+                                  for r in surv.itertuples()],
+            "log-rank p (exact)": surv.p_exact.map("{:.3g}".format),
+            "smallest possible p": surv.min_p.map("{:.3g}".format),
+            "q (BH)": surv.q_bh.map("{:.3g}".format)})) + "\n")
+        at_floor = np.isclose(surv.p_exact, surv.min_p)
+        separated = [_separated(runs, r) for r in surv.itertuples()]
+        n_sep = int(np.sum(at_floor & np.array(separated)))
+        if at_floor.any():
+            p.append(f"{int(at_floor.sum())} of {len(surv)} comparisons sit at the design's floor, "
+                     f"{n_sep} of them with every constrained run slower than every control "
+                     "run (censored runs counted as slower than the cap). At the floor, p says "
+                     "the order is as consistent as the design can show, not how large the "
+                     "slowdown is; the medians and their CIs say that. More seeds lower the "
+                     f"floor (1 / C(20, 10) = {1 / math.comb(20, 10):.2g} at 10 vs 10).\n")
+    p.append(f"![Kaplan-Meier curves of steps to target]({KM_FIGURE})\n")
     p.append("## Circuits of the final models\n")
     p.append("Strongest previous-token head (attention on the previous token, random "
              "tokens) and strongest induction head (attention on the token after the "
