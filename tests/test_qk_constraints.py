@@ -206,3 +206,33 @@ def test_a_grid_without_its_controls_still_writes_its_tables(tmp_path):
     grid = ConstraintGrid(**{**TINY, "constraints": ("symmetric",), "seeds": 1}, workers=1)
     summary = run_qk_constraints(grid, tmp_path, progress=False)
     assert summary.ratio.isna().all() and (tmp_path / "claims.csv").exists()
+
+
+def test_uniform_previous_token_score_is_the_closed_form():
+    from posinterp.experiments.qk_constraints import uniform_previous_token_score
+
+    assert uniform_previous_token_score(3) == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert uniform_previous_token_score(2) == pytest.approx(1 / 2)
+
+
+def test_phase_ablation_rescores_the_grids_rotary_symmetric_heads(tmp_path):
+    from posinterp.experiments.qk_constraints import run_phase_ablation
+
+    grid = ConstraintGrid(**{**TINY, "pes": ("rotary",), "constraints": ("none", "symmetric")},
+                          workers=1)
+    run_qk_constraints(grid, tmp_path, progress=False, markdown=tmp_path / "page.md")
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    phase = pd.read_csv(tmp_path / "phase.csv")  # written by the experiment itself
+    sym = runs[runs.constraint == "symmetric"].set_index("seed")
+    assert sorted(phase.seed) == sorted(sym.index)
+    for r in phase.itertuples():  # the same run, retrained from its seed
+        assert r.prev_head == sym.prev_head[r.seed] and r.steps == sym.steps[r.seed]
+        assert r.prev_score == pytest.approx(sym.prev_score[r.seed], abs=1e-6)
+    assert phase.prev_score_without_rope.between(0, 1).all()
+    assert "## Phase ablation" in (tmp_path / "page.md").read_text()
+    assert (tmp_path / "img" / "qk-constraints-km.png").is_file()
+    # a finished folder whose runs.csv another run wrote is refused by name
+    runs.loc[runs.constraint == "symmetric", "steps"] += 1
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    with pytest.raises(ValueError, match="differs from runs.csv"):
+        run_phase_ablation(tmp_path, progress=False)

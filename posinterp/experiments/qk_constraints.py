@@ -240,7 +240,9 @@ def _cell_config(grid: ConstraintGrid, pe: str, seed: int) -> ToyModelConfig:
                           normalization="LN", seed=seed)
 
 
-def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, device=None) -> dict:
+def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, device=None,
+                keep_model: bool = False):
+    """One cell's row of runs.csv (and, with ``keep_model``, the trained model too)."""
     model = build_model(_cell_config(grid, pe, seed), device=device)
     target_norms = grid.init_scale * qk_norms(model)  # the untied model's, this seed
     if constraint != "none":
@@ -269,12 +271,13 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
     reached = bool(len(accs) and accs.iloc[-1] >= grid.target)
     ind = induction_scores(model, eval_tokens[:64], eval_mask[:64])
     best = ind.loc[ind.value.idxmax()]
-    return {"pe": pe, "constraint": constraint, "seed": seed, "steps": steps,
+    row = {"pe": pe, "constraint": constraint, "seed": seed, "steps": steps,
             "censored": not reached, "final_accuracy": float(accs.iloc[-1]) if len(accs) else float("nan"),
             **_previous_token_head(model, seed),
             "induction_head": f"L{int(best['layer'])}H{int(best['head'])}",
             "induction_score": float(best["value"]),
             **init, **_channel_summary(model, "final", banned)}
+    return (row, model) if keep_model else row
 
 
 @torch.no_grad()
@@ -296,6 +299,71 @@ def _previous_token_head(model, seed: int) -> dict:
         out[f"prev_head_antisymmetric_energy_offset{off}"] = float(
             antisymmetric_energy(W_Q[head], W_K[head]))
     return out
+
+
+def uniform_previous_token_score(n: int) -> float:
+    """Previous-token score of uniform causal attention over ``n`` tokens without BOS:
+    the mean over queries i = 1..n-1 of A[i, i-1] = 1/(i+1) (DESIGN §2)."""
+    return float(np.mean(1.0 / np.arange(2, n + 1)))
+
+
+@torch.no_grad()
+def _phase_row(model, row: dict, seed: int) -> dict:
+    from ..interventions.phase import rope_removed_hooks
+
+    layer, head = (int(v) for v in row["prev_head"][1:].split("H"))
+    tokens = random_tokens(model, 64, model.cfg.n_ctx, seed=20_000 + seed, bos=False)
+    with model.hooks(fwd_hooks=rope_removed_hooks(model, layer, [head])):
+        scores = previous_token_scores(model, tokens)
+    cut = scores[(scores.layer == layer) & (scores["head"] == head)].value.iloc[0]
+    return {"seed": seed, "steps": row["steps"], "censored": row["censored"],
+            "prev_head": row["prev_head"], "prev_score": row["prev_score"],
+            "prev_score_without_rope": float(cut),
+            "uniform_score": uniform_previous_token_score(model.cfg.n_ctx)}
+
+
+def run_phase_ablation(out_dir, constraint: str = "symmetric", device=None,
+                       progress: bool = True) -> pd.DataFrame:
+    """Claim 3's control: does a RoPE head with symmetric M route by RoPE's phase?
+
+    Retrains every rotary ``constraint`` cell of the finished grid in ``out_dir`` (its
+    run.json; the same seed gives the same run: ``steps`` and the previous-token head
+    must equal runs.csv's and its score agree to 1e-3, recorded as ``grid_prev_score``), takes each model's strongest previous-token head (random
+    tokens, as in runs.csv) and scores it again with RoPE removed from that head alone
+    (:func:`posinterp.interventions.phase.rope_removed_hooks`), against uniform causal
+    attention's score. Writes ``phase.csv`` atomically and returns it.
+
+    Raises:
+        FileNotFoundError: without the grid's run.json / runs.csv.
+        ValueError: if the grid has no rotary ``constraint`` cells, or a retrained model
+            differs from the grid's (not the same run: steps or score differ).
+    """
+    out = Path(out_dir)
+    grid = ConstraintGrid(**{k: tuple(v) if isinstance(v, list) else v
+                             for k, v in json.loads((out / "run.json").read_text())["grid"].items()})
+    runs = pd.read_csv(out / "runs.csv")
+    cells = runs[(runs.pe == "rotary") & (runs.constraint == constraint)]
+    if not len(cells):
+        raise ValueError(f"the grid in {out} has no rotary {constraint!r} cells")
+    rows = []
+    for r in cells.itertuples():
+        row, model = _train_cell(grid, "rotary", constraint, int(r.seed), device, keep_model=True)
+        # float summation order may differ from the grid's run (another process, later
+        # commits): the same run reaches the target at the same step with the same head
+        if (row["steps"] != r.steps or row["prev_head"] != r.prev_head
+                or not abs(row["prev_score"] - r.prev_score) <= 1e-3):
+            raise ValueError(f"seed {r.seed}: retrained model differs from runs.csv (steps "
+                             f"{row['steps']} vs {r.steps}, previous-token score "
+                             f"{row['prev_score']!r} vs {r.prev_score!r}); not the grid's run")
+        rows.append({**_phase_row(model, row, int(r.seed)), "grid_prev_score": r.prev_score})
+        if progress:
+            print(f"[posinterp] phase ablation, seed {r.seed}: {rows[-1]['prev_head']} "
+                  f"{rows[-1]['prev_score']:.3f} -> {rows[-1]['prev_score_without_rope']:.3f}",
+                  flush=True)
+    table = pd.DataFrame(rows)
+    with atomic_path(out / "phase.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    return table
 
 
 def _compare(a: np.ndarray, b: np.ndarray, seed: int) -> dict:
@@ -582,6 +650,8 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
                                  "seconds": round(sum(c["seconds"] for c in calls
                                                       if c["cells_run"]), 1)})
     _report(grid, summary, heads, claims).save(out / "report.html")
+    if "rotary" in grid.pes and "symmetric" in grid.constraints:
+        run_phase_ablation(out, device=device, progress=progress)  # claim 3's control
     if markdown is not None:
         write_page(out, markdown)
     return summary
@@ -727,6 +797,35 @@ def _separated(runs: pd.DataFrame, r) -> bool:
     return bool(slow_a.min() > slow_b.max())
 
 
+def _phase_section(phase: pd.DataFrame) -> list[str]:
+    """Claim 3's phase ablation (phase.csv, :func:`run_phase_ablation`) as page text."""
+    def t_ci(x: np.ndarray) -> tuple[float, float, float]:  # mean and 95% Student-t interval
+        ci = stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
+        return float(np.mean(x)), float(ci.low), float(ci.high)
+
+    mean, lo, hi = t_ci((phase.prev_score - phase.prev_score_without_rope).to_numpy(float))
+    a_mean, a_lo, a_hi = t_ci((phase.prev_score_without_rope - phase.uniform_score).to_numpy(float))
+    return [
+        "## Phase ablation: does a symmetric-M RoPE head route by RoPE's phase?\n",
+        "Each rotary `symmetric` model is trained again from its seed (the same run: the "
+        "same steps to target and the same head as runs.csv; scores agree to "
+        f"{(phase.prev_score - phase.grid_prev_score).abs().max():.1g}), and its strongest "
+        "previous-token head is scored again on the same random tokens with RoPE removed "
+        "from that head alone: its scores use q and k before the rotation, so only the "
+        "phase is gone and M(0) is untouched (`posinterp.interventions.phase`). Uniform "
+        "causal attention scores "
+        f"{phase.uniform_score.iloc[0]:.4f} (mean of 1/(i+1) over the queries).\n",
+        _md_table(pd.DataFrame({
+            "seed": phase.seed, "head": phase.prev_head,
+            "previous-token score": phase.prev_score.map("{:.3f}".format),
+            "without RoPE in that head": phase.prev_score_without_rope.map("{:.4f}".format),
+            "uniform": phase.uniform_score.map("{:.4f}".format)})) + "\n",
+        f"Removing the phase lowers the score by {mean:.3f} [{lo:.3f}, {hi:.3f}] (mean, 95% t "
+        f"interval over {len(phase)} seeds); what remains is {a_mean:+.4f} [{a_lo:+.4f}, "
+        f"{a_hi:+.4f}] from the uniform level. These heads' M(0) is symmetric, so their "
+        "previous-token attention came through RoPE's phase.\n"]
+
+
 def km_figure(runs: pd.DataFrame, max_steps: int):
     """Kaplan-Meier curves of steps to target, one panel per PE, one line per constraint
     (crosses: censored runs at the cap)."""
@@ -828,7 +927,11 @@ def render_markdown(out_dir) -> str:
                 if run.get("cell_seconds") is not None else "")
              +
              "Outputs: `runs.csv` (one row per cell), `summary.csv`, `heads.csv`, `claims.csv`, "
-             "`run.json`, `report.html`; the CSVs and run.json are committed in "
+             "`run.json`, `report.html`"
+             + (", `phase.csv` (the phase ablation below: `run_phase_ablation`, which the "
+                "command runs after a grid with rotary symmetric cells, and which retrains "
+                "those cells from a finished grid's folder)" if (out / "phase.csv").exists() else "")
+             + "; the CSVs and run.json are committed in "
              "`docs/reproductions/data/qk-constraints`.\n")
     p.append("## Task and its ceiling\n")
     p.append("Induction at random offsets: a period of p distinct random tokens "
@@ -961,6 +1064,8 @@ def render_markdown(out_dir) -> str:
             + "\n")
     else:
         p.append("No run was censored.\n")
+    if (out / "phase.csv").exists():
+        p.extend(_phase_section(pd.read_csv(out / "phase.csv")))
     p.append("## Claims\n")
     p.append(_md_table(claims.fillna("")) + "\n")
     p.append("Verdicts are computed by `claims_table` from the tables above (thresholds "
