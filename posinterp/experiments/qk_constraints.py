@@ -328,8 +328,9 @@ def run_phase_ablation(out_dir, constraint: str = "symmetric", device=None,
 
     Retrains every rotary ``constraint`` cell of the finished grid in ``out_dir`` (its
     run.json; the same seed gives the same run: ``steps`` and the previous-token head
-    must equal runs.csv's and its score agree to 1e-3, recorded as ``grid_prev_score``), takes each model's strongest previous-token head (random
-    tokens, as in runs.csv) and scores it again with RoPE removed from that head alone
+    must equal runs.csv's and its score agree to 1e-3, recorded as ``grid_prev_score``),
+    takes each model's strongest previous-token head (random tokens, as in runs.csv) and
+    scores it again with RoPE removed from that head alone
     (:func:`posinterp.interventions.phase.rope_removed_hooks`), against uniform causal
     attention's score. Writes ``phase.csv`` atomically and returns it.
 
