@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
-from ..models.backend import MissingFeatureError, eager, scores_hook, unwrap
+from ..models.backend import MissingFeatureError, eager, scores_hook, unwrap, z_hook
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, next_token_pairs, run_cached
 from .adjacency import adjacency_by_layer
 from .heads import previous_token_score
@@ -266,7 +266,7 @@ def _ablation_rows(model, tokens, mask, layers) -> pd.DataFrame:
     rows = []
     for layer in layers:
         for head in range(model.cfg.n_heads):
-            hook = f"blocks.{layer}.attn.hook_z"
+            hook = z_hook(model, layer)  # verified as z_h = p_h v_h, editable
             after = _loss(model, tokens, mask, [(hook, _zero_head(head))])
             rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
                              metric="loss_change", value=after - clean,

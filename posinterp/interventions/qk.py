@@ -209,9 +209,10 @@ def _score_hooks(model, iv: QKIntervention):
 
     def capture(name):
         def hook(x, hook):
+            kept = x.detach()
             if name == k_name and x.shape[2] != H:  # grouped-query keys: expand to query heads
-                x = torch.repeat_interleave(x, H // x.shape[2], dim=2)
-            captured[name] = x.detach()
+                kept = torch.repeat_interleave(kept, H // x.shape[2], dim=2)
+            captured[name] = kept
             return x
         return hook
 

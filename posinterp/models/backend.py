@@ -9,10 +9,17 @@ Analyses ask this module, never the TransformerLens version or a model's class:
   positional scheme, as the model really computes them (TL 4 configs hold ``attn_scale
   = -1`` and ``rotary_dim = None`` as "unset" sentinels, and cannot say "alibi" for a
   native model);
-* :func:`scores_hook`, :func:`rotated_qk_hooks` — the hooks that carry the pre-softmax
-  scores and the rotated q/k; each raises, naming the missing feature, where the model
-  has no such hook (TL 4 native attention fires ``hook_attn_scores`` with the
-  post-softmax pattern and never fires ``hook_rot_q``/``hook_rot_k``);
+* :func:`hook_meaning` — what each attention hook really carries on the loaded model,
+  verified once per model by a probe (softmax of the scores hook is the pattern and an
+  edit of it changes the output; q·k/attn_scale of the q/k hooks explains the pattern;
+  ...) and cached on the model object; :func:`scores_hook`, :func:`rotated_qk_hooks`,
+  :func:`content_qk_hooks`, :func:`query_hooks`, :func:`z_hook` answer from it and raise
+  :class:`MissingFeatureError`, naming what the probe found, where no hook has the
+  meaning (TL 4 native attention and OPT/GPT-Neo bridges fire ``hook_attn_scores`` after
+  the softmax with the pattern; native attention never fires ``hook_rot_q``);
+  :func:`install_output_edit` / :func:`pattern_edit` edit the pattern where no hook can;
+* :func:`compiled_kind`, :func:`eager`, :func:`unwrap` — compiled models, whose graphs
+  skip hooks, run eagerly for hook-based features;
 * :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind.
 
 docs/tl4.md lists every TL 4 hook whose meaning differs from 3.9 and what posinterp
@@ -33,7 +40,7 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "Missi
            "compiled_kind", "content_qk_hooks", "eager", "hook_meaning", "install_output_edit",
            "is_bridge", "n_kv_heads", "pattern_edit", "positional_type", "query_hooks",
            "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
-           "scores_include_bias", "unwrap"]
+           "unwrap", "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -219,7 +226,9 @@ class HookMeaning:
     no pre-softmax hook exists). ``content_qk``: hooks whose ``q_i · k_j / attn_scale``
     is the content term of the scores (rotated q/k for RoPE), else None. ``query_qk``:
     ``hook_q``/``hook_k`` verified as the query/key before any rotation, whose edits take
-    effect, else None. ``found``: what the probe saw, for error messages.
+    effect, else None. ``z``: ``hook_z``, verified as each head's pattern-weighted values
+    (``[batch, pos, head, d_head]``, z_h = p_h v_h) whose edits take effect, else None.
+    ``found``: what the probe saw, for error messages.
     """
 
     scores: str | None
@@ -227,6 +236,7 @@ class HookMeaning:
     output_edit: bool
     content_qk: tuple[str, str] | None
     query_qk: tuple[str, str] | None
+    z: str | None
     found: str
 
 
@@ -426,7 +436,7 @@ def _probe(model) -> dict[int, HookMeaning]:
     n = tokens.shape[1]
     allowed = _allowed(model, n)
     names = {f"blocks.{layer}.attn.hook_{s}" for layer in range(model.cfg.n_layers)
-             for s in ("attn_scores", "pattern", "q", "k", "v", "rot_q", "rot_k")}
+             for s in ("attn_scores", "pattern", "q", "k", "v", "z", "rot_q", "rot_k")}
     names &= set(model.hook_dict)
     clean, cache = model.run_with_cache(tokens, names_filter=lambda x: x in names)
     cache = {k: v.detach().cpu() for k, v in cache.items()}
@@ -437,7 +447,7 @@ def _probe(model) -> dict[int, HookMeaning]:
         found = []
         pattern = cache.get(p + "hook_pattern")
         if pattern is None:
-            out[layer] = HookMeaning(None, None, False, None, None, "hook_pattern does not fire")
+            out[layer] = HookMeaning(None, None, False, None, None, None, "hook_pattern does not fire")
             continue
         scale = attn_scale(model, layer)
         # pre-softmax scores
@@ -486,8 +496,19 @@ def _probe(model) -> dict[int, HookMeaning]:
             output_edit = _verify_output_edit(model, layer, tokens, clean, cache)
             if not output_edit:
                 found.append("its attention module's output cannot be edited with the pattern")
+        z_name = None
+        if p + "hook_z" in cache and p + "hook_v" in cache:
+            v = cache[p + "hook_v"].double()
+            v = v if v.shape[2] == H else torch.repeat_interleave(v, H // v.shape[2], dim=2)
+            pv = torch.einsum("bhij,bjhd->bihd", pattern.double(), v)
+            if pv.shape == cache[p + "hook_z"].shape and torch.allclose(
+                    pv, cache[p + "hook_z"].double(), atol=1e-5, rtol=1e-4) and _changes_output(
+                    model, tokens, clean, [(p + "hook_z", _noise(300 + layer))]):
+                z_name = p + "hook_z"
+            else:
+                found.append("hook_z is not the pattern-weighted values or edits are discarded")
         out[layer] = HookMeaning(scores_name, pattern_name, output_edit, content_qk, query_qk,
-                                 "; ".join(found))
+                                 z_name, "; ".join(found))
     return out
 
 
@@ -669,11 +690,17 @@ def query_hooks(model, layer: int) -> tuple[str, str]:
     return m.query_qk
 
 
-def scores_include_bias(model, layer: int) -> bool:
-    """True where ``scores_hook`` already carries a positional bias posinterp did not
-    install and cannot read separately (bridged HF ALiBi models: BLOOM)."""
-    return is_bridge(model) and positional_type(model) == "alibi" \
-        and not is_posinterp_attention(model, layer)
+def z_hook(model, layer: int) -> str:
+    """``hook_z`` of ``layer``, verified as z_h = pattern_h v_h (``[batch, pos, head,
+    d_head]``) with edits that take effect.
+
+    Raises:
+        MissingFeatureError: where no hook has that meaning.
+    """
+    name = hook_meaning(model, layer).z
+    if name is None:
+        raise _refusal(model, layer, "each head's pattern-weighted values (hook_z)")
+    return name
 
 
 def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool = False):

@@ -17,7 +17,8 @@ from posinterp.models import backend
 from tests.helpers import parity_cases, random_tokens, save_tiny_checkpoint, tiny_hf_configs, tiny_model
 
 HF_FOLDERS = {"gpt2": ("GPT2LMHeadModel", "gpt2-absolute"),
-              "bloom": ("BloomForCausalLM", "bloom-12-heads")}
+              "bloom": ("BloomForCausalLM", "bloom-12-heads"),
+              "llama": ("LlamaForCausalLM", "llama-gqa")}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def _user_edit(scores, hook):
     return scores
 
 
-@pytest.mark.parametrize("kind", ["toy-rotary", "toy-alibi", "gpt2", "bloom"])
+@pytest.mark.parametrize("kind", ["toy-rotary", "toy-alibi", "gpt2", "bloom", "llama"])
 @pytest.mark.parametrize("iv_kind", ["symmetric", "antisymmetric"])
 def test_symmetrization_keeps_every_upstream_edit(kind, iv_kind, folders):
     model = _model(kind, folders)
@@ -89,6 +90,27 @@ def test_symmetrization_keeps_every_upstream_edit(kind, iv_kind, folders):
         (name, lambda x, hook: plain.setdefault("s", x.detach()))])
     diff = (got - plain["s"].double())[:, 1, 2:, 2]
     torch.testing.assert_close(diff, torch.full_like(diff, 3.0), rtol=0, atol=1e-4)
+
+
+def test_reweighted_pattern_is_the_softmax_of_shifted_scores():
+    from posinterp.interventions.qk import reweight_pattern
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(2, 3, 6, 6, generator=g, dtype=torch.float64) * 4
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    s = s.masked_fill(~causal, float("-inf"))
+    d = torch.randn(2, 3, 6, 6, generator=g, dtype=torch.float64)
+    got = reweight_pattern(s.softmax(-1).float(), d)
+    torch.testing.assert_close(got, (s + d).softmax(-1), rtol=1e-5, atol=1e-7)
+    # an allowed key whose probability underflowed, which the delta would raise: refused
+    s2 = torch.zeros(1, 1, 2, 2, dtype=torch.float64)
+    s2[..., 1, 0] = -200.0
+    s2[..., 0, 1] = float("-inf")
+    d2 = torch.zeros_like(s2)
+    d2[..., 1, 0] = 250.0
+    with pytest.raises(ValueError, match="underflowed"):
+        reweight_pattern(s2.softmax(-1).float(), d2)
+    torch.testing.assert_close(reweight_pattern(s2.softmax(-1).double(), d2), (s2 + d2).softmax(-1))
 
 
 def _neo_scale(kind, model):
