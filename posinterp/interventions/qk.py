@@ -46,6 +46,7 @@ from ..models.backend import (
     arm_output_edit,
     attn_scale,
     check_not_wrapped,
+    content_qk_from,
     content_qk_hooks,
     eager,
     hook_meaning,
@@ -53,7 +54,6 @@ from ..models.backend import (
     pattern_edit,
     positional_type,
     query_hooks,
-    rotated_qk_hooks,
     scores_hook,
 )
 from .channels import channel_projectors, top_k_projector
@@ -196,12 +196,9 @@ def _score_hooks(model, iv: QKIntervention):
     meaning = hook_meaning(model, iv.layer)
     # Hooks come from the backend, verified on this model; each raises naming the
     # missing feature where the model has no hook of that meaning.
-    if offset_variant:
-        q_name, k_name = query_hooks(model, iv.layer)
-    elif rotary:
-        q_name, k_name = rotated_qk_hooks(model, iv.layer)
-    else:
-        q_name, k_name = content_qk_hooks(model, iv.layer)
+    # The content variant needs the rotated q/k of this call (hook_rot_q/k, or hook_q/k
+    # with the call's cos/sin tables); the offset variant the unrotated q/k.
+    names = query_hooks(model, iv.layer) if offset_variant else content_qk_hooks(model, iv.layer)
     if meaning.scores is None and meaning.pattern is None and not meaning.output_edit:
         scores_hook(model, iv.layer)  # raises, naming what the probe found
     captured: dict[str, Tensor] = {}
@@ -209,23 +206,20 @@ def _score_hooks(model, iv: QKIntervention):
 
     def capture(name):
         def hook(x, hook):
-            kept = x.detach()
-            if name == k_name and x.shape[2] != H:  # grouped-query keys: expand to query heads
-                kept = torch.repeat_interleave(kept, H // x.shape[2], dim=2)
-            captured[name] = kept
+            captured[name] = x.detach()
             return x
         return hook
 
     def delta():
-        q, k = captured[q_name][:, :, heads].double(), captured[k_name][:, :, heads].double()
-        return _content_delta(model, iv, heads, offset_variant, q, k)
+        q, k = content_qk_from(names, captured, H)  # grouped-query keys expanded
+        return _content_delta(model, iv, heads, offset_variant, q[:, :, heads], k[:, :, heads])
 
     def square(n_query, n_key):
         if n_query != n_key:
             raise ValueError("symmetrization needs the full square score matrix; it cannot "
                              "run with a KV cache (generate with use_past_kv_cache=False)")
 
-    hooks = [(q_name, capture(q_name)), (k_name, capture(k_name))]
+    hooks = [(name, capture(name)) for name in names]
     if meaning.scores is not None:
         def add_delta(scores, hook):  # [batch, head, query, key]
             square(scores.shape[-2], scores.shape[-1])

@@ -37,8 +37,8 @@ from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
            "RotarySpec", "arm_output_edit", "attention_weights", "attn_scale", "check_not_wrapped",
-           "compiled_kind", "content_qk_hooks", "eager", "hook_meaning", "install_output_edit",
-           "is_bridge", "n_kv_heads", "pattern_edit", "positional_type", "query_hooks",
+           "compiled_kind", "content_qk_from", "content_qk_hooks", "eager", "hook_meaning",
+           "install_output_edit", "is_bridge", "n_kv_heads", "pattern_edit", "positional_type", "query_hooks",
            "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
            "unwrap", "z_hook"]
 
@@ -224,7 +224,8 @@ class HookMeaning:
     native models), else None. ``output_edit``: the wrapped attention module returns
     ``(output, pattern)`` and posinterp can replace both (the route for score edits where
     no pre-softmax hook exists). ``content_qk``: hooks whose ``q_i · k_j / attn_scale``
-    is the content term of the scores (rotated q/k for RoPE), else None. ``query_qk``:
+    is the content term of the scores (rotated q/k for RoPE; see
+    :func:`content_qk_from`), else None. ``query_qk``:
     ``hook_q``/``hook_k`` verified as the query/key before any rotation, whose edits take
     effect, else None. ``z``: ``hook_z``, verified as each head's pattern-weighted values
     (``[batch, pos, head, d_head]``, z_h = p_h v_h) whose edits take effect, else None.
@@ -234,7 +235,7 @@ class HookMeaning:
     scores: str | None
     pattern: str | None
     output_edit: bool
-    content_qk: tuple[str, str] | None
+    content_qk: tuple[str, ...] | None
     query_qk: tuple[str, str] | None
     z: str | None
     found: str
@@ -360,6 +361,25 @@ def _qk(cache, q_name, k_name, H):
     return q, k
 
 
+def content_qk_from(names: tuple[str, ...], captured, n_heads: int) -> tuple[Tensor, Tensor]:
+    """``(q, k)`` float64 ``[batch, pos, head, d_head]`` (k expanded over grouped-query
+    heads) of the content score, from the tensors of :func:`content_qk_hooks` (a dict
+    name -> tensor): two hooks carry them rotated; four (q, k, cos, sin) carry the
+    unrotated q/k and the call's RoPE tables ``[batch or 1, pos, rotary_dim]``, applied as
+    HF does: x cos + rotate_half(x) sin on the leading rotary_dim dims (split halves)."""
+    q, k = _qk(captured, names[0], names[1], n_heads)
+    if len(names) == 4:
+        cos, sin = captured[names[2]].double()[:, :, None], captured[names[3]].double()[:, :, None]
+        rd = cos.shape[-1]
+
+        def rot(x):
+            a, b = x[..., : rd // 2], x[..., rd // 2: rd]
+            half = torch.cat([-b, a], -1)
+            return torch.cat([x[..., :rd] * cos.to(x.device) + half * sin.to(x.device), x[..., rd:]], -1)
+        q, k = rot(q), rot(k)
+    return q, k
+
+
 def _content(q, k, scale):
     return torch.einsum("bihd,bjhd->bhij", q, k) / scale
 
@@ -436,7 +456,7 @@ def _probe(model) -> dict[int, HookMeaning]:
     n = tokens.shape[1]
     allowed = _allowed(model, n)
     names = {f"blocks.{layer}.attn.hook_{s}" for layer in range(model.cfg.n_layers)
-             for s in ("attn_scores", "pattern", "q", "k", "v", "z", "rot_q", "rot_k")}
+             for s in ("attn_scores", "pattern", "q", "k", "v", "z", "rot_q", "rot_k", "cos", "sin")}
     names &= set(model.hook_dict)
     clean, cache = model.run_with_cache(tokens, names_filter=lambda x: x in names)
     cache = {k: v.detach().cpu() for k, v in cache.items()}
@@ -486,6 +506,13 @@ def _probe(model) -> dict[int, HookMeaning]:
                     found.append("hook_rot_q/hook_rot_k do not give the scores' q·k term")
             else:
                 found.append("hook_rot_q/hook_rot_k do not fire")
+            tables = (p + "hook_q", p + "hook_k", p + "hook_cos", p + "hook_sin")
+            if content_qk is None and all(t in cache for t in tables):
+                # GPT-NeoX bridges fire the cos/sin each call used (positions from the mask)
+                q, k = content_qk_from(tables, cache, H)
+                if _explains(pattern, _content(q, k, scale), allowed):
+                    content_qk = tables
+                    found.append("hook_q/hook_k rotated by hook_cos/hook_sin give the scores")
         pattern_name, output_edit = None, False
         if scores_name is None and _changes_output(model, tokens, clean,
                                                    [(p + "hook_pattern", _noise(200 + layer))]):
@@ -650,23 +677,25 @@ def scores_hook(model, layer: int) -> str:
     return name
 
 
-def rotated_qk_hooks(model, layer: int) -> tuple[str, str]:
+def rotated_qk_hooks(model, layer: int) -> tuple[str, ...]:
     """Names of the hooks carrying ``layer``'s q and k after RoPE (``[batch, pos, head,
     d_head]``, k over KV heads), verified to give the scores' q·k term.
 
     Raises:
         MissingFeatureError: where they do not fire or do not carry that (TL 4 native
-            attention, GPT-NeoX bridges).
+            attention, GPT-NeoX bridges; :func:`content_qk_hooks` may still give the
+            rotated q/k from hook_q/hook_k and the call's cos/sin).
     """
     m = hook_meaning(model, layer)
-    if positional_type(model) != "rotary" or m.content_qk is None:
+    if positional_type(model) != "rotary" or m.content_qk is None or len(m.content_qk) != 2:
         raise _refusal(model, layer, "the rotated q and k (hook_rot_q/hook_rot_k)")
     return m.content_qk
 
 
-def content_qk_hooks(model, layer: int) -> tuple[str, str]:
+def content_qk_hooks(model, layer: int) -> tuple[str, ...]:
     """Hooks whose ``q_i · k_j / attn_scale`` is ``layer``'s content score (rotated q/k on
-    RoPE models), verified on the model.
+    RoPE models), verified on the model: read them with :func:`content_qk_from` (two
+    names: q and k; four: unrotated q, k and the call's cos/sin tables).
 
     Raises:
         MissingFeatureError: where none is verified.

@@ -243,3 +243,31 @@ def test_native_models_not_built_by_posinterp(pe):
     with intervene(model, iv):
         _, cache = model.run_with_cache(toks)
     torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"].double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_content_symmetrization_on_gpt_neox_uses_the_calls_rotation(tmp_path):
+    """TL 4's GPT-NeoX bridge never fires hook_rot_q (the content variant stopped with
+    KeyError 'blocks.0.attn.hook_rot_q'); its hook_q/hook_k with the call's cos/sin are
+    verified instead. Closed form: (c_ij + c_ji)/2 with c from q, k rotated here at the
+    mask's positions (a left-padded row included)."""
+    arch, make, _ = parity_cases()["neox"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "neox")
+    model = pi.load_model(tmp_path / "neox", fold_ln=False, center_writing_weights=False,
+                          center_unembed=False, fold_value_biases=False)[0]
+    n = 10
+    toks = random_tokens(model, 2, n, seed=7)
+    mask = torch.ones_like(toks)
+    mask[1, :3] = 0
+    _, clean = model.run_with_cache(toks, attention_mask=mask)
+    spec = backend.rotary_spec(model)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    q = backend.rope_rotate(clean["blocks.0.attn.hook_q"], spec, pos)
+    k = backend.rope_rotate(clean["blocks.0.attn.hook_k"], spec, pos)
+    c = torch.einsum("bihd,bjhd->bhij", q, k) / backend.attn_scale(model)
+    seen = {}
+    name = backend.scores_hook(model, 0)
+    model.run_with_hooks(toks, attention_mask=mask, fwd_hooks=intervention_hooks(
+        model, QKIntervention("symmetric", 0)) + [(name, lambda x, hook: seen.setdefault("s", x))])
+    live = torch.ones(n, n, dtype=torch.bool).tril()[None] & mask.bool()[:, None, :] & mask.bool()[:, :, None]
+    live = live[:, None].expand_as(c)
+    torch.testing.assert_close(seen["s"].double()[live], (0.5 * (c + c.mT))[live], rtol=1e-4, atol=1e-4)
