@@ -9,11 +9,12 @@ Run once per version on the same checkpoint folder, then compare::
 
 Models: a toy model of each scheme (weights from ``toy_state_dict``, the same under
 either version) and tiny local HF checkpoints of GPT-2, Llama with grouped-query
-attention and BLOOM (12 heads, so ALiBi slopes interleave), written once by whichever
-run comes first. Quantities: adjacency score per residual hook, QK eigenvalues
+attention, BLOOM (12 heads, so ALiBi slopes interleave), OPT and GPT-Neo (local
+attention layers), written once by whichever run comes first. Quantities: adjacency score per residual hook, QK eigenvalues
 (offsets 0 and -1 for RoPE), spectral measures, previous-token scores, and ablation
 effects (loss, previous-token score, adjacency) of a channel removal, a top-k
-projection and symmetrization. ``compare`` prints the largest absolute difference per
+projection and symmetrization, and symmetrization / antisymmetrization of every layer
+(loss, previous-token score, adjacency). ``compare`` prints the largest absolute difference per
 quantity and model (docs/tl4.md holds the table).
 """
 
@@ -29,18 +30,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 HF = {"gpt2": "GPT2LMHeadModel", "llama-gqa": "LlamaForCausalLM", "bloom-12-heads": "BloomForCausalLM"}
+# OPT and GPT-Neo: TL 4.3 fires their hook_attn_scores after the softmax, so symmetrization
+# goes through the attention output there and through the scores on 3.9 (docs/tl4.md).
+PARITY_CASES = ("opt", "gptneo-local")
 
 
 def _checkpoints(folder: Path) -> dict[str, Path]:
-    from tests.helpers import save_tiny_checkpoint, tiny_hf_configs
+    from tests.helpers import parity_cases, save_tiny_checkpoint, tiny_hf_configs
 
     configs = tiny_hf_configs()
     names = {"gpt2": "gpt2-absolute", "llama-gqa": "llama-gqa", "bloom-12-heads": "bloom-12-heads"}
+    cases = parity_cases()
+    todo = {key: (arch, lambda key=key: configs[names[key]]) for key, arch in HF.items()}
+    todo |= {key: cases[key][:2] for key in PARITY_CASES}
     out = {}
-    for key, arch in HF.items():
+    for key, (arch, make) in todo.items():
         path = folder / key
         if not (path / "config.json").is_file():
-            save_tiny_checkpoint(arch, configs[names[key]], path)
+            save_tiny_checkpoint(arch, make(), path)
         out[key] = path
     return out
 
@@ -79,6 +86,9 @@ def _numbers(model) -> dict[str, list[float]]:
            QKIntervention("symmetric", 0)]
     eff = ablation_effect(model, toks, ivs, attention_mask=mask)
     out["ablation_effect"] = eff.value.tolist()
+    sym = [QKIntervention(kind, layer) for kind in ("symmetric", "antisymmetric")
+           for layer in range(model.cfg.n_layers)]
+    out["symmetrization"] = ablation_effect(model, toks, sym, attention_mask=mask).value.tolist()
     return out
 
 

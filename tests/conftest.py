@@ -29,10 +29,6 @@ _TL3_ONLY = {
     "tests/test_qk_constraints.py": "the constraint grid trains with constrain_qk; refused on TL 4",
     "tests/models/test_llama2c.py": "llama2.c loading is not yet ported to TL 4",
     "tests/test_layer_head_ranges.py::test_constrain_qk": "constrain_qk is refused on TL 4",
-    "tests/models/test_toy.py::test_alibi_past_n_ctx": "TL 4's native model refuses inputs "
-    "longer than n_ctx, ALiBi included (docs/tl4.md)",
-    "tests/interventions/test_qk.py::test_symmetrized_alibi_keeps_the_bias_of_mask_positions":
-    "runs ALiBi past n_ctx, which TL 4's native model refuses",
     "tests/models/test_parity.py::test_parity_with_hf[bert": "BERT encoders are TL 3.9 only",
     "tests/models/test_parity.py::test_unsupported_settings_are_refused_by_name[bert": "BERT "
     "encoders are TL 3.9 only",

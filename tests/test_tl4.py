@@ -93,7 +93,9 @@ def test_raw_native_models_refuse_what_their_hooks_cannot_give():
         backend.scores_hook(model, 0)
     with pytest.raises(backend.MissingFeatureError, match="hook_rot_q"):
         backend.rotated_qk_hooks(model, 0)
-    with pytest.raises(backend.MissingFeatureError, match="pre-softmax"):
+    # the content variant needs the rotated q/k (tests/interventions/test_hook_meaning.py
+    # checks the offset variant and NoPE-style native models, which work through the pattern)
+    with pytest.raises(backend.MissingFeatureError, match="hook_rot_q"):
         intervention_hooks(model, QKIntervention("symmetric", 0))
     # Its RoPE pairs adjacent dims, whatever its config says.
     assert backend.rotary_spec(model).adjacent_pairs and not model.cfg.rotary_adjacent_pairs

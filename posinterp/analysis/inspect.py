@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
+from ..models.backend import MissingFeatureError, eager, scores_hook, unwrap, z_hook
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, next_token_pairs, run_cached
 from .adjacency import adjacency_by_layer
 from .heads import previous_token_score
@@ -249,8 +250,10 @@ def _loss(model, tokens, mask, fwd_hooks=()) -> float:
     """Mean next-token cross-entropy (nats) from each real token to the next real one."""
     from ..devices import model_device, to_device
 
+    model = unwrap(model)  # a torch.compile wrapper's hooks would not fire
     device = model_device(model)
-    with model.hooks(fwd_hooks=list(fwd_hooks)):  # forward on the model's device, scores on CPU
+    # forward on the model's device, scores on CPU; eagerly, so the hooks fire
+    with eager(model), model.hooks(fwd_hooks=list(fwd_hooks)):
         logits = model(tokens.to(device), attention_mask=to_device(mask, device)).cpu()
     cur, nxt, valid = next_token_pairs(mask, *tokens.shape)
     rows = torch.arange(tokens.shape[0])[:, None]
@@ -273,7 +276,7 @@ def _ablation_rows(model, tokens, mask, layers) -> pd.DataFrame:
     rows = []
     for layer in layers:
         for head in range(model.cfg.n_heads):
-            hook = f"blocks.{layer}.attn.hook_z"
+            hook = z_hook(model, layer)  # verified as z_h = p_h v_h, editable
             after = _loss(model, tokens, mask, [(hook, _zero_head(head))])
             rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
                              metric="loss_change", value=after - clean,
@@ -349,8 +352,17 @@ def inspect_heads(
     if batch < 2:
         notes.append("One sequence: intervals over sequences are not defined (shown empty).")
 
-    cache = run_cached(model, tokens, mask, lambda n: n.endswith(("hook_pattern", "hook_attn_scores",
-                                                                  "hook_attn_out")))
+    # The score kernel needs a hook verified to carry pre-softmax scores: on OPT/GPT-Neo
+    # bridges and TL 4 native models hook_attn_scores carries the pattern (never trust a
+    # hook by its name), and that kernel is left out with a note.
+    score_hooks = {}
+    for layer in range(n_layers):
+        try:
+            score_hooks[layer] = scores_hook(model, layer)
+        except MissingFeatureError as err:
+            notes.append(f"Layer {layer}: no pre-softmax score kernel ({err}).")
+    wanted = {f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)} | set(score_hooks.values())
+    cache = run_cached(model, tokens, mask, lambda n: n in wanted or n.endswith("hook_attn_out"))
     frames, patterns = [], {}
     first_len = int(lengths[0])
     shown = min(first_len, max_pattern_tokens)
@@ -360,12 +372,13 @@ def inspect_heads(
         notes.append(f"Pattern views show the first {shown} of {first_len} tokens of sequence 0 "
                      "(cut for the browser); kernels and scores use every token.")
     for layer in range(n_layers):
-        pat_hook, score_hook = f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_attn_scores"
-        pattern, scores = cache[pat_hook], cache[score_hook]
+        pat_hook = f"blocks.{layer}.attn.hook_pattern"
+        pattern = cache[pat_hook]
         frames.append(_kernel_rows(layer, pat_hook, "kernel_attention",
                                    attention_kernel(pattern, mask), max_lag))
-        frames.append(_kernel_rows(layer, score_hook, "kernel_score",
-                                   attention_kernel(scores, mask), max_lag))
+        if layer in score_hooks:
+            frames.append(_kernel_rows(layer, score_hooks[layer], "kernel_score",
+                                       attention_kernel(cache[score_hooks[layer]], mask), max_lag))
         for metric, per_seq in head_scores(pattern, mask).items():
             mean, low, high, n = t_interval(per_seq)
             frames.append(_rows(hook=pat_hook, layer=layer, head=np.arange(n_heads), metric=metric,

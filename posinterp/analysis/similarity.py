@@ -147,7 +147,8 @@ def _first_copy_exact(x: Float[Tensor, "batch pos d"]) -> Int[Tensor, "batch pos
 def residual_hooks(model) -> list[tuple[str, int]]:
     """``(hook name, layer)`` for the embedding (layer -1), after each attention and block.
 
-    The embedding is ``blocks.0.hook_resid_pre`` (``hook_embed`` + ``hook_pos_embed``);
+    The embedding is ``blocks.0.hook_resid_pre`` (token embedding plus any learned
+    position embedding; ``hook_pos_embed`` is not read: TL 4 fires it with RoPE's cos/sin);
     ``blocks.{l}.hook_resid_mid`` is "after attention l" and ``hook_resid_post`` "after
     block l" (docs/concepts.md). Attention-only models have no ``resid_mid``.
     """

@@ -18,6 +18,7 @@ from ..analysis._checks import (
 from ..analysis.adjacency import adjacency_score
 from ..analysis.heads import previous_token_score
 from ..analysis.similarity import cosine_self_similarity
+from ..models.backend import unwrap
 from .qk import QKIntervention, check_intervention, intervene
 
 __all__ = ["ablation_effect", "per_head_interventions"]
@@ -107,6 +108,7 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
             any forward pass), no token with a real next token, or an ``answer_mask``
             sequence without a predictable answer token.
     """
+    model = unwrap(model)  # hooks do not fire in a torch.compile wrapper's calls
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     answer_mask = check_attention_mask(answer_mask, tuple(tokens.shape), tokens.device)

@@ -13,11 +13,18 @@ Kinds (docs/concepts.md):
   channels would leave it). The bias and ALiBi parts of the score remain.
 * ``keep_top_k``: q Π_top-k instead.
 * ``symmetric`` / ``antisymmetric``: the content score c_ij = q_i · k_j / attn_scale is
-  replaced by (c_ij ± c_ji) / 2 before masking, recomputed from the captured q and k
+  replaced by (c_ij ± c_ji) / 2, recomputed from the captured q and k
   (``hook_rot_q``/``hook_rot_k`` for RoPE: the *content-symmetric* variant, in which
-  RoPE's phase channel survives), then the ALiBi bias is added unchanged and the mask
-  re-applied. ``rope_variant="offset"`` symmetrizes M(Δ) for every offset instead,
-  which removes the phase.
+  RoPE's phase channel survives) and applied as a delta d = new - old content to the
+  scores, so the ALiBi bias, the mask and every edit a hook made before (a user's bias
+  or knockout) survive unchanged. ``rope_variant="offset"`` symmetrizes M(Δ) for every
+  offset instead, which removes the phase. Where a model has no pre-softmax score hook
+  (OPT/GPT-Neo bridges and native models on TL 4) the same delta is applied exactly at
+  the pattern, softmax(s + d) = p e^d / Σ p e^d (:func:`reweight_pattern`, which states
+  its limit).
+
+Every hook used is one whose meaning was verified on the loaded model
+(:func:`posinterp.models.backend.hook_meaning`), never one trusted by its name.
 
 Use :func:`intervene` as a context manager, or :func:`intervention_hooks` with
 ``model.run_with_hooks``. Weights are never modified, so the model is restored exactly.
@@ -36,13 +43,19 @@ from .._validate import is_int
 from ..analysis._checks import masked_scores
 from ..analysis.spectral import model_rotary_matrix, qk_weights
 from ..models.backend import (
+    arm_output_edit,
     attn_scale,
+    check_not_wrapped,
+    content_qk_from,
+    content_qk_hooks,
+    eager,
+    hook_meaning,
+    install_output_edit,
+    pattern_edit,
     positional_type,
-    rotated_qk_hooks,
+    query_hooks,
     scores_hook,
-    scores_include_bias,
 )
-from ..models.positions import alibi_bias_of
 from .channels import channel_projectors, top_k_projector
 
 __all__ = ["KINDS", "QKIntervention", "check_intervention", "intervene", "intervention_hooks"]
@@ -143,33 +156,14 @@ def _projection_hook(projectors: dict[int, Tensor]):
     return hook
 
 
-def _score_hooks(model, iv: QKIntervention):
-    heads = check_intervention(model, iv)
-    rotary = positional_type(model) == "rotary"
-    offset_variant = rotary and iv.rope_variant == "offset"
-    captured: dict[str, Tensor] = {}
-    prefix = f"blocks.{iv.layer}.attn."
-    # Hooks whose meaning differs across TL versions come from the backend, which raises
-    # (naming the missing feature) where a model has no pre-softmax or rotated-q/k hook.
-    scores_name = scores_hook(model, iv.layer)
-    if offset_variant or not rotary:
-        q_name, k_name = prefix + "hook_q", prefix + "hook_k"
-    else:
-        q_name, k_name = rotated_qk_hooks(model, iv.layer)
-    bias_in_scores = scores_include_bias(model, iv.layer)
-
-    def capture(name):
-        def hook(x, hook):
-            captured[name] = x.detach()
-            return x
-        return hook
-
-    sign = 1.0 if iv.kind == "symmetric" else -1.0
+def _content_delta(model, iv: QKIntervention, heads, offset_variant, q, k):
+    """d_ij = new content - old content (``[batch, len(heads), query, key]``, float64 score
+    units): ((c_ij ± c_ji)/2 - c_ij) / attn_scale, from the call's q and k."""
     scale = attn_scale(model, iv.layer)
-
-    def offset_terms(q, k):
-        """RoPE with unrotated q, k: o[i, j] = q_i R(i - j) k_j (the model's own score) and
-        s[i, j] = q_j R(i - j) k_i = x_i M(Δ)^T x_j^T, over every offset t = i - j."""
+    sign = 1.0 if iv.kind == "symmetric" else -1.0
+    if offset_variant:
+        # RoPE with unrotated q, k: o[i, j] = q_i R(i - j) k_j (the model's own score) and
+        # s[i, j] = q_j R(i - j) k_i = x_i M(Δ)^T x_j^T, over every offset t = i - j.
         n = q.shape[1]
         o = torch.zeros(q.shape[0], q.shape[2], n, n, dtype=torch.float64, device=q.device)
         s = torch.zeros_like(o)
@@ -180,73 +174,145 @@ def _score_hooks(model, iv: QKIntervention):
             j = i - t
             o[:, :, i, j] = torch.einsum("bphd,bphd->bhp", qt[:, i], k[:, j])
             s[:, :, i, j] = torch.einsum("bphd,bphd->bhp", qt[:, j], k[:, i])
-        return o, s
+        return 0.5 * (sign * s - o) / scale
+    direct = torch.einsum("bihd,bjhd->bhij", q, k)
+    return 0.5 * (sign * direct.transpose(-1, -2) - direct) / scale
 
-    def content_terms(q, k):
-        if offset_variant:
-            return offset_terms(q, k)
-        direct = torch.einsum("bihd,bjhd->bhij", q, k)
-        return direct, direct.transpose(-1, -2)  # c_ji at [i, j]
 
-    def replace(scores, hook):  # [batch, head, query, key]
-        if scores.shape[-1] != scores.shape[-2]:
+def _score_hooks(model, iv: QKIntervention):
+    """Symmetrization as a delta on the content term only: s'_ij = s_ij + d_ij, so every
+    bias, mask and upstream edit of the scores (a user's hook, ALiBi) survives unchanged.
+
+    Three routes, chosen by what the model's hooks were verified to carry
+    (:func:`~posinterp.models.backend.hook_meaning`): at the pre-softmax scores hook; where
+    there is none, at an editable pattern hook (TL 4 native models) with p'_ij = p_ij
+    e^{d_ij} / Σ_j p_ij e^{d_ij} (exactly softmax(s + d)); where that is not editable
+    either (OPT/GPT-Neo bridges on TL 4), at the attention module's output, with the
+    same p' and the output moved by Σ_h (p' - p)_h v_h W_O,h.
+    """
+    heads = check_intervention(model, iv)
+    rotary = positional_type(model) == "rotary"
+    offset_variant = rotary and iv.rope_variant == "offset"
+    meaning = hook_meaning(model, iv.layer)
+    # Hooks come from the backend, verified on this model; each raises naming the
+    # missing feature where the model has no hook of that meaning.
+    # The content variant needs the rotated q/k of this call (hook_rot_q/k, or hook_q/k
+    # with the call's cos/sin tables); the offset variant the unrotated q/k.
+    names = query_hooks(model, iv.layer) if offset_variant else content_qk_hooks(model, iv.layer)
+    if meaning.scores is None and meaning.pattern is None and not meaning.output_edit:
+        scores_hook(model, iv.layer)  # raises, naming what the probe found
+    captured: dict[str, Tensor] = {}
+    H = model.cfg.n_heads
+
+    def capture(name):
+        def hook(x, hook):
+            captured[name] = x.detach()
+            return x
+        return hook
+
+    def delta():
+        q, k = content_qk_from(names, captured, H)  # grouped-query keys expanded
+        return _content_delta(model, iv, heads, offset_variant, q[:, :, heads], k[:, :, heads])
+
+    def square(n_query, n_key):
+        if n_query != n_key:
             raise ValueError("symmetrization needs the full square score matrix; it cannot "
                              "run with a KV cache (generate with use_past_kv_cache=False)")
-        q, k = captured[q_name][:, :, heads].double(), captured[k_name][:, :, heads].double()
-        if model.cfg.n_key_value_heads is not None and k.shape[2] != len(heads):
-            raise ValueError("grouped-query keys must be expanded before symmetrization")
-        direct, transposed = content_terms(q, k)
-        content = 0.5 * (direct + sign * transposed) / scale
-        n = scores.shape[-1]
-        if bias_in_scores:
-            # A bridged HF ALiBi model (BLOOM) adds its bias inside the scores and exposes it
-            # nowhere else: it is the score minus the content q_i·k_j / scale it started from.
-            content = content + (scores[:, heads].double() - direct / scale)
-        else:
-            # The bias the model added in this very call (mask positions, any length).
-            bias = alibi_bias_of(model, iv.layer)
-            if bias is not None:
-                content = content + bias[:, heads].to(scores.device).double()
-        causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
-        # Padding masks are not visible to hooks: keep every entry the model, or a user's
-        # hook that ran before this one, masked (-inf in TransformerLens, finfo.min in HF).
-        keep = causal & ~masked_scores(scores[:, heads])
-        scores = scores.clone()
-        scores[:, heads] = torch.where(keep, content.to(scores.dtype),
-                                       torch.tensor(float("-inf"), dtype=scores.dtype,
-                                                    device=scores.device))
-        return scores
 
-    if model.cfg.n_key_value_heads is not None:
-        # hook_k / hook_rot_k carry only the KV heads: expand to query heads first.
-        reps = model.cfg.n_heads // model.cfg.n_key_value_heads
-        inner = capture(k_name)
+    hooks = [(name, capture(name)) for name in names]
+    if meaning.scores is not None:
+        def add_delta(scores, hook):  # [batch, head, query, key]
+            square(scores.shape[-2], scores.shape[-1])
+            d = delta().to(scores.device)
+            # Masked entries (the model's mask, or a user's knockout: -inf or finfo.min)
+            # stay as they are; the causal upper triangle is masked by the model.
+            keep = ~masked_scores(scores[:, heads])
+            scores = scores.clone()
+            scores[:, heads] = torch.where(keep, scores[:, heads].double() + d,
+                                           scores[:, heads].double()).to(scores.dtype)
+            return scores
+        return hooks + [(meaning.scores, add_delta)]
 
-        def capture_k(x, hook):
-            inner(torch.repeat_interleave(x, reps, dim=2), hook)
-            return x
-        k_hook = capture_k
-    else:
-        k_hook = capture(k_name)
-    return [(q_name, capture(q_name)), (k_name, k_hook), (scores_name, replace)]
+    def reweight(old):  # [batch, head, query, key] float64 -> the pattern of s + d
+        square(old.shape[-2], old.shape[-1])
+        return reweight_pattern(old, delta().to(old.device))
+
+    if meaning.pattern is not None:
+        def edit_pattern(pattern, hook):  # [batch, head, query, key]
+            pattern = pattern.clone()
+            pattern[:, heads] = reweight(pattern[:, heads].double()).to(pattern.dtype)
+            return pattern
+        return hooks + [(meaning.pattern, edit_pattern)]
+
+    def arm(v, hook):
+        arm_output_edit(model, iv.layer, pattern_edit(model, iv.layer, heads, reweight, v.detach()))
+        return v
+    install_output_edit(model, iv.layer)
+    return hooks + [(f"blocks.{iv.layer}.attn.hook_v", arm)]
+
+
+def reweight_pattern(pattern: Float[Tensor, "batch head query key"],
+                     delta: Float[Tensor, "batch head query key"],
+                     tol: float = 1e-6) -> Float[Tensor, "batch head query key"]:
+    """softmax(s + d) from p = softmax(s): p'_ij = p_ij e^{d_ij} / Σ_j p_ij e^{d_ij}, in
+    float64 (unitless probabilities; ``delta`` in score units).
+
+    Exact where p_ij > 0. A masked key has p_ij = 0 and keeps it, as it must; an allowed
+    key whose probability underflowed to 0 in the model's dtype (its score more than about
+    87 nats below the row's largest in float32) also stays at 0, which is wrong by at most
+    tiny · e^{d_ij} / Σ_j p_ij e^{d_ij} (tiny: the dtype's smallest subnormal). Where that
+    bound exceeds ``tol`` for some entry the intervention is refused.
+
+    Raises:
+        ValueError: where the bound above exceeds ``tol`` (the score-hook route has no such
+            limit; the models affected have no pre-softmax hook).
+    """
+    p = pattern.double()
+    logp = torch.where(p > 0, p.log(), torch.tensor(float("-inf"), dtype=torch.float64,
+                                                      device=p.device))
+    logits = logp + torch.where(p > 0, delta, torch.zeros_like(delta))
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    new = torch.exp(logits - lse)
+    new = torch.where(torch.isfinite(lse), new, p)  # an all-zero row stays as it was
+    tiny = torch.finfo(pattern.dtype).smallest_normal * torch.finfo(pattern.dtype).eps
+    n = p.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=p.device).tril()
+    zero = (p == 0) & causal & (p > 0).any(-2, keepdim=True)  # not a key masked for every query
+    if zero.any():
+        bound = (tiny * torch.exp(delta - lse))[zero.expand_as(delta)]
+        if bound.numel() and float(bound.max()) > tol:
+            raise ValueError(
+                f"the intervention would raise an attention probability that underflowed to 0 "
+                f"in {pattern.dtype} (error bound {float(bound.max()):.1e} > {tol:g}); this "
+                "model has no pre-softmax score hook, so posinterp edits the pattern and "
+                "cannot recover it: run the model in float64")
+    return new
 
 
 def intervention_hooks(model, interventions) -> list[tuple[str, object]]:
     """``(hook name, hook fn)`` pairs for ``model.run_with_hooks(fwd_hooks=...)``.
 
+    Each hook is one whose meaning was verified on this model
+    (:func:`posinterp.models.backend.hook_meaning`).
+
     Raises:
         ValueError: for out-of-range layers/heads, for every kind (checked by
             :func:`check_intervention` before any weight is read or forward pass run).
+        MissingFeatureError: (a ValueError) where the model has no hook with the meaning
+            an intervention needs, or for a ``torch.compile(model)`` wrapper (pass
+            ``model._orig_mod``).
     """
     interventions = ([interventions] if isinstance(interventions, QKIntervention)
                      else list(interventions))
     for iv in interventions:  # every one, before any weight is read or hook built
         check_intervention(model, iv)
+    check_not_wrapped(model, "a QK intervention")
     hooks = []
     for iv in interventions:
         if iv.kind in PROJECTION_KINDS:
-            hooks.append((f"blocks.{iv.layer}.attn.hook_q",
-                          _projection_hook(_query_projector(model, iv))))
+            # hook_q verified as the unrotated query whose edits take effect
+            q_name, _ = query_hooks(model, iv.layer)
+            hooks.append((q_name, _projection_hook(_query_projector(model, iv))))
         else:
             hooks.extend(_score_hooks(model, iv))
     return hooks
@@ -259,8 +325,14 @@ def intervene(model, interventions):
     Uses TransformerLens's ``model.hooks`` context, which removes only the hooks it
     added: hooks the user registered before stay in place and keep firing.
 
+    A model compiled in place with ``model.compile()`` runs eagerly inside the block (its
+    compiled graph would skip the hooks) and compiled again after it.
+
     Raises:
         ValueError: see :func:`intervention_hooks`.
     """
-    with model.hooks(fwd_hooks=intervention_hooks(model, interventions)):
+    hooks = intervention_hooks(model, interventions)
+    # A model compiled in place (model.compile()) runs eagerly inside the block, so the
+    # hooks fire; a torch.compile(model) wrapper is refused by intervention_hooks.
+    with eager(model), model.hooks(fwd_hooks=hooks):
         yield model

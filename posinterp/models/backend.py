@@ -9,10 +9,17 @@ Analyses ask this module, never the TransformerLens version or a model's class:
   positional scheme, as the model really computes them (TL 4 configs hold ``attn_scale
   = -1`` and ``rotary_dim = None`` as "unset" sentinels, and cannot say "alibi" for a
   native model);
-* :func:`scores_hook`, :func:`rotated_qk_hooks` — the hooks that carry the pre-softmax
-  scores and the rotated q/k; each raises, naming the missing feature, where the model
-  has no such hook (TL 4 native attention fires ``hook_attn_scores`` with the
-  post-softmax pattern and never fires ``hook_rot_q``/``hook_rot_k``);
+* :func:`hook_meaning` — what each attention hook really carries on the loaded model,
+  verified once per model by a probe (softmax of the scores hook is the pattern and an
+  edit of it changes the output; q·k/attn_scale of the q/k hooks explains the pattern;
+  ...) and cached on the model object; :func:`scores_hook`, :func:`rotated_qk_hooks`,
+  :func:`content_qk_hooks`, :func:`query_hooks`, :func:`z_hook` answer from it and raise
+  :class:`MissingFeatureError`, naming what the probe found, where no hook has the
+  meaning (TL 4 native attention and OPT/GPT-Neo bridges fire ``hook_attn_scores`` after
+  the softmax with the pattern; native attention never fires ``hook_rot_q``);
+  :func:`install_output_edit` / :func:`pattern_edit` edit the pattern where no hook can;
+* :func:`compiled_kind`, :func:`eager`, :func:`unwrap` — compiled models, whose graphs
+  skip hooks, run eagerly for hook-based features;
 * :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind.
 
 docs/tl4.md lists every TL 4 hook whose meaning differs from 3.9 and what posinterp
@@ -28,9 +35,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "RotarySpec", "attention_weights",
-           "attn_scale", "is_bridge", "n_kv_heads", "positional_type", "rotary_spec",
-           "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias"]
+__all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
+           "RotarySpec", "arm_output_edit", "attention_weights", "attn_scale", "check_not_wrapped",
+           "compiled_kind", "content_qk_from", "content_qk_hooks", "eager", "hook_meaning",
+           "install_output_edit", "is_bridge", "n_kv_heads", "pattern_edit", "positional_type", "query_hooks",
+           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
+           "unwrap", "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -72,16 +82,27 @@ def n_kv_heads(model) -> int:
 
 
 def attn_scale(model, layer: int = 0) -> float:
-    """The divisor of q·k in ``layer`` (usually sqrt(d_head)).
+    """The divisor of q·k in ``layer`` (usually sqrt(d_head)), as the model computes it.
 
-    TL 4 configs hold -1 as "sqrt(d_head)"; native attention keeps the value it uses.
+    TL 4 configs hold -1 as "sqrt(d_head)"; native attention keeps the value it uses and
+    HF modules their ``scaling`` (its inverse); GPT-2's inverse-layer scaling multiplies by
+    ``layer + 1``. :func:`hook_meaning` checks the value against the model's pattern.
     """
     comp = _native_attention(model, layer)
     if comp is not None and isinstance(getattr(comp, "scale", None), (int, float)):
         return float(comp.scale)
+    if comp is not None and isinstance(getattr(comp, "scaling", None), (int, float)):
+        return 1.0 / float(comp.scaling)  # HF attention modules (OPT, Llama, GPT-NeoX, ...)
+    arch = str(getattr(model.cfg, "architecture", "") or "")
+    if is_bridge(model) and arch == "GPTNeoForCausalLM":
+        # HF GPT-Neo never scales q·k; TL 4.3's config says it does (hook_meaning checks)
+        return 1.0
     scale = float(getattr(model.cfg, "attn_scale", -1.0))
     if is_bridge(model) and (scale <= 0 or not getattr(model.cfg, "use_attn_scale", True)):
         return math.sqrt(model.cfg.d_head)
+    attn = _attn(model, layer)
+    if isinstance(getattr(attn, "attn_scale", None), (int, float)):
+        return float(attn.attn_scale)  # TL 3.9: use_attn_scale and inverse-layer scaling applied
     return scale
 
 
@@ -183,43 +204,532 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
     return RotarySpec(2 * inv.shape[0], arch.startswith("GPTJ"), inv)
 
 
+# --- What the attention hooks carry, verified on the loaded model -------------------------
+#
+# TL 4 changed what several hooks carry without renaming them (OPT/GPT-Neo bridges fire
+# hook_attn_scores with the pattern, after the fact; native models never fire hook_rot_q),
+# so no feature trusts a hook by its name: a probe checks each hook's meaning once per
+# model and the verdict is cached on the model object (docs/tl4.md, "Hook meanings").
+
+_VERDICTS = "posinterp_hook_meaning"  # attribute on the model: {layer: HookMeaning}
+
+
+@dataclass(frozen=True)
+class HookMeaning:
+    """What one layer's attention hooks were verified to carry (:func:`hook_meaning`).
+
+    ``scores``: the hook carrying pre-softmax scores (masked, bias added) whose edits
+    change the output, else None. ``pattern``: where there is no such hook, the hook
+    carrying the pattern the module goes on to use, whose edits change the output (TL 4
+    native models), else None. ``output_edit``: the wrapped attention module returns
+    ``(output, pattern)`` and posinterp can replace both (the route for score edits where
+    no pre-softmax hook exists). ``content_qk``: hooks whose ``q_i · k_j / attn_scale``
+    is the content term of the scores (rotated q/k for RoPE; see
+    :func:`content_qk_from`), else None. ``query_qk``:
+    ``hook_q``/``hook_k`` verified as the query/key before any rotation, whose edits take
+    effect, else None. ``z``: ``hook_z``, verified as each head's pattern-weighted values
+    (``[batch, pos, head, d_head]``, z_h = p_h v_h) whose edits take effect, else None.
+    ``found``: what the probe saw, for error messages.
+    """
+
+    scores: str | None
+    pattern: str | None
+    output_edit: bool
+    content_qk: tuple[str, ...] | None
+    query_qk: tuple[str, str] | None
+    z: str | None
+    found: str
+
+
+def rope_rotate(x: Tensor, spec: RotarySpec, positions: Tensor) -> Tensor:
+    """``x`` (``[batch, pos, head, d_head]``) rotated by RoPE at ``positions``
+    (``[batch, pos]``), with ``spec``'s layout and frequencies, in float64.
+
+    Source: Su et al. 2021 (RoFormer) eq. 34 (pairs rotated by ``pos * inv_freq[p]``).
+    """
+    x = x.double()
+    rd = spec.rotary_dim
+    ang = positions.double()[..., None] * spec.inv_freq.to(x.device)[None, None]  # [b, pos, rd/2]
+    cos, sin = ang.cos()[:, :, None], ang.sin()[:, :, None]
+    rot, rest = x[..., :rd], x[..., rd:]
+    if spec.adjacent_pairs:
+        a, b = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
+    else:
+        a, b = rot[..., : rd // 2], rot[..., rd // 2:]
+        out = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    return torch.cat([out, rest], -1)
+
+
+def compiled_kind(model) -> str | None:
+    """``"torch.compile"`` for a ``torch.compile(model)`` wrapper, ``"model.compile()"`` for
+    a module compiled in place, None for an eager model.
+
+    TransformerLens hooks added after compilation do not fire inside the compiled graph
+    (issue 22 item 5), so hook-based features ask this first (:func:`eager`).
+    """
+    if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+        return "torch.compile"
+    if getattr(model, "_compiled_call_impl", None) is not None:
+        return "model.compile()"
+    return None
+
+
+class CompiledModelError(MissingFeatureError):
+    """A hook-based feature was asked of a compiled model whose hooks would not fire."""
+
+
+def check_not_wrapped(model, feature: str) -> None:
+    """Refuse a ``torch.compile(model)`` wrapper for ``feature`` (hooks would not fire in
+    its calls).
+
+    Raises:
+        CompiledModelError: naming the wrapper and the way out (pass ``model._orig_mod``).
+    """
+    if compiled_kind(model) == "torch.compile":
+        raise CompiledModelError(
+            f"{feature} needs TransformerLens hooks, which do not fire inside the graph of a "
+            "torch.compile(model) wrapper; pass the uncompiled model (model._orig_mod)")
+
+
+class eager:  # noqa: N801 - used as a context manager, like torch.no_grad
+    """Run a model compiled in place with ``model.compile()`` eagerly inside the block, so
+    hooks fire; restored afterwards. A ``torch.compile(model)`` wrapper is unwrapped by
+    :func:`unwrap` instead; an eager model is left alone.
+
+    Uses ``nn.Module._compiled_call_impl`` (torch >= 2.2), the attribute ``Module.compile``
+    sets; ``__call__`` falls back to the eager forward while it is None.
+    """
+
+    def __init__(self, model):
+        self.model = unwrap(model)
+        self.saved = None
+
+    def __enter__(self):
+        self.saved = getattr(self.model, "_compiled_call_impl", None)
+        if self.saved is not None:
+            self.model._compiled_call_impl = None
+        return self.model
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            self.model._compiled_call_impl = self.saved
+        return False
+
+
+def unwrap(model):
+    """The module a ``torch.compile(model)`` wrapper compiles (the model itself otherwise)."""
+    return model._orig_mod if compiled_kind(model) == "torch.compile" else model
+
+
+def _allowed(model, n: int) -> Tensor:
+    causal = getattr(model.cfg, "attention_dir", "causal") == "causal"
+    full = torch.ones(n, n, dtype=torch.bool)
+    return full.tril() if causal else full
+
+
+def _explains(pattern: Tensor, content: Tensor, allowed: Tensor) -> bool:
+    """True if ``log pattern - content`` depends on positions only (on two probe
+    sequences of different tokens): then content is the score's q·k term and everything
+    else the model adds (mask, ALiBi, biases folded into positions) is token-independent.
+
+    log p_ij = c_ij + b_ij - LSE_i, so centring each row at a shared key removes LSE_i.
+    """
+    p = pattern.double()
+    ok = allowed & (p > 1e-30).all(0)  # [head, query, key], both sequences
+    if not ok.any():
+        return False
+    r = p.clamp_min(1e-300).log() - content.double()
+    # centre each row at its best-resolved key (largest smaller probability of the two)
+    ref = torch.where(ok, p.amin(0), -1.0).argmax(-1, keepdim=True)  # [head, query, 1]
+    r = r - r.gather(-1, ref[None].expand(r.shape[0], -1, -1, -1))
+    diff = (r[0] - r[1]).abs()[ok]
+    tol = 1e-3 * (1.0 + float(content.double().abs()[:, ok].max()))
+    return bool(diff.max() <= tol)
+
+
+def _probe_tokens(model) -> Tensor:
+    n = int(min(8, model.cfg.n_ctx))
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, model.cfg.d_vocab, (2, n), generator=gen)
+
+
+def _qk(cache, q_name, k_name, H):
+    q, k = cache[q_name].double(), cache[k_name].double()
+    if k.shape[2] != H:
+        k = torch.repeat_interleave(k, H // k.shape[2], dim=2)
+    return q, k
+
+
+def content_qk_from(names: tuple[str, ...], captured, n_heads: int) -> tuple[Tensor, Tensor]:
+    """``(q, k)`` float64 ``[batch, pos, head, d_head]`` (k expanded over grouped-query
+    heads) of the content score, from the tensors of :func:`content_qk_hooks` (a dict
+    name -> tensor): two hooks carry them rotated; four (q, k, cos, sin) carry the
+    unrotated q/k and the call's RoPE tables ``[batch or 1, pos, rotary_dim]``, applied as
+    HF does: x cos + rotate_half(x) sin on the leading rotary_dim dims (split halves)."""
+    q, k = _qk(captured, names[0], names[1], n_heads)
+    if len(names) == 4:
+        cos, sin = captured[names[2]].double()[:, :, None], captured[names[3]].double()[:, :, None]
+        rd = cos.shape[-1]
+
+        def rot(x):
+            a, b = x[..., : rd // 2], x[..., rd // 2: rd]
+            half = torch.cat([-b, a], -1)
+            return torch.cat([x[..., :rd] * cos.to(x.device) + half * sin.to(x.device), x[..., rd:]], -1)
+        q, k = rot(q), rot(k)
+    return q, k
+
+
+def _content(q, k, scale):
+    return torch.einsum("bihd,bjhd->bhij", q, k) / scale
+
+
+def _changes_output(model, tokens, clean, hooks) -> bool:
+    out = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    return not torch.allclose(out.double(), clean.double(), rtol=0, atol=1e-6)
+
+
+def _noise(seed):
+    def hook(x, hook):
+        g = torch.Generator().manual_seed(seed)
+        return x + torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.device, x.dtype)
+    return hook
+
+
+def hook_meaning(model, layer: int) -> HookMeaning:
+    """The verified meaning of ``layer``'s attention hooks on this model (see
+    :class:`HookMeaning`), probed once per model on two random 8-token sequences and
+    cached on the model object.
+
+    Checks: softmax of ``hook_attn_scores`` equals ``hook_pattern`` and an edit of it
+    changes the logits; q·k/attn_scale of the candidate q/k hooks explains the pattern
+    up to a token-independent term (:func:`_explains`); an edit of ``hook_q`` changes
+    the logits; where no pre-softmax hook exists, the wrapped module's ``(output,
+    pattern)`` satisfies output = Σ_h pattern_h v_h W_O,h + b_O and replacing it takes
+    effect.
+
+    A ``torch.compile(model)`` wrapper is probed (and answered for) through the module
+    it wraps, eagerly.
+
+    Raises:
+        ValueError: for a layer outside ``[0, n_layers)``.
+    """
+    model = unwrap(model)
+    if not 0 <= layer < model.cfg.n_layers:
+        raise ValueError(f"layer must be in [0, {model.cfg.n_layers - 1}], got {layer}")
+    verdicts = model.__dict__.get(_VERDICTS)
+    if verdicts is None:
+        with eager(model), torch.no_grad(), _without_lens_hooks(model):
+            verdicts = _probe(model)
+        object.__setattr__(model, _VERDICTS, verdicts)
+    return verdicts[layer]
+
+
+class _without_lens_hooks:  # noqa: N801
+    """Hide the TransformerLens hooks already added (a user's, an outer ``intervene``'s)
+    during the probe: it must see the model, and must not make those hooks fire. Hooks
+    registered on hook points directly with torch (posinterp's ALiBi bias) are part of
+    the model and stay."""
+
+    def __init__(self, model):
+        self.points = list(model.hook_dict.values())
+        self.saved = []
+
+    def __enter__(self):
+        for hp in self.points:
+            ids = {h.hook.id for h in getattr(hp, "fwd_hooks", ())}
+            taken = [(i, hp._forward_hooks.pop(i)) for i in list(hp._forward_hooks) if i in ids]
+            if taken:
+                self.saved.append((hp, taken))
+
+    def __exit__(self, *exc):
+        for hp, taken in self.saved:
+            hp._forward_hooks.update(taken)  # after the model's own hooks, as before
+        return False
+
+
+def _probe(model) -> dict[int, HookMeaning]:
+    from ..devices import model_device
+
+    tokens = _probe_tokens(model).to(model_device(model))
+    H = model.cfg.n_heads
+    n = tokens.shape[1]
+    allowed = _allowed(model, n)
+    names = {f"blocks.{layer}.attn.hook_{s}" for layer in range(model.cfg.n_layers)
+             for s in ("attn_scores", "pattern", "q", "k", "v", "z", "rot_q", "rot_k", "cos", "sin")}
+    names &= set(model.hook_dict)
+    clean, cache = model.run_with_cache(tokens, names_filter=lambda x: x in names)
+    cache = {k: v.detach().cpu() for k, v in cache.items()}
+    rotary = positional_type(model) == "rotary"
+    out = {}
+    for layer in range(model.cfg.n_layers):
+        p = f"blocks.{layer}.attn."
+        found = []
+        pattern = cache.get(p + "hook_pattern")
+        if pattern is None:
+            out[layer] = HookMeaning(None, None, False, None, None, None, "hook_pattern does not fire")
+            continue
+        scale = attn_scale(model, layer)
+        # pre-softmax scores
+        scores_name = None
+        s = cache.get(p + "hook_attn_scores")
+        if s is None:
+            found.append("hook_attn_scores does not fire")
+        elif not torch.allclose(s.double().softmax(-1), pattern.double(), atol=1e-5, rtol=1e-4):
+            found.append("hook_attn_scores holds the post-softmax pattern" if torch.allclose(s, pattern)
+                         else "softmax of hook_attn_scores is not hook_pattern")
+        elif not _changes_output(model, tokens, clean, [(p + "hook_attn_scores", _noise(layer))]):
+            found.append("edits of hook_attn_scores are discarded")
+        else:
+            scores_name = p + "hook_attn_scores"
+        # q/k whose product is the content term
+        content_qk = query_qk = None
+        if p + "hook_q" in cache and p + "hook_k" in cache:
+            q, k = _qk(cache, p + "hook_q", p + "hook_k", H)
+            if rotary:
+                spec = rotary_spec(model, layer)
+                pos = torch.arange(n)[None].expand(2, n)
+                q, k = rope_rotate(q, spec, pos), rope_rotate(k, spec, pos)
+            if _explains(pattern, _content(q, k, scale), allowed) and _changes_output(
+                    model, tokens, clean, [(p + "hook_q", _noise(100 + layer))]):
+                query_qk = (p + "hook_q", p + "hook_k")
+            else:
+                found.append("hook_q/hook_k do not give the scores' q·k term")
+            if not rotary:
+                content_qk = query_qk
+        if rotary:
+            if p + "hook_rot_q" in cache and p + "hook_rot_k" in cache:
+                q, k = _qk(cache, p + "hook_rot_q", p + "hook_rot_k", H)
+                if _explains(pattern, _content(q, k, scale), allowed):
+                    content_qk = (p + "hook_rot_q", p + "hook_rot_k")
+                else:
+                    found.append("hook_rot_q/hook_rot_k do not give the scores' q·k term")
+            else:
+                found.append("hook_rot_q/hook_rot_k do not fire")
+            tables = (p + "hook_q", p + "hook_k", p + "hook_cos", p + "hook_sin")
+            if content_qk is None and all(t in cache for t in tables):
+                # GPT-NeoX bridges fire the cos/sin each call used (positions from the mask)
+                q, k = content_qk_from(tables, cache, H)
+                if _explains(pattern, _content(q, k, scale), allowed):
+                    content_qk = tables
+                    found.append("hook_q/hook_k rotated by hook_cos/hook_sin give the scores")
+        pattern_name, output_edit = None, False
+        if scores_name is None and _changes_output(model, tokens, clean,
+                                                   [(p + "hook_pattern", _noise(200 + layer))]):
+            pattern_name = p + "hook_pattern"
+        elif scores_name is None:
+            found.append("edits of hook_pattern are discarded")
+        if scores_name is None and pattern_name is None and p + "hook_v" in cache:
+            output_edit = _verify_output_edit(model, layer, tokens, clean, cache)
+            if not output_edit:
+                found.append("its attention module's output cannot be edited with the pattern")
+        z_name = None
+        if p + "hook_z" in cache and p + "hook_v" in cache:
+            v = cache[p + "hook_v"].double()
+            v = v if v.shape[2] == H else torch.repeat_interleave(v, H // v.shape[2], dim=2)
+            pv = torch.einsum("bhij,bjhd->bihd", pattern.double(), v)
+            if pv.shape == cache[p + "hook_z"].shape and torch.allclose(
+                    pv, cache[p + "hook_z"].double(), atol=1e-5, rtol=1e-4) and _changes_output(
+                    model, tokens, clean, [(p + "hook_z", _noise(300 + layer))]):
+                z_name = p + "hook_z"
+            else:
+                found.append("hook_z is not the pattern-weighted values or edits are discarded")
+        out[layer] = HookMeaning(scores_name, pattern_name, output_edit, content_qk, query_qk,
+                                 z_name, "; ".join(found))
+    return out
+
+
+# --- Editing the pattern where no pre-softmax hook exists ---------------------------------
+#
+# OPT and GPT-Neo bridges (TL 4.3) and TL 4 native models fire hook_attn_scores and
+# hook_pattern after their attention module returned, so edits there are discarded. Their
+# module returns (output, pattern); a forward hook on it can replace both exactly, by
+# output' = output + Σ_h (pattern'_h - pattern_h) v_h W_O,h (the output is linear in the
+# pattern). Edits are armed per call by TransformerLens hooks that fire inside the module
+# (hook_q/k/v), and a pre-hook clears anything left armed by a call that raised.
+
+
+def _module(model, layer: int):
+    return _native_attention(model, layer)
+
+
+def install_output_edit(model, layer: int) -> None:
+    """Let ``arm_output_edit`` replace ``layer``'s attention pattern in the current call.
+
+    Idempotent. A no-op hook pair on the wrapped attention module: a pre-hook clears
+    edits left armed, a forward hook applies the armed ones, in order, to ``(output,
+    pattern, ...)``.
+
+    Raises:
+        MissingFeatureError: for a model without a wrapped attention module (TL 3.9).
+    """
+    comp = _module(model, layer)
+    if comp is None:
+        raise MissingFeatureError("only a TransformerLens 4 bridge wraps an attention module")
+    if getattr(comp, "posinterp_output_edit_handles", None):
+        return
+
+    def clear(module, args):
+        object.__setattr__(module, "posinterp_armed", [])
+
+    def apply(module, args, output):
+        armed = module.__dict__.get("posinterp_armed") or []
+        object.__setattr__(module, "posinterp_armed", [])
+        for fn in armed:
+            output = fn(output)
+        return output
+
+    object.__setattr__(comp, "posinterp_armed", [])
+    object.__setattr__(comp, "posinterp_output_edit_handles", (
+        comp.register_forward_pre_hook(clear), comp.register_forward_hook(apply)))
+
+
+def arm_output_edit(model, layer: int, fn) -> None:
+    """Apply ``fn((output, pattern, ...)) -> (output', pattern', ...)`` to ``layer``'s
+    attention module output in the call now running (call from a hook that fires inside
+    the module, e.g. at ``hook_v``)."""
+    _module(model, layer).posinterp_armed.append(fn)
+
+
+def pattern_edit(model, layer: int, heads: list[int], new_pattern, v: Tensor):
+    """An output edit (for :func:`arm_output_edit`) that replaces ``heads``' pattern by
+    ``new_pattern(pattern)`` (``[batch, len(heads), query, key]`` float64 -> same) and the
+    output by output + Σ_h (pattern'_h - pattern_h) v_h W_O,h, with ``v`` the call's
+    ``hook_v`` (``[batch, key, head or kv head, d_head]``)."""
+    W_O = attention_weights(model, layer)["W_O"][heads]  # [h, d_head, d_model]
+    H = model.cfg.n_heads
+
+    def fn(output):
+        out, pattern, *rest = output
+        old = pattern[:, heads].double()
+        new = new_pattern(old)
+        vv = v if v.shape[2] == H else torch.repeat_interleave(v, H // v.shape[2], dim=2)
+        dz = torch.einsum("bhij,bjhd->bihd", new - old, vv[:, :, heads].double())
+        delta = torch.einsum("bihd,hdm->bim", dz, W_O.to(dz.device))
+        pattern = pattern.clone()
+        pattern[:, heads] = new.to(pattern.dtype)
+        return (out + delta.to(out.dtype), pattern, *rest)
+    return fn
+
+
+def _verify_output_edit(model, layer, tokens, clean, cache) -> bool:
+    comp = _module(model, layer)
+    if comp is None:
+        return False
+    p = f"blocks.{layer}.attn."
+    H = model.cfg.n_heads
+    install_output_edit(model, layer)
+    seen = {}
+
+    def grab(output):
+        seen["out"] = output
+        return output
+
+    def arm(x, hook):
+        arm_output_edit(model, layer, grab)
+        return x
+    model.run_with_hooks(tokens, fwd_hooks=[(p + "hook_v", arm)])
+    out = seen.get("out")
+    if not (isinstance(out, tuple) and len(out) >= 2 and isinstance(out[1], Tensor)):
+        return False
+    pattern = out[1].detach().cpu().double()
+    if pattern.shape != cache[p + "hook_pattern"].shape or not torch.allclose(
+            pattern, cache[p + "hook_pattern"].double(), atol=1e-6):
+        return False
+    v = cache[p + "hook_v"].double()
+    v = v if v.shape[2] == H else torch.repeat_interleave(v, H // v.shape[2], dim=2)
+    w = attention_weights(model, layer)
+    b_O = getattr(model.blocks[layer].attn, "b_O", None)
+    b_O = 0.0 if b_O is None else b_O.detach().cpu().double()
+    want = torch.einsum("bhij,bjhd,hdm->bim", pattern, v, w["W_O"]) + b_O
+    if not torch.allclose(out[0].detach().cpu().double(), want, atol=1e-4, rtol=1e-4):
+        return False
+    # and replacing it takes effect
+    uniform = _allowed(model, tokens.shape[1]).double()
+    uniform = uniform / uniform.sum(-1, keepdim=True)
+
+    def arm_uniform(x, hook):
+        arm_output_edit(model, layer, pattern_edit(model, layer, list(range(H)),
+                                                   lambda old: uniform.to(old.device).expand_as(old),
+                                                   x.detach()))
+        return x
+    return _changes_output(model, tokens, clean, [(p + "hook_v", arm_uniform)])
+
+
+def _refusal(model, layer, what: str) -> MissingFeatureError:
+    m = hook_meaning(model, layer)
+    return MissingFeatureError(f"this model has no hook carrying {what} at layer {layer} "
+                               f"(checked on the loaded model: {m.found or 'nothing fired'})")
+
+
 def scores_hook(model, layer: int) -> str:
     """Name of the hook carrying ``layer``'s pre-softmax scores (masked, bias added),
-    whose edits change the output.
+    whose edits change the output: verified on the model (:func:`hook_meaning`).
 
     Raises:
-        MissingFeatureError: for TL 4 native attention, whose ``hook_attn_scores`` fires
-            after the softmax with the pattern and whose edits are discarded.
+        MissingFeatureError: where no hook has that meaning (TL 4 native attention and
+            OPT/GPT-Neo bridges fire ``hook_attn_scores`` after the softmax with the
+            pattern and discard edits to it).
     """
-    if _is_native(model, layer) and not is_posinterp_attention(model, layer):
-        raise MissingFeatureError(
-            "this TransformerLens 4 native model has no pre-softmax score hook: its "
-            "hook_attn_scores holds the post-softmax pattern and edits to it are discarded. "
-            "Build the model with posinterp.build_model, whose attention fires "
-            "hook_attn_scores before the softmax")
-    return f"blocks.{layer}.attn.hook_attn_scores"
+    name = hook_meaning(model, layer).scores
+    if name is None:
+        raise _refusal(model, layer, "the pre-softmax scores")
+    return name
 
 
-def rotated_qk_hooks(model, layer: int) -> tuple[str, str]:
+def rotated_qk_hooks(model, layer: int) -> tuple[str, ...]:
     """Names of the hooks carrying ``layer``'s q and k after RoPE (``[batch, pos, head,
-    d_head]``, k over KV heads).
+    d_head]``, k over KV heads), verified to give the scores' q·k term.
 
     Raises:
-        MissingFeatureError: where they do not fire (TL 4 native attention).
+        MissingFeatureError: where they do not fire or do not carry that (TL 4 native
+            attention, GPT-NeoX bridges; :func:`content_qk_hooks` may still give the
+            rotated q/k from hook_q/hook_k and the call's cos/sin).
     """
-    if _is_native(model, layer) and not is_posinterp_attention(model, layer):
-        raise MissingFeatureError(
-            "this TransformerLens 4 native model never fires hook_rot_q/hook_rot_k; build it "
-            "with posinterp.build_model, whose attention fires them")
-    p = f"blocks.{layer}.attn."
-    return p + "hook_rot_q", p + "hook_rot_k"
+    m = hook_meaning(model, layer)
+    if positional_type(model) != "rotary" or m.content_qk is None or len(m.content_qk) != 2:
+        raise _refusal(model, layer, "the rotated q and k (hook_rot_q/hook_rot_k)")
+    return m.content_qk
 
 
-def scores_include_bias(model, layer: int) -> bool:
-    """True where ``scores_hook`` already carries a positional bias posinterp did not
-    install and cannot read separately (bridged HF ALiBi models: BLOOM)."""
-    return is_bridge(model) and positional_type(model) == "alibi" \
-        and not is_posinterp_attention(model, layer)
+def content_qk_hooks(model, layer: int) -> tuple[str, ...]:
+    """Hooks whose ``q_i · k_j / attn_scale`` is ``layer``'s content score (rotated q/k on
+    RoPE models), verified on the model: read them with :func:`content_qk_from` (two
+    names: q and k; four: unrotated q, k and the call's cos/sin tables).
+
+    Raises:
+        MissingFeatureError: where none is verified.
+    """
+    m = hook_meaning(model, layer)
+    if m.content_qk is None:
+        raise _refusal(model, layer, "the q and k of the content score")
+    return m.content_qk
+
+
+def query_hooks(model, layer: int) -> tuple[str, str]:
+    """``hook_q``/``hook_k``, verified as ``layer``'s query and key before any rotation
+    (rotating them with :func:`rotary_spec` gives the scores) with edits that take effect.
+
+    Raises:
+        MissingFeatureError: where they do not have that meaning.
+    """
+    m = hook_meaning(model, layer)
+    if m.query_qk is None:
+        raise _refusal(model, layer, "the unrotated query and key (hook_q/hook_k)")
+    return m.query_qk
+
+
+def z_hook(model, layer: int) -> str:
+    """``hook_z`` of ``layer``, verified as z_h = pattern_h v_h (``[batch, pos, head,
+    d_head]``) with edits that take effect.
+
+    Raises:
+        MissingFeatureError: where no hook has that meaning.
+    """
+    name = hook_meaning(model, layer).z
+    if name is None:
+        raise _refusal(model, layer, "each head's pattern-weighted values (hook_z)")
+    return name
 
 
 def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool = False):
@@ -238,6 +748,7 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     """
     from ..devices import model_device
 
+    model = unwrap(model)
     device = model_device(model)
     tokens = tokens.to(device)
     mask = None if mask is None else mask.to(device)
@@ -248,7 +759,8 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
                else "attention_mask"] = mask
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
-    out, cache = model.run_with_cache(tokens, **kwargs)
+    with eager(model):  # hooks do not fire inside a compiled graph
+        out, cache = model.run_with_cache(tokens, **kwargs)
     if device.type != "cpu":
         cache = cache.to("cpu")
         out = out.cpu() if isinstance(out, Tensor) else out

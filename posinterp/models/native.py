@@ -91,7 +91,8 @@ class PosinterpAttention(nn.Module):
             bias = alibi_bias(self.posinterp_alibi_slopes.to(scores.device), n, n, attention_mask)
             self.posinterp_alibi = bias  # read back by positions.alibi_bias_of (symmetrization)
             scores = scores + bias.to(scores.dtype)
-        blocked = self.causal_mask[:n, :n][None, None]
+        blocked = (self.causal_mask[:n, :n] if n <= self.causal_mask.shape[0] else  # ALiBi past n_ctx
+                   torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1))[None, None]
         if attention_mask is not None:
             blocked = blocked | ~attention_mask.bool()[:, None, None, :]
         scores = hooks.hook_attn_scores(scores.masked_fill(blocked, float("-inf")))
@@ -174,6 +175,26 @@ def load_tl_state_dict(native_model, sd: dict[str, torch.Tensor], n_layers: int)
         params[name].copy_(value.reshape(params[name].shape))
 
 
+class _ZeroPositions(nn.Embedding):
+    """The zero, frozen position table of an ALiBi toy, read at any position (every row is
+    zero, so clamping the index is exact)."""
+
+    def forward(self, ids):
+        return super().forward(ids.clamp(max=self.num_embeddings - 1))
+
+
+def _unbounded_length(native) -> None:
+    """Let an ALiBi toy run past ``n_ctx``, as on TL 3.9 (length extrapolation is ALiBi's
+    point): TL 4's NativeModel refuses longer inputs because its position and rotary
+    tables stop at n_ctx, and an ALiBi toy uses neither (its bias is computed per call)."""
+    import copy
+
+    native.pos.__class__ = _ZeroPositions
+    cfg = copy.copy(native.cfg)  # only the model-level length check reads this copy
+    cfg.n_ctx = 2**62
+    native.cfg = cfg
+
+
 def build_native_toy(config, tokenizer=None):
     """The toy model for ``config`` as a TL 4 ``TransformerBridge`` (module docstring).
 
@@ -205,6 +226,8 @@ def build_native_toy(config, tokenizer=None):
         attn.posinterp_inv_freq = inv
         attn.posinterp_alibi_slopes = slopes
     load_tl_state_dict(native, toy_state_dict(config), config.n_layers)
+    if config.pe == "alibi":
+        _unbounded_length(native)
     if native.pos is not None and config.pe != "absolute":
         # NoPE/ALiBi: no learned positions; zero and frozen, so no optimizer moves it.
         native.pos.weight.requires_grad_(False)
