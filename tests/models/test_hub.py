@@ -107,3 +107,14 @@ def test_weight_digests_ignore_storage_and_refuse_duplicate_revisions(tmp_path, 
     assert list(digests) == ["step1000", "main"] and digests["main"] == digest
     with pytest.raises(ValueError, match="'main' and 'step2000' hold identical weights"):
         distinct_revisions("org/pythia-tiny", ["step1000", "main", "step2000"])
+
+
+def test_hf_parity_of_a_hub_name_compares_with_the_revision_loaded(tmp_path, cache):
+    from posinterp.models.parity import hf_parity
+
+    _gpt2(tmp_path / "final", seed=0)
+    _gpt2(tmp_path / "early", seed=1)
+    write_hub_cache(cache, "org/tiny-gpt2", tmp_path / "final")
+    write_hub_cache(cache, "org/tiny-gpt2", tmp_path / "early", ref="step1000")
+    table = hf_parity("org/tiny-gpt2", revision="step1000", lengths=(8,), paddings=("none", "left"))
+    assert table.value.max() <= 1e-5
