@@ -22,10 +22,10 @@ from pathlib import Path
 
 __all__ = ["distinct_revisions", "hub_cache_dir", "snapshot_folder", "weights_sha256"]
 
-# What a causal LM needs from a repository: config, tokenizer, weights. Other formats
-# (TF, Flax, ONNX, GGUF) are never fetched; .bin only where there are no safetensors.
-_BASE_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.safetensors"]
-_BIN_PATTERNS = ["pytorch_model*.bin"]
+# Config, shard indexes and tokenizer first; then only the weight files transformers will
+# read (checkpoint_files' order), never other formats or copies (TF, Flax, ONNX, GGUF,
+# Mistral's consolidated.safetensors next to its shards).
+_META_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken"]
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -59,7 +59,8 @@ def snapshot_folder(name: str, revision: str | None = None) -> Path:
 
     Returns:
         ``HF_HUB_CACHE/models--ORG--NAME/snapshots/<commit>/`` holding the config, tokenizer
-        and weight files (safetensors, or ``pytorch_model*.bin`` where a repo has none).
+        and the weight files transformers reads (one file, or an index and its shards;
+        safetensors, else ``.bin``); nothing else is downloaded.
 
     Raises:
         FileNotFoundError: the name (or revision) is not in the cache and the hub cannot be
@@ -74,10 +75,10 @@ def snapshot_folder(name: str, revision: str | None = None) -> Path:
     try:
         folder = Path(huggingface_hub.snapshot_download(
             name, revision=revision, cache_dir=cache, local_files_only=offline,
-            allow_patterns=_BASE_PATTERNS))
-        if not offline and not any(folder.glob("*.safetensors")):
-            folder = Path(huggingface_hub.snapshot_download(
-                name, revision=revision, cache_dir=cache, allow_patterns=_BIN_PATTERNS))
+            allow_patterns=_META_PATTERNS if not offline else None))
+        if not offline:
+            folder = _fetch_weights(huggingface_hub.snapshot_download, name, revision, cache,
+                                    folder)
     except (errors.RepositoryNotFoundError, errors.GatedRepoError) as err:
         raise FileNotFoundError(f"no such folder or file: {name}; nor does the Hugging Face hub "
                                 f"serve a model of that name to this client ({type(err).__name__})"
@@ -102,6 +103,22 @@ def snapshot_folder(name: str, revision: str | None = None) -> Path:
             "copy the cache folder and point HF_HUB_CACHE at it), or pass a local checkpoint "
             "folder") from None
     return folder
+
+
+def _fetch_weights(download, name: str, revision: str | None, cache: Path, folder: Path) -> Path:
+    """Download the weight files transformers will read, in its order of preference:
+    ``model.safetensors``, the shards of ``model.safetensors.index.json``, then the same
+    for ``pytorch_model.bin`` (the indexes came with the config)."""
+    from .pretrained import _WEIGHT_LAYOUTS
+
+    for single, index in _WEIGHT_LAYOUTS:
+        folder = Path(download(name, revision=revision, cache_dir=cache, allow_patterns=[single]))
+        if (folder / single).is_file():
+            return folder
+        if (folder / index).is_file():
+            shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+            return Path(download(name, revision=revision, cache_dir=cache, allow_patterns=shards))
+    return folder  # no weights: load_model names what is missing
 
 
 def _tensors(folder: Path):

@@ -118,3 +118,38 @@ def test_hf_parity_of_a_hub_name_compares_with_the_revision_loaded(tmp_path, cac
     write_hub_cache(cache, "org/tiny-gpt2", tmp_path / "early", ref="step1000")
     table = hf_parity("org/tiny-gpt2", revision="step1000", lengths=(8,), paddings=("none", "left"))
     assert table.value.max() <= 1e-5
+
+
+def test_only_the_weight_files_transformers_reads_are_downloaded(tmp_path, cache, monkeypatch):
+    """A stand-in hub serving a repo with sharded safetensors, a consolidated copy (as
+    Mistral's repos have), .bin files and a Flax file: only config, index and shards come."""
+    import fnmatch
+    import shutil
+
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    remote = tmp_path / "remote"
+    hf = _gpt2(tmp_path / "a", seed=0)
+    save_sharded(hf, remote, "safetensors", shard_size="5KB")
+    for extra in ("consolidated.safetensors", "pytorch_model.bin", "flax_model.msgpack"):
+        shutil.copyfile(tmp_path / "a" / "model.safetensors", remote / extra)
+    snap = cache / "models--org--big" / "snapshots" / ("0" * 40)
+    asked = []
+
+    def hub(name, revision=None, cache_dir=None, local_files_only=False, allow_patterns=None):
+        assert not local_files_only and name == "org/big"
+        asked.append(allow_patterns)
+        snap.mkdir(parents=True, exist_ok=True)
+        for f in remote.iterdir():
+            if any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copyfile(f, snap / f.name)
+        return str(snap)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub)
+    model, info = load_model("org/big")
+    fetched = sorted(p.name for p in snap.iterdir())
+    shards = sorted(p.name for p in remote.glob("model-*.safetensors"))
+    assert fetched == sorted(["config.json", "generation_config.json",
+                              "model.safetensors.index.json", *shards])
+    assert info.weights["files"] == ["model.safetensors.index.json", *shards]
+    assert _same_model(model, load_model(tmp_path / "a")[0])
