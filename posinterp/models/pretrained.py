@@ -636,11 +636,14 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
 
 def _load_hub(name: str, revision: str | None, processing: dict, dtype):
     """A hub name: its snapshot folder in the cache, loaded exactly like a local folder."""
-    folder = snapshot_folder(name, revision)
+    from .backend import hub_repo_for
+
+    repo = hub_repo_for(name)  # TL's aliases ("pythia-70m") keep working
+    folder = snapshot_folder(repo, revision)
     with _quiet_handled():
         model, info = _load_local_hf(folder, processing, dtype)
     return model, replace(info, spec=name, source="hub",
-                          weights={"hub": name, "revision": revision or "main",
+                          weights={"hub": repo, "revision": revision or "main",
                                    "commit": folder.name, **info.weights})
 
 

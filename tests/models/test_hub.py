@@ -153,3 +153,14 @@ def test_only_the_weight_files_transformers_reads_are_downloaded(tmp_path, cache
                               "model.safetensors.index.json", *shards])
     assert info.weights["files"] == ["model.safetensors.index.json", *shards]
     assert _same_model(model, load_model(tmp_path / "a")[0])
+
+
+def test_transformerlens_aliases_name_their_repository(tmp_path, cache):
+    from posinterp.models.backend import hub_repo_for
+
+    assert hub_repo_for("pythia-70m") == "EleutherAI/pythia-70m"
+    assert hub_repo_for("org/not-an-alias") == "org/not-an-alias"
+    _gpt2(tmp_path / "m", seed=0)
+    write_hub_cache(cache, "EleutherAI/pythia-70m", tmp_path / "m")  # any weights will do
+    _, info = load_model("pythia-70m")
+    assert info.weights["hub"] == "EleutherAI/pythia-70m" and info.spec == "pythia-70m"
