@@ -269,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "the head or one of its spectral channels is removed. Writes inspect.html, "
                 "heads.csv (tidy) and run.json.", _inspect, "")
     i.add_argument("spec", help="a model: toy/zoo spec (zoo:rotary), HF checkpoint folder, "
-                   "llama2.c .bin file or hub name (hub names need the network)")
+                   "llama2.c .bin file or hub name (from the Hugging Face cache; the network "
+                   "only to fill it)")
     src = i.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, metavar="FILE",
                      help="UTF-8 text, one sequence per paragraph (blank-line separated), "

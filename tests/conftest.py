@@ -32,15 +32,11 @@ _TL3_ONLY = {
     "tests/models/test_parity.py::test_parity_with_hf[bert": "BERT encoders are TL 3.9 only",
     "tests/models/test_parity.py::test_unsupported_settings_are_refused_by_name[bert": "BERT "
     "encoders are TL 3.9 only",
-    "tests/models/test_parity.py::test_parity_with_hf[neox": "TL 4.3's weight processing is "
-    "wrong for GPT-NeoX; posinterp refuses it (tests/test_tl4.py checks the refusal)",
     "tests/models/test_parity.py::test_parity_with_hf[gptj": "GPT-J's RoPE is not read on TL 4",
     "tests/models/test_parity.py::test_parity_with_hf[gpt2-no-attn-scale": "TL 4.3's bridge "
     "ignores scale_attn_weights; posinterp refuses the load (tests/test_tl4.py)",
-    "tests/models/test_parity.py::test_neox_reads_base": "GPT-NeoX processing refused on TL 4",
     "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "uses GPT-NeoX",
     "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",
-    "tests/models/test_pretrained.py::test_hub_names": "hub names are TL 3.9 only",
     "tests/models/test_pretrained.py::test_minilm_encoder": "BERT encoders are TL 3.9 only "
     "(tests/test_tl4.py checks the refusal)",
     "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
@@ -49,10 +45,6 @@ _TL3_ONLY = {
     "to TL 4",
     "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "
     "head weights through attn.W_Q, which a TL 4 bridge returns as a copy",
-    "tests/test_first_hour.py::test_unknown_hub_name_is_short": "hub names are TL 3.9 only",
-    "tests/test_first_hour.py::test_offline_hub_says_so_at_once": "hub names are TL 3.9 only",
-    "tests/test_first_hour.py::test_bloom_and_bf16_loads_are_quiet": "TL 4.3's weight "
-    "processing moves BLOOM's log-probs; posinterp refuses it (tests/test_tl4.py)",
     "tests/models/test_toy.py::test_alibi_with_a_kv_cache": "TL 4 native models have no KV cache",
     "tests/models/test_toy.py::test_paper_preset_is_baby_gpt_size": "counts HookedTransformer "
     "parameters (TL 4's native model has a position table for every scheme)",

@@ -168,3 +168,78 @@ def save_tiny_checkpoint(architecture: str, config, folder, sharpen: float = 20.
                 p.mul_(sharpen)
     model.save_pretrained(folder)
     return model
+
+
+def set_norm_gains(model, seed: int = 1):
+    """Non-unit norm gains (and LayerNorm biases) in place: a random HF model has gains of
+    exactly 1, so folding them (``fold_ln``) would be a no-op and could not be tested."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim != 1 or not any(s in name for s in ("norm", "ln_", "layer_norm")):
+                continue
+            if name.endswith("weight"):
+                p.copy_(1 + 0.5 * torch.rand(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def save_sharded(model, folder, fmt: str = "safetensors", shard_size: str = "20KB"):
+    """``model`` saved as several shards plus their index, as large releases ship.
+
+    ``fmt="bin"``: ``pytorch_model-0000k-of-0000n.bin`` + ``pytorch_model.bin.index.json``
+    (what older releases ship; transformers 5 writes only safetensors, so the safetensors
+    shards are rewritten with ``torch.save``). Returns the index's ``weight_map``.
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    model.save_pretrained(folder, max_shard_size=shard_size)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    if fmt == "bin":
+        renamed = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            new = shard.replace("model-", "pytorch_model-").replace(".safetensors", ".bin")
+            torch.save(load_file(folder / shard), folder / new)
+            (folder / shard).unlink()
+            renamed[shard] = new
+        index["weight_map"] = {k: renamed[v] for k, v in index["weight_map"].items()}
+        (folder / "model.safetensors.index.json").unlink()
+        (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    return index["weight_map"]
+
+
+def write_hub_cache(cache, repo_id: str, folder, ref: str = "main", commit: str | None = None):
+    """Put checkpoint ``folder`` into a Hugging Face cache as ``huggingface_hub`` lays it out:
+    ``models--ORG--NAME/blobs/<sha256>``, ``snapshots/<commit>/<file>`` (links to the blobs)
+    and ``refs/<ref>`` holding the commit. Returns the snapshot folder."""
+    import hashlib
+    import os
+    import shutil
+    from pathlib import Path
+
+    repo = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file())
+    if commit is None:  # deterministic: a hash of the contents, 40 hex digits like git's
+        h = hashlib.sha1()
+        for p in files:
+            h.update(p.name.encode() + p.read_bytes())
+        commit = h.hexdigest()
+    snap = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snap.mkdir(parents=True, exist_ok=True)
+    for p in files:
+        blob = repo / "blobs" / hashlib.sha256(p.read_bytes()).hexdigest()
+        if not blob.exists():
+            shutil.copyfile(p, blob)
+        link = snap / p.name
+        if not link.exists():
+            os.symlink(os.path.relpath(blob, snap), link)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    return snap

@@ -158,10 +158,11 @@ def test_offline_hub_says_so_at_once(monkeypatch):
     assert time.perf_counter() - t < 10  # not the client's ~23 s of retries
     monkeypatch.delenv("HF_HUB_OFFLINE")
     import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
-    def unreachable(*a, **k):
-        raise ConnectionError("no route")
-    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    def unreachable(*a, **k):  # what snapshot_download raises on a connection error
+        raise LocalEntryNotFoundError("Got: ConnectError: no route")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
     with pytest.raises(FileNotFoundError, match="hub cannot be reached"):
         load_model("gpt2")
 

@@ -102,18 +102,21 @@ def test_raw_native_models_refuse_what_their_hooks_cannot_give():
 
 
 @tl4_only
-def test_weight_processing_that_changes_outputs_is_refused(tmp_path):
+def test_weight_processing_that_changes_outputs_is_reverted(tmp_path):
+    """TL 4.3's processing moves GPT-NeoX's log-probs; the load keeps the unprocessed
+    model (which matches HF), warns, and records that no processing was applied."""
     import posinterp as pi
-    from posinterp.models.hf_config import UnsupportedConfigError
     from posinterp.models.parity import hf_parity
 
     arch, make, _ = parity_cases()["neox"]
     save_tiny_checkpoint(arch, make(), tmp_path / "neox")
-    with pytest.raises(UnsupportedConfigError, match="weight processing"):
-        pi.load_model(tmp_path / "neox")
-    off = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
-               fold_value_biases=False)
-    assert hf_parity(tmp_path / "neox", lengths=(8, 32), **off).value.max() <= 1e-5
+    with pytest.warns(UserWarning, match="weight processing .* moves GPTNeoXForCausalLM"):
+        _, info = pi.load_model(tmp_path / "neox")
+    assert not any(info.processing.values())
+    assert "loaded without it" in info.hf_check["processing_reverted"]
+    assert info.hf_check["max_abs_logprob_diff"] <= 1e-5
+    with pytest.warns(UserWarning, match="weight processing"):
+        assert hf_parity(tmp_path / "neox", lengths=(8, 32)).value.max() <= 1e-5
 
 
 @tl4_only

@@ -38,9 +38,9 @@ from torch import Tensor
 __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
            "RotarySpec", "arm_output_edit", "attention_weights", "attn_scale", "check_not_wrapped",
            "compiled_kind", "content_qk_from", "content_qk_hooks", "eager", "hook_meaning",
-           "install_output_edit", "is_bridge", "n_kv_heads", "pattern_edit", "positional_type", "query_hooks",
-           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
-           "unwrap", "z_hook"]
+           "hub_repo_for", "install_output_edit", "is_bridge", "n_kv_heads", "pattern_edit",
+           "positional_type", "query_hooks", "rope_rotate", "rotary_spec", "rotated_qk_hooks",
+           "run_cached", "scores_hook", "unwrap", "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -48,6 +48,21 @@ TL_MAJOR = int(TL_VERSION.split(".")[0])
 
 class MissingFeatureError(ValueError):
     """The model lacks a hook or feature an analysis needs (a ``ValueError`` naming it)."""
+
+
+def hub_repo_for(name: str) -> str:
+    """The hub repository TransformerLens loads for ``name``: its aliases (``"pythia-70m"``,
+    ``"gpt2-small"``) resolved, any other name unchanged."""
+    if TL_MAJOR >= 4:
+        from transformer_lens.tools.model_registry.registry_io import resolve_model_alias
+
+        return resolve_model_alias(name) or name
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    try:
+        return tl_loading.get_official_model_name(name)
+    except ValueError:  # not a name TL knows: a hub repo id as it is
+        return name
 
 
 def is_bridge(model) -> bool:

@@ -66,7 +66,13 @@ class ModelInfo:
             every loader: the norm gain folded in, LayerNorm's centering applied; says
             whether the loader or posinterp.spectral folds it), from
             :func:`posinterp.analysis.spectral.qk_convention`.
-        weights: where the weights came from (path or hub id) and, for files, sha256.
+        weights: where the weights came from (path or hub id and revision, every weight
+            file read; for llama2.c files, sha256).
+        hf_check: for HF checkpoints, the load-time comparison with HF's own model on a
+            probe batch: ``dtype``, ``max_abs_logprob_diff`` and ``tolerance`` (nats),
+            ``hf_half_vs_float32`` (HF's own half-precision vs float32 difference, which
+            scales the tolerance; None in float32), and ``processing_reverted`` where TL's
+            weight processing moved the log-probs and the model was loaded without it.
     """
 
     spec: str
@@ -85,6 +91,7 @@ class ModelInfo:
     processing: dict = field(default_factory=dict)
     qk_convention: dict = field(default_factory=dict)
     weights: dict = field(default_factory=dict)
+    hf_check: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,7 +100,7 @@ class ModelInfo:
     def from_model(cls, model, *, spec: str, source: str, pe: str, architecture: str | None = None,
                    causal: bool = True, alibi_slopes=None, rope_parameters: dict | None = None,
                    processing: dict | None = None,
-                   weights: dict | None = None) -> ModelInfo:
+                   weights: dict | None = None, hf_check: dict | None = None) -> ModelInfo:
         """Fill the attention/rotary fields from ``model.cfg``, and the QK convention."""
         from ..analysis.spectral import qk_convention
         from .backend import is_bridge, rotary_spec
@@ -117,5 +124,5 @@ class ModelInfo:
             alibi_slopes=tuple(float(s) for s in alibi_slopes) if alibi_slopes is not None else None,
             rope_parameters=dict(rope_parameters) if rope_parameters else None,
             processing=dict(processing or {}), qk_convention=qk_convention(model),
-            weights=dict(weights or {}),
+            weights=dict(weights or {}), hf_check=dict(hf_check or {}),
         )

