@@ -100,7 +100,8 @@ def symmetry_score(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, 
 
     s = (||S||_F^2 - ||N||_F^2) / ||M||_F^2 with S, N the symmetric and skew parts: 1 for
     a symmetric M, -1 for a skew-symmetric one, near 0 for independent Gaussian W_Q, W_K
-    (E tr(M M) = 0), 0 (not NaN) for M = 0. Computed from d_head x d_head products as
+    (E tr(M M) = d_model d_head, E ||M||_F^2 = d_model^2 d_head: s is about 1/d_model),
+    0 (not NaN) for M = 0. Computed from d_head x d_head products as
     tr(B^2) / tr(W_Q^T W_Q W_K^T W_K), B = W_K^T W_Q. Related measures: the antisymmetric
     energy a = (1 - s)/2 (:func:`antisymmetric_energy`) and attention-geometry's
     symmetry score ||S||^2/||M||^2 = (1 + s)/2. Source: Saponati et al., "The underlying
