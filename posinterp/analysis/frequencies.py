@@ -254,6 +254,8 @@ def rope_frequency_profile(model, layers: int | Sequence[int] | None = None,
     :func:`posinterp.models.backend.rotary_spec` per layer, so HF RoPE scaling and
     partial rotary are the model's own. The ``"qk"`` shares are reported at each key
     offset Δ in ``offsets`` (default 0, the raw W_Q W_K^T, and -1, the previous token).
+    Biases are not part of the form (DESIGN.md §2: opt-in); the positional score
+    (:func:`positional_symbolic_score`) reads q and k with their biases.
 
     Returns:
         Tidy DataFrame ``hook, layer, head, pair, frequency, period, offset, metric,
@@ -307,7 +309,7 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
                               layers: int | Sequence[int] | None = None,
                               heads: int | Sequence[int] | None = None, key_start: int = 0,
                               min_keys: int = 2, level: float = 0.95, seed: int = 0,
-                              check_tol: float = 1e-3) -> pd.DataFrame:
+                              check_tol: float | None = None) -> pd.DataFrame:
     """Positional vs symbolic score of every selected head on ``tokens``, with an interval.
 
     Operational version of Urrutia et al. (ICLR 2026, arXiv 2511.11579, §3; the paper's
@@ -334,7 +336,9 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
             (:func:`posinterp.analysis.inspect.t_interval`).
         seed: seeds the permutations.
         check_tol: the largest relative deviation (max |Δ| / max |score|) allowed between
-            the reconstructed logits and the model's scores.
+            the reconstructed logits and the model's scores; None: 1e-3 for float32/64
+            activations, 3e-2 for float16/bfloat16 (their rounding, about 4e-3 per value,
+            adds up over d_head products).
 
     Returns:
         Tidy DataFrame ``hook, layer, head, metric, value, ci_low, ci_high, n_sequences``
@@ -383,12 +387,14 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
         spec = rotary_spec(model, layer)
         first, second, _ = pair_indices(model.cfg.d_head, spec.rotary_dim, spec.adjacent_pairs)
         scale = attn_scale(model, layer)
+        tol = check_tol if check_tol is not None else (
+            1e-3 if cache[q_name].dtype in (torch.float32, torch.float64) else 3e-2)
         q = cache[q_name].double()  # [batch, pos, head, d_head]
         k = cache[k_name].double()
         if k.shape[2] != H:  # grouped-query: hook_k carries the KV heads only
             k = k.repeat_interleave(group, dim=2)
         _check_reconstruction(q, k, cache[s_name].double(), first, second, spec.inv_freq, scale,
-                              check_tol, layer, MissingFeatureError)
+                              tol, layer, MissingFeatureError)
         per_seq = {m: [] for m in SCORE_METRICS}
         for b in range(tokens.shape[0]):
             out = positional_symbolic_from_qk(

@@ -322,3 +322,13 @@ def test_reconstruction_check_catches_scores_it_cannot_reproduce():
     unrotated = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / 2.0
     with pytest.raises(ValueError, match="do not reproduce"):
         _check_reconstruction(q, k, unrotated, first, second, inv, 2.0, 1e-3, 0, ValueError)
+
+
+def test_bfloat16_model_passes_the_check_and_agrees_with_float32():
+    config = preset("tiny", pe="rotary", init_std=0.3)
+    low, full = build_model(config, dtype=torch.bfloat16), build_model(config)
+    toks = random_tokens(full, 4, 24)
+    a = positional_symbolic_score(low, toks)
+    b = positional_symbolic_score(full, toks)
+    score = a.metric == "positional_score"
+    np.testing.assert_allclose(a[score].value, b[score].value, atol=0.05)
