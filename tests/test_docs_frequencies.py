@@ -28,6 +28,6 @@ def test_page_is_the_render_of_the_committed_data():
 
 def test_committed_shares_are_shares():
     for folder in (ROOT / "docs" / "data" / "frequencies").iterdir():
-        prof = pd.read_csv(folder / "profile.csv")
+        prof = pd.read_csv(folder / "profile.csv.gz")
         sums = prof.groupby(["layer", "head", "metric", "offset"], dropna=False).value.sum()
         assert ((sums - 1).abs() < 1e-4).all(), folder.name
