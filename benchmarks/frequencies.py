@@ -180,13 +180,16 @@ def render(data: Path) -> str:
 
 
 def write_profile(folder: Path, prof: pd.DataFrame) -> None:
-    """``profile.csv.gz`` (gzip without a timestamp, so a rerun on the same numbers gives
-    the same bytes); ``hook`` and ``model`` are implied by ``layer`` and the folder."""
+    """``profile.csv.gz`` (gzip with no timestamp or file name, so a rerun on the same
+    numbers gives the same bytes); ``hook`` and ``model`` are implied by ``layer`` and the
+    folder."""
+    import gzip
+
     from posinterp.io import atomic_path
 
+    text = prof.drop(columns=["hook", "model"], errors="ignore").to_csv(index=False, float_format="%.6g")
     with atomic_path(folder / "profile.csv.gz") as tmp:
-        prof.drop(columns=["hook", "model"], errors="ignore").to_csv(
-            tmp, index=False, float_format="%.6g", compression={"method": "gzip", "mtime": 0})
+        tmp.write_bytes(gzip.compress(text.encode(), mtime=0))
 
 
 def write_page(page: Path, body: str) -> None:
