@@ -10,6 +10,12 @@ from .fingerprint import (
     model_unit,
     trajectory_correlations,
 )
+from .frequencies import (
+    pair_energy_shares,
+    positional_symbolic_from_qk,
+    positional_symbolic_score,
+    rope_frequency_profile,
+)
 from .heads import previous_token_score, previous_token_scores, random_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
@@ -23,13 +29,16 @@ from .similarity import (
 from .spectral import (
     antisymmetric_energy,
     channel_masses,
+    directionality_score,
     eigenvalues,
     ginibre_null,
     null_percentiles,
     qk_convention,
+    qk_geometry,
     qk_spectrum,
     rotational_measures,
     spectral_measures,
+    symmetry_score,
 )
 from .variance import position_variance, variance_by_layer
 
@@ -39,7 +48,9 @@ __all__ = [
     "model_unit", "trajectory_correlations", "channel_masses", "qk_convention",
     "ProbeConfig", "fit_probe", "position_features", "probe_positions",
     "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
-    "rotational_measures", "spectral_measures", "position_variance", "variance_by_layer",
+    "rotational_measures", "spectral_measures", "directionality_score", "qk_geometry", "symmetry_score",
+    "pair_energy_shares", "positional_symbolic_from_qk", "positional_symbolic_score",
+    "rope_frequency_profile", "position_variance", "variance_by_layer",
     "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
     "previous_token_score", "previous_token_scores", "random_tokens",
     "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer", "site_hooks",

@@ -43,6 +43,7 @@ __all__ = [
     "effective_weights",
     "eigenvalues", "ginibre_null", "null_percentiles", "qk_convention", "qk_spectrum",
     "model_rotary_matrix", "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
+    "directionality_score", "qk_geometry", "symmetry_score",
 ]
 
 QK_CONVENTION = ("effective: W_Q, W_K acting on the normalized residual (the gain of the norm "
@@ -91,6 +92,68 @@ def antisymmetric_energy(W_Q: Float[Tensor, "... d_model d_head"],
     norm2 = ((q.mT @ q) * (k.mT @ k)).sum((-1, -2))  # tr(Q^T Q K^T K), both symmetric
     safe = torch.where(norm2 > 0, norm2, torch.ones_like(norm2))
     return torch.where(norm2 > 0, 0.5 * (1 - tr_b2 / safe), torch.zeros_like(norm2))
+
+
+def symmetry_score(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "... d_model d_head"]
+                   ) -> Float[Tensor, "..."]:
+    """s(M) = tr(M M) / tr(M M^T) for M = W_Q W_K^T, without forming M (unitless, [-1, 1]).
+
+    s = (||S||_F^2 - ||N||_F^2) / ||M||_F^2 with S, N the symmetric and skew parts: 1 for
+    a symmetric M, -1 for a skew-symmetric one, near 0 for independent Gaussian W_Q, W_K
+    (E tr(M M) = d_model d_head, E ||M||_F^2 = d_model^2 d_head: s is about 1/d_model),
+    0 (not NaN) for M = 0. Computed from d_head x d_head products as
+    tr(B^2) / tr(W_Q^T W_Q W_K^T W_K), B = W_K^T W_Q. Related measures: the antisymmetric
+    energy a = (1 - s)/2 (:func:`antisymmetric_energy`) and attention-geometry's
+    symmetry score ||S||^2/||M||^2 = (1 + s)/2. Source: Saponati et al., "The underlying
+    structures of self-attention: symmetry, directionality, and emergent dynamics in
+    Transformer training" (2025, arXiv 2502.10927), §3 (their ``get_scores_trace``).
+
+    Raises:
+        ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
+    """
+    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
+        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
+                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
+    q, k = W_Q.detach().double(), W_K.detach().double()
+    B = k.mT @ q
+    tr_b2 = (B * B.mT).sum((-1, -2))
+    norm2 = ((q.mT @ q) * (k.mT @ k)).sum((-1, -2))  # ||M||_F^2
+    safe = torch.where(norm2 > 0, norm2, torch.ones_like(norm2))
+    return torch.where(norm2 > 0, tr_b2 / safe, torch.zeros_like(norm2))
+
+
+def directionality_score(W_Q: Float[Tensor, "... d_model d_head"],
+                         W_K: Float[Tensor, "... d_model d_head"], num_std: float = 2.0
+                         ) -> Float[Tensor, "..."]:
+    """Column vs row dominance of M = W_Q W_K^T, without forming M (unitless, [-1, 1]).
+
+    Row a of M (a query-side direction) has norm² (W_Q G_K W_Q^T)_aa with G_K = W_K^T W_K,
+    column b (key side) (W_K G_Q W_K^T)_bb: d_model x d_head² work, no d_model² matrix.
+    With thresholds τ = mean + ``num_std`` · std (unbiased) over the d_model row norms and
+    over the column norms, the excesses E_row = Σ (r_a - τ_r)_+ and E_col likewise give
+    d = (E_col - E_row) / (E_col + E_row): positive when a few key-side directions
+    dominate every score (column dominance, which autoregressive training grows), 0 when
+    no norm exceeds its threshold. Source: Saponati et al. 2025 (arXiv 2502.10927), §3 and
+    their ``directionality_score`` (``num_std=2``).
+
+    Raises:
+        ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
+    """
+    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
+        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
+                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
+    q, k = W_Q.detach().double(), W_K.detach().double()
+    rows = ((q @ (k.mT @ k)) * q).sum(-1).clamp_min(0).sqrt()  # [..., d_model]
+    cols = ((k @ (q.mT @ q)) * k).sum(-1).clamp_min(0).sqrt()
+
+    def excess(norms: Tensor) -> Tensor:
+        tau = norms.mean(-1, keepdim=True) + num_std * norms.std(-1, keepdim=True)
+        return torch.where(norms > tau, norms - tau, 0.0).sum(-1)
+
+    e_row, e_col = excess(rows), excess(cols)
+    total = e_row + e_col
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    return torch.where(total > 0, (e_col - e_row) / safe, torch.zeros_like(total))
 
 
 def rotational_measures(lam: Complex[Tensor, "... n"], k_e: int | None = None,
@@ -387,6 +450,33 @@ def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
     for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
         meas = rotational_measures(eigenvalues(W_Q, W_K), k_e, eps)
         meas["antisymmetric_energy"] = antisymmetric_energy(W_Q, W_K)
+        for metric, values in meas.items():
+            for head, v in zip(head_ids, values.tolist(), strict=True):
+                rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head,
+                                 position=pd.NA, offset=off, metric=metric, value=float(v)))
+    return pd.DataFrame(rows).astype({"offset": "Int64", "position": "Int64"})
+
+
+def qk_geometry(model, layers=None, heads=None, offset: int | None = None,
+                weights: str = "effective", num_std: float = 2.0) -> pd.DataFrame:
+    """Symmetry and directionality of every selected head's M (Saponati et al. 2025).
+
+    :func:`symmetry_score` and :func:`directionality_score` of M(Δ) = W_Q W_K'^T as
+    :func:`qk_weights` forms it (``weights`` and rotary offsets as :func:`spectral_measures`:
+    Δ = 0 and -1 for rotary models unless ``offset`` picks one), beside the rotational
+    measures. Never forms a d_model x d_model matrix.
+
+    Returns:
+        Tidy DataFrame ``hook, layer, head, position, offset, metric, value`` with
+        ``metric`` in ``symmetry``, ``directionality``.
+
+    Raises:
+        ValueError: as :func:`qk_spectrum`.
+    """
+    rows = []
+    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
+        meas = {"symmetry": symmetry_score(W_Q, W_K),
+                "directionality": directionality_score(W_Q, W_K, num_std)}
         for metric, values in meas.items():
             for head, v in zip(head_ids, values.tolist(), strict=True):
                 rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head,

@@ -1,0 +1,428 @@
+"""RoPE heads by frequency: which rotary pairs a head's QK circuit uses, and whether the
+head behaves positionally or symbolically (docs/frequencies.md).
+
+**Frequency profile.** RoPE rotates pair p of the first ``rotary_dim`` dims of every
+query and key by an angle t·θ_p at position t (θ_p radians per token, period 2π/θ_p
+tokens); the other ``d_head - rotary_dim`` dims are not rotated. With row vectors
+(DESIGN.md §2), q_i R(i) · k_j R(j) = q_i R(i - j) k_j^T, so the head's bilinear form at
+key offset Δ = j - i is M(Δ) = W_Q R(-Δ) W_K^T (as in :mod:`.spectral`). R is block
+diagonal, so the form splits exactly into one term per pair plus the unrotated block:
+
+    M(Δ) = Σ_p M_p(Δ) + M_u,   M_p(Δ) = Q_p R_p(-Δ θ_p) K_p^T,   M_u = Q_u K_u^T,
+
+with Q_p = W_Q[:, pair p] (``d_model x 2``), K_p likewise, Q_u, K_u the unrotated columns.
+Every score x_i M(Δ) x_j^T is the sum of the pairs' contributions. The share of pair p is
+
+* of W_Q: ||Q_p||_F² / ||W_Q||_F² (``metric="W_Q"``), of W_K likewise (``"W_K"``);
+* of the content-position form at offset Δ (``"qk"``):
+  ||M_p(Δ)||_F² / (Σ_p' ||M_p'(Δ)||_F² + ||M_u||_F²), computed without any
+  ``d_model x d_model`` matrix as tr(R_p^T G^Q_p R_p G^K_p) with the 2 x 2 Gram
+  matrices G^Q_p = Q_p^T Q_p, G^K_p = K_p^T K_p (||M_u||² = tr(G^Q_u G^K_u)).
+
+Shares of one head and metric sum to 1 (all 0 for an all-zero head, never NaN). They are
+shares of the energy of the per-pair terms: the terms are not orthogonal in d_model, so
+||M(Δ)||² also holds cross terms, which no pair owns. The weights follow
+:data:`~.spectral.QK_CONVENTION` (the attention norm's gain folded), grouped-query keys
+are expanded, and layout and frequencies are the model's own
+(:func:`posinterp.models.backend.rotary_spec`), so a share does not depend on whether the
+model pairs dims adjacently (GPT-J) or in split halves (GPT-NeoX).
+
+**Positional vs symbolic score.** Urrutia et al., "Decoupling Positional and Symbolic
+Attention Behavior in Transformers" (ICLR 2026, arXiv 2511.11579, §3): a head is
+*positional* when its logits are invariant under a permutation of the key tokens (the
+logit at key position j does not depend on which token sits there) and *symbolic* when
+they are equivariant (the logit moves with the token). Their exact metric was not
+reachable offline; :func:`positional_symbolic_score` is the operational version stated
+in its docstring.
+
+Sources: Su et al. 2021 (RoFormer) eq. 13-15; Barbero et al., "Round and Round We Go!
+What makes Rotary Positional Encodings useful?" (ICLR 2025, arXiv 2410.06205), §4-5.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from .._validate import check_indices, is_int
+
+__all__ = ["FREQUENCY_METRICS", "pair_energy_shares", "pair_indices", "positional_symbolic_score",
+           "positional_symbolic_from_qk", "rope_frequency_profile", "rotate"]
+
+FREQUENCY_METRICS = ("W_Q", "W_K", "qk")
+SCORE_METRICS = ("positional_score", "positional_residual", "symbolic_residual")
+
+
+# --- pure functions over weights and activations --------------------------------------------
+
+def pair_indices(d_head: int, rotary_dim: int, adjacent_pairs: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(first, second, unrotated)`` dim indices: pair p is (first[p], second[p]).
+
+    Pairs are (2p, 2p+1) if ``adjacent_pairs`` else (p, p + rotary_dim/2), as
+    TransformerLens's ``rotary_adjacent_pairs`` says; ``unrotated`` is
+    ``rotary_dim .. d_head - 1`` (empty without partial rotary).
+
+    Raises:
+        ValueError: for an odd ``rotary_dim`` or one outside ``(0, d_head]``.
+    """
+    if rotary_dim % 2 or not 0 < rotary_dim <= d_head:
+        raise ValueError(f"rotary_dim must be even and in (0, d_head={d_head}], got {rotary_dim}")
+    half = rotary_dim // 2
+    p = torch.arange(half)
+    first, second = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
+    return first, second, torch.arange(rotary_dim, d_head)
+
+
+def _block(angle: Tensor) -> Tensor:
+    """2 x 2 blocks of R(t) (row-vector convention of :func:`.spectral.rotary_matrix`):
+    ``[[c, s], [-s, c]]`` on the pair (first, second)."""
+    c, s = torch.cos(angle), torch.sin(angle)
+    return torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2)
+
+
+def pair_energy_shares(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "... d_model d_head"],
+                       first: Tensor, second: Tensor, unrotated: Tensor,
+                       inv_freq: Float[Tensor, "n_pairs"], offsets: Sequence[int] = (0,)
+                       ) -> dict[str, Tensor]:
+    """Energy shares of each rotary pair and of the unrotated block (module docstring).
+
+    Args:
+        W_Q, W_K: ``[..., d_model, d_head]`` (K already expanded over grouped-query heads).
+        first, second, unrotated: from :func:`pair_indices`.
+        inv_freq: θ_p, radians per token, ``[n_pairs]``.
+        offsets: key offsets Δ = j - i for the ``"qk"`` shares.
+
+    Returns:
+        ``{"W_Q": [..., n_pairs + 1], "W_K": [..., n_pairs + 1], "qk": [..., n_offsets,
+        n_pairs + 1]}``, float64; the last entry is the unrotated block (0 without
+        partial rotary). Each row sums to 1, or is all 0 for an all-zero head.
+
+    Raises:
+        ValueError: for mismatched shapes.
+    """
+    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
+        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
+                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
+    if not (len(first) == len(second) == len(inv_freq)):
+        raise ValueError(f"first, second and inv_freq must have one entry per pair, got "
+                         f"{len(first)}, {len(second)}, {len(inv_freq)}")
+    q, k = W_Q.detach().double(), W_K.detach().double()
+    pair = torch.stack([first, second], -1)  # [P, 2]
+    Qp, Kp = q[..., pair], k[..., pair]  # [..., d_model, P, 2]
+    GQ = torch.einsum("...dpa,...dpb->...pab", Qp, Qp)  # [..., P, 2, 2]
+    GK = torch.einsum("...dpa,...dpb->...pab", Kp, Kp)
+    Qu, Ku = q[..., unrotated], k[..., unrotated]  # [..., d_model, r]
+
+    def shares(parts: Tensor) -> Tensor:
+        total = parts.sum(-1, keepdim=True)
+        safe = torch.where(total > 0, total, torch.ones_like(total))
+        return torch.where(total > 0, parts / safe, torch.zeros_like(parts))
+
+    def column_shares(G: Tensor, U: Tensor) -> Tensor:  # ||W[:, pair]||^2 = tr G_p
+        return shares(torch.cat([G.diagonal(0, -2, -1).sum(-1), U.square().sum((-2, -1))[..., None]], -1))
+
+    out = {"W_Q": column_shares(GQ, Qu), "W_K": column_shares(GK, Ku)}
+    # ||Q_u K_u^T||_F^2 = tr(G^Q_u G^K_u): r x r products only.
+    e_u = ((Qu.mT @ Qu) * (Ku.mT @ Ku)).sum((-2, -1))[..., None]
+    qk = []
+    for off in offsets:
+        R = _block(-float(off) * inv_freq.double())  # [P, 2, 2]: M_p(Δ) = Q_p R_p(-Δθ_p) K_p^T
+        RtGR = R.mT @ GQ @ R
+        e_p = (RtGR * GK).sum((-2, -1))  # tr(R^T G^Q R G^K), both Gram matrices symmetric
+        qk.append(shares(torch.cat([e_p, e_u], -1)))
+    out["qk"] = torch.stack(qk, -2)
+    return out
+
+
+def rotate(x: Float[Tensor, "... d_head"], positions: Tensor, first: Tensor, second: Tensor,
+           inv_freq: Float[Tensor, "n_pairs"]) -> Float[Tensor, "... d_head"]:
+    """x R(t): RoPE at position t (``positions`` broadcast against ``x[..., 0]``).
+
+    new_first = first·cos(tθ_p) - second·sin(tθ_p), new_second = second·cos + first·sin,
+    as TransformerLens's ``x cos + rotate(x) sin`` and :func:`.spectral.rotary_matrix`.
+    Unrotated dims pass through. Float64. Source: Su et al. 2021, eq. 34.
+    """
+    x = x.double()
+    angle = positions.double()[..., None] * inv_freq.double()  # [..., P]
+    c, s = torch.cos(angle), torch.sin(angle)
+    a, b = x[..., first], x[..., second]
+    out = x.clone()
+    out[..., first] = a * c - b * s
+    out[..., second] = b * c + a * s
+    return out
+
+
+def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Tensor, "head pos d_head"],
+                                first: Tensor, second: Tensor, inv_freq: Tensor, scale: float,
+                                generator: torch.Generator, key_start: int = 0, min_keys: int = 2
+                                ) -> dict[str, Tensor]:
+    """Positional score of every head on one sequence, from its unrotated q and k.
+
+    For each query i with at least ``min_keys`` keys in its window W_i = [key_start, i],
+    draw a uniform random permutation σ_i of W_i (keys before ``key_start`` stay, e.g. a
+    BOS sink, and are not compared). With logits l_i(j) = q_i R(i) · k_j R(j) / scale and
+    the permuted logits l'_i(j) = q_i R(i) · k_{σ_i(j)} R(j) / scale (the token moved to
+    j, rotated as position j), over j in W_i and all such queries:
+
+    * positional residual D_pos = RMS(l' - l): 0 for a positional head (invariant);
+    * symbolic residual D_sym = RMS(l'_i(j) - l_i(σ_i(j))): 0 for a symbolic head
+      (equivariant);
+    * positional score P = D_sym / (D_pos + D_sym) in [0, 1]: 1 positional, 0 symbolic,
+      NaN when both are 0 (the logits are constant over the window: uniform attention,
+      the one case where Urrutia et al. show the two behaviours coincide).
+
+    Logits, not the pattern, are compared, as in Urrutia et al.'s definitions; the query
+    is the same in l and l', so no per-query softmax constant enters.
+
+    Args:
+        q, k: ``[head, pos, d_head]`` before RoPE (biases included), k expanded over
+            grouped-query heads.
+        generator: draws the permutations (seeded by the caller).
+
+    Returns:
+        ``{"positional_score", "positional_residual", "symbolic_residual"}``, each
+        ``[head]`` float64 (residuals in logit units).
+
+    Raises:
+        ValueError: if no query has ``min_keys`` keys in its window.
+    """
+    H, n, _ = q.shape
+    pos = torch.arange(n)
+    i, j = pos[:, None], pos[None, :]
+    window = (j >= key_start) & (j <= i)  # [query, key]
+    rows = window.sum(-1) >= min_keys
+    if not bool(rows.any()):
+        raise ValueError(f"no query has min_keys={min_keys} keys at or after key_start={key_start} "
+                         f"in {n} positions; use longer sequences or a smaller key_start")
+    r = torch.rand(n, n, generator=generator, dtype=torch.float64)
+    # Window positions first, in random order; the t-th window position is key_start + t.
+    order = torch.argsort(torch.where(window, r, 2.0 + j.double()), dim=-1)
+    sigma = torch.where(window, order.gather(-1, (j - key_start).clamp(0, n - 1).expand(n, n)),
+                        j.expand(n, n))  # [query, key]
+    q_rot = rotate(q, pos[None], first, second, inv_freq)  # [H, n, d]
+    k = k.double()
+    logits = torch.einsum("hid,hjd->hij", q_rot, rotate(k, pos[None], first, second, inv_freq)) / scale
+    k_moved = rotate(k[:, sigma], pos[None, None, :], first, second, inv_freq)  # [H, i, j, d]
+    l_perm = torch.einsum("hid,hijd->hij", q_rot, k_moved) / scale
+    l_follow = logits.gather(-1, sigma.expand(H, n, n))
+    keep = (window & rows[:, None]).expand(H, n, n)
+    count = keep[0].sum()
+
+    def rms(x: Tensor) -> Tensor:
+        return torch.sqrt(torch.where(keep, x, 0.0).square().sum((-2, -1)) / count)
+
+    d_pos, d_sym = rms(l_perm - logits), rms(l_perm - l_follow)
+    total = d_pos + d_sym
+    score = torch.where(total > 0, d_sym / torch.where(total > 0, total, 1.0), torch.nan)
+    return {"positional_score": score, "positional_residual": d_pos, "symbolic_residual": d_sym}
+
+
+# --- model plumbing --------------------------------------------------------------------------
+
+def _require_rotary(model, who: str) -> None:
+    from ..models.backend import positional_type
+
+    for attr in ("cfg", "blocks"):
+        if not hasattr(model, attr):
+            raise ValueError(f"{who} needs a TransformerLens model (HookedTransformer or "
+                             f"TransformerBridge); got {type(model).__name__} without {attr!r}")
+    scheme = positional_type(model)
+    if scheme != "rotary":
+        raise ValueError(f"{who} needs a rotary (RoPE) model; this model's positional scheme is "
+                         f"{scheme!r}, which has no rotary frequency pairs")
+
+
+def _select(name: str, chosen, n: int) -> list[int]:
+    return list(range(n)) if chosen is None else check_indices(name, chosen, n)
+
+
+def rope_frequency_profile(model, layers: int | Sequence[int] | None = None,
+                           heads: int | Sequence[int] | None = None,
+                           offsets: Sequence[int] = (0, -1), weights: str = "effective"
+                           ) -> pd.DataFrame:
+    """Share of each head's QK energy in each rotary frequency pair (module docstring).
+
+    Weights as :func:`posinterp.analysis.spectral.qk_weights` reads them (``weights``:
+    ``"effective"``, the attention norm's gain folded, or ``"stored"``), keys expanded
+    over grouped-query heads; RoPE layout and θ_p from
+    :func:`posinterp.models.backend.rotary_spec` per layer, so HF RoPE scaling and
+    partial rotary are the model's own. The ``"qk"`` shares are reported at each key
+    offset Δ in ``offsets`` (default 0, the raw W_Q W_K^T, and -1, the previous token).
+    Biases are not part of the form (DESIGN.md §2: opt-in); the positional score
+    (:func:`positional_symbolic_score`) reads q and k with their biases.
+
+    Returns:
+        Tidy DataFrame ``hook, layer, head, pair, frequency, period, offset, metric,
+        value``: ``pair`` 0 .. rotary_dim/2 - 1 (NA for the unrotated dims of a
+        partial-rotary head, whose row has ``frequency`` 0 and ``period`` inf),
+        ``frequency`` θ_p in radians per token, ``period`` 2π/θ_p in tokens, ``metric``
+        in ``W_Q``, ``W_K``, ``qk`` (``offset`` NA for ``W_Q``/``W_K``), ``value`` a
+        share in [0, 1]. The unrotated row appears only where ``rotary_dim < d_head``.
+
+    Raises:
+        ValueError: for a non-rotary model (naming its scheme), layers/heads out of
+            range, a non-integer offset, or ``weights`` not in ("effective", "stored").
+    """
+    from ..models.backend import rotary_spec
+    from .spectral import qk_weights
+
+    _require_rotary(model, "rope_frequency_profile")
+    offsets = list(offsets)
+    if not offsets or not all(is_int(o) for o in offsets):
+        raise ValueError(f"offsets must be a non-empty sequence of integers, got {offsets}")
+    layer_ids = _select("layers", layers, model.cfg.n_layers)
+    head_ids = _select("heads", heads, model.cfg.n_heads)
+    d_head = model.cfg.d_head
+    frames = []
+    for layer in layer_ids:
+        spec = rotary_spec(model, layer)
+        first, second, unrot = pair_indices(d_head, spec.rotary_dim, spec.adjacent_pairs)
+        W_Q, W_K = qk_weights(model, layer, None, weights)
+        sh = pair_energy_shares(W_Q[head_ids], W_K[head_ids], first, second, unrot,
+                                spec.inv_freq, offsets)
+        P = len(first)
+        n_rows = P + (1 if len(unrot) else 0)
+        theta = np.concatenate([spec.inv_freq.double().numpy(), [0.0]])[:n_rows]
+        with np.errstate(divide="ignore"):
+            period = np.where(theta > 0, 2 * math.pi / np.where(theta > 0, theta, 1.0), np.inf)
+        pair = pd.array(list(range(P)) + [pd.NA] * (n_rows - P), dtype="Int64")
+
+        cols = {"hook": f"blocks.{layer}.attn", "layer": layer,
+                "head": np.repeat(head_ids, n_rows), "pair": np.tile(pair, len(head_ids)),
+                "frequency": np.tile(theta, len(head_ids)), "period": np.tile(period, len(head_ids))}
+        blocks = [(sh["W_Q"], "W_Q", pd.NA), (sh["W_K"], "W_K", pd.NA)]
+        blocks += [(sh["qk"][:, t], "qk", off) for t, off in enumerate(offsets)]
+        for values, metric, off in blocks:
+            frames.append(pd.DataFrame({**cols, "offset": off, "metric": metric,
+                                        "value": values[..., :n_rows].numpy().reshape(-1)}))
+    df = pd.concat(frames, ignore_index=True)
+    return df.astype({"pair": "Int64", "offset": "Int64"})
+
+
+def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
+                              layers: int | Sequence[int] | None = None,
+                              heads: int | Sequence[int] | None = None, key_start: int = 0,
+                              min_keys: int = 2, level: float = 0.95, seed: int = 0,
+                              check_tol: float | None = None) -> pd.DataFrame:
+    """Positional vs symbolic score of every selected head on ``tokens``, with an interval.
+
+    Operational version of Urrutia et al. (ICLR 2026, arXiv 2511.11579, §3; the paper's
+    exact metric was not reachable offline): per sequence,
+    :func:`positional_symbolic_from_qk` permutes the key tokens of each query's window at
+    random and compares the head's logits with the unpermuted ones (invariant: positional)
+    and with the unpermuted logits carried along by the permutation (equivariant:
+    symbolic). The head's own q and k on the model's input are read from
+    ``blocks.{l}.attn.hook_q``/``hook_k`` (before RoPE), rotated with the model's RoPE
+    (:func:`posinterp.models.backend.rotary_spec`); the unpermuted logits are checked
+    against the model's pre-softmax scores (:func:`posinterp.models.backend.scores_hook`)
+    before anything is reported, so a hook that carries something else is caught.
+
+    The permutation moves the key's content inside the head only: the residual stream
+    that produced q and k is the model's own (positions earlier layers wrote into it stay
+    with the token).
+
+    Args:
+        tokens: ``[batch, pos]`` token ids, unpadded (positions are token indices).
+        key_start: keys before this position are left in place and not compared (1 leaves
+            a BOS token out).
+        min_keys: a query enters once its window holds at least this many keys (>= 2).
+        level: the two-sided level of the Student-t interval over sequences
+            (:func:`posinterp.analysis.inspect.t_interval`).
+        seed: seeds the permutations.
+        check_tol: the largest relative deviation (max |Δ| / max |score|) allowed between
+            the reconstructed logits and the model's scores; None: 1e-3 for float32/64
+            activations, 3e-2 for float16/bfloat16 (their rounding, about 4e-3 per value,
+            adds up over d_head products).
+
+    Returns:
+        Tidy DataFrame ``hook, layer, head, metric, value, ci_low, ci_high, n_sequences``
+        with ``metric`` in ``positional_score`` (1 positional, 0 symbolic),
+        ``positional_residual`` and ``symbolic_residual`` (logit units); ``value`` is the
+        mean over sequences.
+
+    Raises:
+        ValueError: for a non-rotary model, bad tokens, ``min_keys < 2``, ``key_start < 0``,
+            layers/heads out of range, or sequences too short for any query window.
+        MissingFeatureError: where the model has no pre-softmax score hook to check the
+            reconstruction against (TransformerLens 4 native attention), or the hooks do
+            not reproduce the scores.
+    """
+    from ..models.backend import (
+        MissingFeatureError,
+        attn_scale,
+        n_kv_heads,
+        rotary_spec,
+        run_cached,
+        scores_hook,
+    )
+    from ._checks import check_tokens
+    from .inspect import t_interval
+
+    _require_rotary(model, "positional_symbolic_score")
+    tokens = check_tokens(model, tokens)
+    if not is_int(min_keys) or min_keys < 2:
+        raise ValueError(f"min_keys must be an integer >= 2 (a permutation of one key is the "
+                         f"identity), got {min_keys}")
+    if not is_int(key_start) or key_start < 0:
+        raise ValueError(f"key_start must be a non-negative integer, got {key_start}")
+    layer_ids = _select("layers", layers, model.cfg.n_layers)
+    head_ids = _select("heads", heads, model.cfg.n_heads)
+    H, group = model.cfg.n_heads, model.cfg.n_heads // n_kv_heads(model)
+    names = {}
+    for layer in layer_ids:
+        p = f"blocks.{layer}.attn."
+        names[layer] = (p + "hook_q", p + "hook_k", scores_hook(model, layer))
+    wanted = {n for trio in names.values() for n in trio}
+    cache = run_cached(model, tokens, None, lambda name: name in wanted)
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for layer in layer_ids:
+        q_name, k_name, s_name = names[layer]
+        spec = rotary_spec(model, layer)
+        first, second, _ = pair_indices(model.cfg.d_head, spec.rotary_dim, spec.adjacent_pairs)
+        scale = attn_scale(model, layer)
+        tol = check_tol if check_tol is not None else (
+            1e-3 if cache[q_name].dtype in (torch.float32, torch.float64) else 3e-2)
+        q = cache[q_name].double()  # [batch, pos, head, d_head]
+        k = cache[k_name].double()
+        if k.shape[2] != H:  # grouped-query: hook_k carries the KV heads only
+            k = k.repeat_interleave(group, dim=2)
+        _check_reconstruction(q, k, cache[s_name].double(), first, second, spec.inv_freq, scale,
+                              tol, layer, MissingFeatureError)
+        per_seq = {m: [] for m in SCORE_METRICS}
+        for b in range(tokens.shape[0]):
+            out = positional_symbolic_from_qk(
+                q[b].transpose(0, 1)[head_ids], k[b].transpose(0, 1)[head_ids], first, second,
+                spec.inv_freq, scale, gen, key_start, min_keys)
+            for m in SCORE_METRICS:
+                per_seq[m].append(out[m])
+        for m in SCORE_METRICS:
+            mean, low, high, n = t_interval(torch.stack(per_seq[m]), level)
+            for t, head in enumerate(head_ids):
+                rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head, metric=m,
+                                 value=float(mean[t]), ci_low=float(low[t]), ci_high=float(high[t]),
+                                 n_sequences=int(n[t])))
+    return pd.DataFrame(rows)
+
+
+def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, layer, error) -> None:
+    """Raise ``error`` unless q R(i) · k R(j) / scale reproduces the model's scores (j <= i)."""
+    n = q.shape[1]
+    pos = torch.arange(n)
+    qr = rotate(q, pos[None, :, None], first, second, inv_freq)
+    kr = rotate(k, pos[None, :, None], first, second, inv_freq)
+    pred = torch.einsum("bihd,bjhd->bhij", qr, kr) / scale
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    dev = (pred - scores).abs()[..., causal].max()
+    ref = scores[..., causal].abs().max().clamp_min(1e-12)
+    if not bool(dev <= tol * ref):
+        raise error(
+            f"layer {layer}: hook_q/hook_k rotated with the model's RoPE do not reproduce its "
+            f"pre-softmax scores (max deviation {float(dev):.3g} vs max |score| {float(ref):.3g}); "
+            "this model's hooks carry something else, so positional_symbolic_score refuses it")
