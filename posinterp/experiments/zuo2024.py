@@ -899,6 +899,18 @@ def render_markdown(out_dir) -> str:
                              waiting.items())
                  + ". Their claims say *pending*. The same command resumes the run in its "
                  "output folder: finished cells are read back, only these are computed.\n")
+    status = []
+    for label in [*cfg["task_lengths"], *(f"reversal L{d}" for d in cfg["train_depths"])]:
+        g = training[training.task == label]
+        if g.empty:
+            status.append(f"{label}: pending")
+        elif g.reached_target.any():
+            status.append(f"{label}: trained to target ({int(g.reached_target.sum())}/{len(g)} "
+                          "seeds)")
+        else:
+            status.append(f"{label}: not trained to target (best accuracy "
+                          f"{g.accuracy.max():.3f} in {int(g.steps.max())} steps)")
+    p.append("**Which trainings reached the target:** " + "; ".join(status) + ".\n")
     p += ["## What changed since the previous version of this page\n",
           "- **Depth x width grid recomputed.** Before commit 3a18090, "
           "`preset(name, d_model=w)` kept the preset's `d_head` 32 and `d_mlp` 768 at every "
