@@ -188,7 +188,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     with _executor(args) as executor:
         claims = run_zuo2024(cfg, args.out, progress=not args.no_progress,
                              markdown=args.markdown, command=command, executor=executor,
-                             device=args.device)
+                             device=args.device, compute=not args.no_compute)
     print(_table(claims[["claim", "point", "figure", "holds"]], **{"display.max_colwidth": 90}))
     print(f"report: {(Path(args.out) / 'report.html').resolve()}")
     return 0
@@ -348,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output folder (default posinterp-zuo2024)")
     rp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (every figure from this run's CSVs)")
+    rp.add_argument("--no-compute", action="store_true",
+                    help="run nothing: summarize the finished cells and list the unfinished "
+                    "trainings (deeper models, other tasks) as pending (the init, grid, "
+                    "reversal and probe cells must be finished)")
     _executor_options(rp, "--executor process: cells run at once (default: one per core)")
     _no_progress(rp)
 

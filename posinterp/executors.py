@@ -34,7 +34,7 @@ from typing import Any
 from .io import atomic_path, atomic_write_json
 
 __all__ = ["EXECUTORS", "Cell", "CellsFailed", "Executor", "LocalExecutor", "ProcessExecutor",
-           "RayExecutor", "gpus_for", "make_executor", "run_cells"]
+           "RayExecutor", "cell_done", "gpus_for", "make_executor", "run_cells"]
 
 EXECUTORS = ("local", "process", "ray")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*(/[A-Za-z0-9][A-Za-z0-9._+=-]*)*")
@@ -51,9 +51,15 @@ class Cell:
     runs with (at least 1); ``num_gpus`` is what it asks Ray for (the other executors
     ignore it).
 
+    ``key`` (optional, JSON-serializable) says what the result depends on: the resolved
+    architectures, data and optimizer settings, a version of the computation.
+    :func:`run_cells` stores it beside the result and reuses a result only under an equal
+    key, so a cell whose inputs changed (say, an architecture a fixed default now derives
+    differently) is recomputed instead of read back stale. None: reused by name alone.
+
     Raises:
-        ValueError: for a malformed ``name``, a non-callable ``fn``, ``num_cpus <= 0`` or
-            ``num_gpus < 0``.
+        ValueError: for a malformed ``name``, a non-callable ``fn``, ``num_cpus <= 0``,
+            ``num_gpus < 0`` or a ``key`` that JSON cannot encode.
     """
 
     name: str
@@ -61,6 +67,7 @@ class Cell:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     num_cpus: float = 1
     num_gpus: float = 0
+    key: Any = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
@@ -72,6 +79,40 @@ class Cell:
             raise ValueError(f"Cell num_cpus must be > 0, got {self.num_cpus}")
         if not self.num_gpus >= 0:
             raise ValueError(f"Cell num_gpus must be >= 0, got {self.num_gpus}")
+        if self.key is not None:
+            try:
+                json.dumps(self.key, sort_keys=True, allow_nan=False)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"Cell key must be JSON-serializable, got {self.key!r} "
+                                 f"({err})") from None
+
+
+def _key_text(key) -> str:
+    # One canonical text per key: sorted fields, tuples as lists, so equal keys compare
+    # equal after a round trip through the key file.
+    return json.dumps(key, sort_keys=True, allow_nan=False)
+
+
+def _key_path(result: Path) -> Path:
+    return result.with_name(result.name + ".key.json")
+
+
+def cell_done(cell: Cell, out_dir: str | os.PathLike, fmt: str = "json") -> bool:
+    """Whether ``cell``'s result is in ``out_dir`` and current: the file exists and, for a
+    cell with a ``key``, the key stored beside it equals ``cell.key``.
+
+    Raises:
+        ValueError: for an unknown ``fmt``.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt must be one of {tuple(FORMATS)}, got {fmt!r}")
+    path = Path(out_dir) / f"{cell.name}{FORMATS[fmt][0]}"
+    if not path.exists():
+        return False
+    if cell.key is None:
+        return True
+    stored = _key_path(path)
+    return stored.exists() and stored.read_text() == _key_text(cell.key)
 
 
 def _call(fn: Callable[..., Any], kwargs: Mapping[str, Any], threads: int) -> tuple:
@@ -297,7 +338,9 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
               seconds_file: str | None = "_seconds.json", log=None) -> dict[str, Any]:
     """Run (or resume) a grid; return ``{name: result}`` in the order of ``cells``.
 
-    A cell whose ``<out_dir>/<name><suffix>`` exists is not run again. The others go
+    A cell whose ``<out_dir>/<name><suffix>`` exists (with an equal stored key, for a cell
+    with a ``key``: :func:`cell_done`) is not run again; one whose key changed is
+    recomputed and logged as stale. The others go
     through ``executor`` (default :class:`LocalExecutor`); each result is written
     atomically by this driver as it arrives (``fmt``: ``json`` for dicts, ``csv`` for
     DataFrames, ``pickle`` for anything else) and its compute seconds are added to
@@ -324,7 +367,11 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = {c.name: out / f"{c.name}{suffix}" for c in cells}
-    todo = [c for c in cells if not path[c.name].exists()]
+    todo = [c for c in cells if not cell_done(c, out, fmt)]
+    if log is not None:
+        for c in todo:
+            if path[c.name].exists():
+                log(f"[posinterp] {c.name}: stale (its key changed), recomputing")
     failures: dict[str, str] = {}
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress, desc=desc)
     if todo:
@@ -333,7 +380,12 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
         try:
             for cell, ok, value, seconds in executor.submit_all(todo):
                 if ok:
+                    if cell.key is not None:  # the old key goes first: never a stale pair
+                        _key_path(path[cell.name]).unlink(missing_ok=True)
                     save(value, path[cell.name])
+                    if cell.key is not None:
+                        with atomic_path(_key_path(path[cell.name])) as tmp:
+                            tmp.write_text(_key_text(cell.key))
                     if seconds_file is not None:
                         _add_seconds(out / seconds_file, cell.name, seconds)
                 else:

@@ -49,26 +49,42 @@ def test_committed_qk_run_is_the_grid_the_page_claims():
 
 
 def test_committed_zuo_run_is_the_grid_the_page_claims():
-    """>= 3 seeds per trained cell and per probe cell, every after-attention verdict at both
-    measurement points, the embedding row in every probe table, and only trained models
-    (at the accuracy target) scored as trained."""
+    """>= 3 seeds per trained cell and per probe cell, every after-attention verdict at the
+    three measurement points, the embedding row in every probe table, both probe families,
+    only trained models (at the accuracy target) scored as trained, every training either
+    done or named as pending, and the depth x width grid run at the architectures it names."""
+    import json
+
     data = DOCS / "data" / "zuo2024"
+    run = json.loads((data / "run.json").read_text())
+    cfg = run["config"]
     training = pd.read_csv(data / "training.csv")
-    main = training[training.task.isin(["addition", "reversal", "indexing", "ordering"])]
-    assert (main.groupby("task").seed.nunique() >= 3).all()
-    assert set(training.task) >= {"addition", "reversal", "indexing", "ordering"}
+    pending = pd.DataFrame(run.get("pending", []), columns=["cell", "task", "seed"])
+    labels = [*cfg["task_lengths"], *(f"reversal L{d}" for d in cfg["train_depths"])]
+    for label in labels:
+        done = set(training[training.task == label].seed)
+        waiting = set(pending[pending.task == label].seed)
+        assert not done & waiting
+        assert done | waiting == set(cfg["task_seeds"].get(label.split()[0], cfg["train_seeds"]))
+    assert len(training[training.task == "reversal"]) >= 3  # the probes' models
     assert (training.reached_target == (training.accuracy >= zuo2024.THRESHOLDS["target_accuracy"])).all()
     claims = pd.read_csv(data / "claims.csv", keep_default_na=False, na_values=[""])
-    after = claims[claims.point.isin(["attn_out", "resid_mid"])]
-    assert (after.groupby("claim").point.nunique() == 2).all()
+    after = claims[claims.point.isin(["attn_out", "resid_mid", "resid_post"])]
+    assert (after.groupby("claim").point.nunique() == 3).all()
     assert (claims[claims.holds.isin(["yes", "no", "CI spans"])].n >= 3).all()
     for task, g in training.groupby("task"):
         rows = claims[claims.claim.str.endswith(f"after training: {task}")]
         assert (rows.holds == "not tested").all() == (not g.reached_target.any())
+    for task in set(pending.task) - set(training.task):
+        rows = claims[claims.claim.str.endswith(f"after training: {task}")]
+        assert len(rows) == 3 and (rows.holds == "pending").all()
     probes = pd.read_csv(data / "probes.csv")
     assert (probes.n >= 3).all()
-    assert all(-1 in set(g.layer) for _, g in probes.groupby(["dataset", "state"]))
+    assert all(-1 in set(g.layer) for _, g in probes.groupby(["dataset", "state", "probe"]))
+    assert {"ridge", "mlp"} <= set(probes.probe) and "variance_matched" in set(probes.feature)
     assert "random_tokens" in set(probes.dataset)
+    dw = pd.read_csv(data / "depth_width.csv")
+    assert (dw.d_mlp == 4 * dw.width).all() and (dw.d_head == 64).all()
     total = sum(f.stat().st_size for f in data.iterdir())
     assert total < 400_000  # small run outputs only
 

@@ -188,3 +188,33 @@ def test_the_same_grid_gives_identical_csvs_under_every_executor(name, in_proces
         assert (in_process_run / f).read_bytes() == (tmp_path / f).read_bytes(), f
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["calls"][-1]["executor"] == name
+
+
+def test_a_cell_is_reused_only_under_its_key(tmp_path):
+    """A finished cell whose key changed (an architecture derived differently, a setting
+    edited) is recomputed; an equal key reads it back; without a key the name decides."""
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    out = tmp_path / "out"
+
+    def cells(key3):
+        return [Cell("c1", square, dict(x=1, calls=str(calls)), key={"d_head": 64}),
+                Cell("c2", square, dict(x=2, calls=str(calls))),
+                Cell("c3", square, dict(x=3, calls=str(calls)), key=key3)]
+
+    run_cells(cells({"d_head": 32, "widths": (64, 192)}), out, progress=False)
+    assert _calls(calls) == {1: 1, 2: 1, 3: 1}
+    # the same keys (a tuple reads back as a list: keys compare as JSON): nothing reruns
+    run_cells(cells({"widths": [64, 192], "d_head": 32}), out, progress=False)
+    assert _calls(calls) == {1: 1, 2: 1, 3: 1}
+    logged = []
+    run_cells(cells({"d_head": 64, "widths": (64, 192)}), out, progress=False, log=logged.append)
+    assert _calls(calls) == {1: 1, 2: 1, 3: 2}
+    assert any("c3: stale" in line for line in logged)
+    assert json.loads((out / "c3.json.key.json").read_text())["d_head"] == 64
+    # a result written before keys existed (no key file) is stale for a keyed cell
+    (out / "c1.json.key.json").unlink()
+    run_cells(cells({"d_head": 64, "widths": (64, 192)}), out, progress=False)
+    assert _calls(calls) == {1: 2, 2: 1, 3: 2}
+    with pytest.raises(ValueError, match="key must be JSON-serializable"):
+        Cell("bad", dict, key={"x": object()})

@@ -15,12 +15,17 @@ from posinterp.models import build_model
 from tests.viz.test_report import external_refs
 
 SMOKE = ReproConfig(model_preset="tiny", train_steps=3, n_samples=300, train_seeds=(0, 1),
-                    long_train_steps=4, train_depths=(2,),
+                    long_train_steps=4, train_depths=(2,), depth_train_steps=3,
+                    long_train_tasks=("addition",),
                     init_seeds=(0, 1), grid_seeds=(0, 1), n_sequences=6, n_tokens=10,
                     n_probe_sequences=8, init_means=(0.0, 4.0), init_stds=(0.002, 0.02, 0.2),
                     depths=(1, 2), widths=(32, 64),
                     task_lengths={"addition": (1, 2), "reversal": (5, 6),
                                   "indexing": (1, 9), "ordering": (2, 5)})
+
+
+def _stamps(folder):
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir() if p.suffix == ".csv"}
 
 
 def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypatch):
@@ -29,37 +34,126 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     monkeypatch.setattr(z, "ProbeConfig", lambda: ProbeConfig(hidden=8, max_epochs=3))
     page = tmp_path / "page.md"
     claims = run_zuo2024(SMOKE, tmp_path / "run", progress=False, markdown=page)
-    assert set(claims.point) == {"embedding", "attn_out", "resid_mid", "probe"}
-    # every after-attention claim is reported at both points
-    after = claims[claims.point.isin(["attn_out", "resid_mid"])]
-    assert (after.groupby("claim").point.nunique() == 2).all()
+    assert set(claims.point) == {"embedding", "attn_out", "resid_mid", "resid_post", "probe"}
+    # every after-attention claim is reported at all three points
+    after = claims[claims.point.isin(["attn_out", "resid_mid", "resid_post"])]
+    assert (after.groupby("claim").point.nunique() == 3).all()
     assert set(claims.holds) <= {"yes", "no", "CI spans", "not tested", "not run"}
     # 3 (and 4) training steps never reach the target: no task is scored as trained
     trained = claims[claims.claim.str.contains("after training")]
-    assert len(trained) == 2 * 6 and (trained.holds == "not tested").all()  # 4 tasks, L2, long
-    assert trained.claim.str.contains("addition (long run, <= 4 steps)", regex=False).sum() == 2
+    assert len(trained) == 3 * 6 and (trained.holds == "not tested").all()  # 4 tasks, L2, long
+    assert trained.claim.str.contains("addition (long run, <= 4 steps)", regex=False).sum() == 3
+    # the probe claims come in both families, the count-matched variance probe among them
+    probe = claims[claims.point == "probe"]
+    assert set(probe.probe) == {"ridge", "mlp"}
+    assert probe.claim.str.contains("variance_matched (primary)", regex=False).sum() == 4
+    # BH q-values exactly where there is a p, never below it
+    assert claims.q.notna().equals(claims.p.notna())
+    assert (claims.q.dropna() >= claims.p.dropna() - 1e-12).all()
     html = (tmp_path / "run" / "report.html").read_text()
     assert external_refs(html) == []
-    assert page.read_text() == render_markdown(tmp_path / "run")
+    text = page.read_text()
+    assert text == render_markdown(tmp_path / "run")
+    assert "attn_out (primary)" in text and "Benjamini-Hochberg" in text
     probes = z.pd.read_csv(tmp_path / "run" / "probes.csv")
     assert -1 in set(probes.layer)  # the embedding baseline row
     # Resume: every cell is read back, nothing is recomputed, same table.
     cells = tmp_path / "run" / "cells"
-    stamp = {p: p.stat().st_mtime_ns for p in cells.iterdir()}
+    stamp = _stamps(cells)
     again = run_zuo2024(SMOKE, tmp_path / "run", progress=False)
-    assert again.equals(claims)
-    assert {p: p.stat().st_mtime_ns for p in cells.iterdir()} == stamp
+    z.pd.testing.assert_frame_equal(again, claims)
+    assert _stamps(cells) == stamp
     # --full's trained depths: a model per depth, with its own rows
     training = z.pd.read_csv(tmp_path / "run" / "training.csv")
     assert (training.task == "reversal L2").sum() == len(SMOKE.train_seeds)
-    # Cells are reused by name, so a folder of another configuration is refused, by field.
-    with pytest.raises(ValueError, match="train_steps"):
-        run_zuo2024(replace(SMOKE, train_steps=4), tmp_path / "run", progress=False)
+    # Cells are reused under their keys: another train_steps recomputes exactly the
+    # trainings it sets (not the depth runs, which have their own budget, nor the long
+    # run) and the probes that read the retrained reversal models; nothing else.
+    run_zuo2024(replace(SMOKE, train_steps=4), tmp_path / "run", progress=False)
+    changed = {n for n, t in _stamps(cells).items() if stamp.get(n) != t}
+    assert changed == ({f"train_{t}_seed{s}.csv" for t in ("addition", "reversal", "indexing",
+                                                           "ordering") for s in (0, 1)}
+                       | {f"probe_{d}_trained_seed{s}.csv" for d in ("random_tokens",
+                                                                     "reversal_strings")
+                          for s in (0, 1)})
     # probe lengths are checked before any cell runs, like the task lengths
+    stamp = _stamps(cells)
     with pytest.raises(ValueError, match="max_digits=17"):
         run_zuo2024(replace(SMOKE, probe_lengths=(4, 17)), tmp_path / "other", progress=False)
     assert not (tmp_path / "other").exists()  # nothing made on bad input
-    assert {p: p.stat().st_mtime_ns for p in cells.iterdir()} == stamp
+    assert _stamps(cells) == stamp
+
+
+def test_stale_cells_are_recomputed_and_unfinished_ones_pending(tmp_path, monkeypatch):
+    """A stored cell computed under another architecture (its key) is redone, never read
+    back; with compute=False an unfinished training is *pending* on the page, while an
+    unfinished core cell is refused."""
+    import json
+
+    import posinterp.experiments.zuo2024 as z
+
+    monkeypatch.setattr(z, "ProbeConfig", lambda: ProbeConfig(hidden=8, max_epochs=3))
+    cfg = replace(SMOKE, train_seeds=(0,), task_lengths={"reversal": (5, 6),
+                                                         "addition": (1, 2)},
+                  long_train_tasks=(), train_depths=())
+    run_zuo2024(cfg, tmp_path / "run", progress=False)
+    cells = tmp_path / "run" / "cells"
+    # the depth x width cell as the old preset() made it: d_head 32 at every width
+    key_file = cells / "depth_width_init.csv.key.json"
+    key = json.loads(key_file.read_text())
+    assert {m["d_head"] for m in key["models"]} == {32, 64}  # widths 32 and 64, n_heads 1
+    for m in key["models"]:
+        m["d_head"] = 32
+    key_file.write_text(json.dumps(key, sort_keys=True))
+    stamp = _stamps(cells)
+    run_zuo2024(cfg, tmp_path / "run", progress=False)
+    assert {n for n, t in _stamps(cells).items() if stamp[n] != t} == {"depth_width_init.csv"}
+    dw = z.pd.read_csv(tmp_path / "run" / "depth_width.csv")
+    assert (dw.d_head == 64).sum() and (dw.d_mlp == 4 * dw.width).all()
+    # an unfinished training is pending, claimed as such, and named on the page
+    (cells / "train_addition_seed0.csv").unlink()
+    page = tmp_path / "page.md"
+    claims = run_zuo2024(cfg, tmp_path / "run", progress=False, markdown=page, compute=False)
+    assert not (cells / "train_addition_seed0.csv").exists()
+    rows = claims[claims.claim.str.endswith("after training: addition")]
+    assert len(rows) == 3 and (rows.holds == "pending").all()
+    assert "**Pending: 1 training cells are not computed yet**" in page.read_text()
+    assert page.read_text() == render_markdown(tmp_path / "run")
+    (cells / "probe_random_tokens_init_seed0.csv").unlink()
+    with pytest.raises(ValueError, match="probe_random_tokens_init_seed0"):
+        run_zuo2024(cfg, tmp_path / "run", progress=False, compute=False)
+
+
+def test_depth_width_grid_runs_the_architectures_it_names():
+    """d_head = width / n_heads = 64 and d_mlp = 4 x width in every cell (the grid once
+    ran the small preset's d_head 32 and d_mlp 768 at every width)."""
+    for depth, width, _, mc in depth_width_configs(ReproConfig()):
+        assert mc.n_layers == depth and mc.d_model == width
+        assert mc.d_head == 64 and mc.d_mlp == 4 * width and mc.n_heads * mc.d_head == width
+
+
+def test_verdicts_and_p_values_agree():
+    """yes <=> p_holds < 0.025 and no <=> p_fails < 0.025 (the 95% interval and the
+    one-sided t-tests are the same statement), for every kind of threshold."""
+    import numpy as np
+
+    from posinterp.experiments.zuo2024 import _p, _sem, _Test, _verdict
+
+    rng = np.random.default_rng(0)
+    tests = [_Test("ge", 0.8), _Test("le", 0.6), _Test("within", 0.5, 0.05)]
+    seen = set()
+    for _ in range(400):
+        v = rng.normal(rng.uniform(0.3, 1.0), rng.uniform(0.001, 0.2), size=int(rng.integers(3, 6)))
+        m, lo, hi, n = mean_ci(v.tolist())
+        assert abs(_sem(m, lo, hi, n) - v.std(ddof=1) / np.sqrt(n)) < 1e-9
+        for t in tests:
+            ph, pf = t.p_values(m, _sem(m, lo, hi, n), n)
+            verdict = _verdict(lo, hi, t)
+            seen.add((t.kind, verdict))
+            assert (verdict == "yes") == (ph < 0.025)
+            assert (verdict == "no") == (pf < 0.025)
+            assert (verdict in ("yes", "no")) == (_p(ph, pf) < 0.05)
+    assert {v for _, v in seen} == {"yes", "no", "CI spans"}
 
 
 def test_depth_grid_has_independent_layer0_weights_per_depth():
@@ -87,6 +181,9 @@ def test_full_preset_is_the_paper_protocol():
     assert full.model_preset == "paper" and len(full.train_seeds) == 5
     assert full.task_lengths["reversal"] == (1, 16) and full.train_depths == (6, 12, 24)
     assert len(ReproConfig().train_seeds) >= 3
+    assert set(ReproConfig().train_depths) >= {6, 12}  # depth after training, in --quick too
+    with pytest.raises(ValueError, match="grid_dtype"):
+        run_zuo2024(replace(SMOKE, grid_dtype="float16"), "unused-folder", progress=False)
 
 
 def test_cli_table_accepts_pandas_display_options():

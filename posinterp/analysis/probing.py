@@ -12,15 +12,22 @@ variance (Chi et al. 2023). Features per real token k (docs/concepts.md, "Positi
 * ``variance_window``: those variances at k, k-1, ..., k-w (zeros before the start) plus
   the validity mask: the variance signal with as many features as the cosine window
   (2w vs 2w + 2 or 3w + 2), so a win of the cosine probe is not a feature-count effect.
+* ``variance_matched``: the residual's variance at k, k-1, ..., k-w+1 (zeros before the
+  start) plus the validity mask: exactly the cosine window's 2w features, from the same
+  activation, so the two differ only in *what* each feature measures (Zuo et al.'s
+  comparison, made count-matched).
 * ``cosine_shuffled``: the cosine window with its similarity columns taken from another
   token (one seeded permutation of all tokens), validity mask kept: the cosine probe's
   feature count and value distribution with no link to the token's own position beyond
   the mask.
 * ``raw``: the residual vector.
 
-The probe is a 4-layer MLP with MSE loss and early stopping on a validation split;
-splits are by sequence. Scores: NRMSE = RMSE / (max position - min position) and
-Pearson r, on held-out sequences.
+Two probe families read the same features: ``mlp``, a 4-layer MLP with MSE loss and
+early stopping on a validation split (:func:`fit_probe`, the paper's), and ``ridge``,
+closed-form ridge regression with its penalty chosen on the validation split
+(:func:`fit_ridge_probe`), so a verdict does not hang on one probe's capacity. Splits
+are by sequence. Scores: NRMSE = RMSE / (max position - min position) and Pearson r, on
+held-out sequences; :func:`null_nrmse` is the score of predicting the train mean.
 """
 
 from __future__ import annotations
@@ -38,10 +45,14 @@ from .._validate import check_indices
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
 from .similarity import compact_real_tokens, cosine_self_similarity
 
-__all__ = ["FEATURES", "ProbeConfig", "ProbeResult", "fit_probe", "min_sequences",
-           "position_features", "probe_positions", "sequence_split"]
+__all__ = ["FAMILIES", "FEATURES", "ProbeConfig", "ProbeResult", "fit_probe", "fit_ridge_probe",
+           "min_sequences", "null_nrmse", "position_features", "probe_positions",
+           "sequence_split"]
 
-FEATURES = ("cosine", "mask_only", "variance", "raw", "variance_window", "cosine_shuffled")
+FEATURES = ("cosine", "mask_only", "variance", "raw", "variance_window", "cosine_shuffled",
+            "variance_matched")
+FAMILIES = ("mlp", "ridge")
+RIDGE_ALPHAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1000.0)
 
 
 def position_features(
@@ -96,6 +107,13 @@ def position_features(
                 sims = sims.clone()
                 sims[real] = flat[perm]
             feats = torch.cat([sims, feats], -1)
+    elif kind == "variance_matched":
+        var = compact_real_tokens(resid.double(), mask).var(-1, unbiased=False)  # [batch, pos]
+        lag = torch.arange(0, window)
+        idx = (k[:, None] - lag[None, :]).clamp(min=0)  # [pos, w]
+        v = torch.gather(var[:, None, :].expand(batch, pos, pos), 2, idx.expand(batch, pos, window))
+        v = torch.where((k[:, None] - lag[None, :] >= 0), v, 0.0)
+        feats = torch.cat([v, valid.double().expand(batch, pos, window)], -1)
     elif kind == "variance_window":
         acts = [resid] + ([attn_out] if attn_out is not None else [])
         cols = []
@@ -203,13 +221,7 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
             equal (NRMSE divides by their range), or too few sequences for a non-empty
             test split (see :func:`sequence_split`).
     """
-    if not len(X) == len(y) == len(groups):
-        raise ValueError(f"X, y, groups must have equal length, got {len(X)}, {len(y)}, {len(groups)}")
-    if not torch.isfinite(X).all():
-        raise ValueError("X must be finite (no NaN/inf features)")
-    if len(y) == 0 or int(y.max()) == int(y.min()):
-        raise ValueError("positions are all equal (or there are none): nothing to probe, and "
-                         "NRMSE = RMSE / (max - min position) is undefined")
+    _check_probe_inputs(X, y, groups)
     tr, va, te = sequence_split(groups, seed)
     torch.manual_seed(seed)
     Xf = X.float()
@@ -251,12 +263,75 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
     with torch.no_grad():
         pred = (net(Xn[te]).squeeze(-1) * y_sd + y_mu).double().numpy()
     target = yf[te].double().numpy()
+    nrmse, r = _scores(pred, target, float(yf.max() - yf.min()))  # span > 0, checked above
+    return ProbeResult(nrmse=nrmse, pearson_r=r, n_test=int(te.sum()), epochs=epoch)
+
+
+def _check_probe_inputs(X, y, groups) -> None:
+    if not len(X) == len(y) == len(groups):
+        raise ValueError(f"X, y, groups must have equal length, got {len(X)}, {len(y)}, {len(groups)}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X must be finite (no NaN/inf features)")
+    if len(y) == 0 or int(y.max()) == int(y.min()):
+        raise ValueError("positions are all equal (or there are none): nothing to probe, and "
+                         "NRMSE = RMSE / (max - min position) is undefined")
+
+
+def _scores(pred: np.ndarray, target: np.ndarray, span: float) -> tuple[float, float]:
     rmse = float(np.sqrt(np.mean((pred - target) ** 2)))
-    span = float(yf.max() - yf.min())  # > 0, checked above
     # r is undefined for a constant prediction or target: NaN, never a silent 0.0.
     defined = np.ptp(pred) > 0 and np.ptp(target) > 0
     r = float(stats.pearsonr(pred, target).statistic) if defined else float("nan")
-    return ProbeResult(nrmse=rmse / span, pearson_r=r, n_test=int(te.sum()), epochs=epoch)
+    return rmse / span, r
+
+
+def fit_ridge_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tensor, "n"],
+                    seed: int = 0, alphas=RIDGE_ALPHAS) -> ProbeResult:
+    """Ridge regression of position on ``X``: features standardized on the train split,
+    an intercept, the penalty ``alpha`` (on the standardized weights) chosen from
+    ``alphas`` by validation MSE, scored on the test split. The same split as
+    :func:`fit_probe` for the same ``seed``; ``epochs`` is 0 (closed form, float64).
+
+    Source: Hoerl & Kennard 1970 (ridge); the linear probe beside Zuo et al.'s MLP.
+
+    Raises:
+        ValueError: as :func:`fit_probe`, or for empty or non-positive ``alphas``.
+    """
+    _check_probe_inputs(X, y, groups)
+    if len(alphas) == 0 or any(not a > 0 for a in alphas):
+        raise ValueError(f"alphas must be positive numbers, got {alphas}")
+    tr, va, te = sequence_split(groups, seed)
+    Xd, yd = X.double().numpy(), y.double().numpy()
+    tr, va, te = tr.numpy(), va.numpy(), te.numpy()
+    mu, sd = Xd[tr].mean(0), Xd[tr].std(0)
+    sd = np.where(sd > 1e-6, sd, 1.0)  # a constant train column stays unscaled (fit_probe)
+    Z = (Xd - mu) / sd
+    y_mu = yd[tr].mean()
+    A, b = Z[tr], yd[tr] - y_mu
+    gram, rhs = A.T @ A, A.T @ b
+    best = None
+    for alpha in alphas:
+        w = np.linalg.solve(gram + alpha * np.eye(len(gram)), rhs)
+        val = float(np.mean((Z[va] @ w + y_mu - yd[va]) ** 2))
+        if best is None or val < best[0]:
+            best = (val, w)
+    pred = Z[te] @ best[1] + y_mu
+    nrmse, r = _scores(pred, yd[te], float(yd.max() - yd.min()))
+    return ProbeResult(nrmse=nrmse, pearson_r=r, n_test=int(te.sum()), epochs=0)
+
+
+def null_nrmse(y: Int[Tensor, "n"], groups: Int[Tensor, "n"], seed: int = 0) -> float:
+    """NRMSE of the no-feature predictor (the train split's mean position) on the test
+    split of :func:`sequence_split` with ``seed``: the score a probe gets from nothing.
+
+    Raises:
+        ValueError: as :func:`fit_probe` (all-equal positions, too few sequences).
+    """
+    _check_probe_inputs(torch.zeros(len(y), 1), y, groups)
+    tr, _, te = sequence_split(groups, seed)
+    yd = y.double()
+    rmse = float(torch.sqrt(((yd[te] - yd[tr].mean()) ** 2).mean()))
+    return rmse / float(yd.max() - yd.min())
 
 
 @torch.no_grad()
@@ -270,20 +345,28 @@ def _activations(model, tokens, mask, layer):
 def probe_positions(model, tokens: Int[Tensor, "batch pos"],
                     attention_mask: Int[Tensor, "batch pos"] | None = None,
                     layers: list[int] | None = None, features=FEATURES, window: int = 8,
-                    seeds=(0, 1, 2), config: ProbeConfig = ProbeConfig()) -> pd.DataFrame:
-    """Probe position from each feature set at each layer's ``resid_post``, over seeds.
+                    seeds=(0, 1, 2), config: ProbeConfig = ProbeConfig(),
+                    families=("mlp",), null: bool = False) -> pd.DataFrame:
+    """Probe position from each feature set at each layer's ``resid_post``, over seeds,
+    with each probe family of ``families`` (:data:`FAMILIES`).
 
     Works on any TransformerLens model. Layer -1 is the embedding; by default every layer
-    and the embedding, the baseline a layer's probe must beat.
+    and the embedding, the baseline a layer's probe must beat. ``null``: also a row per
+    seed, ``feature="null"``, ``probe="constant"``, at the first of ``layers``, metric
+    ``nrmse``: the score of predicting the train mean (:func:`null_nrmse`; it reads no
+    activation, so one layer holds it).
 
     Returns:
-        Tidy DataFrame ``hook, layer, head, position, metric, value, feature, seed``
+        Tidy DataFrame ``hook, layer, head, position, metric, value, feature, seed, probe``
         with ``metric`` in ``nrmse``, ``pearson_r``.
 
     Raises:
-        ValueError: for an unknown feature, ``layers`` that are not distinct ints in
-            ``[-1, n_layers)``, or too few sequences (see :func:`sequence_split`).
+        ValueError: for an unknown feature or family, ``layers`` that are not distinct
+            ints in ``[-1, n_layers)``, or too few sequences (see :func:`sequence_split`).
     """
+    bad = [f for f in families if f not in FAMILIES]
+    if bad or not len(families):
+        raise ValueError(f"families must be a non-empty subset of {FAMILIES}, got {families}")
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     # -1 is the embedding; -2 must not silently become it too.
@@ -297,9 +380,17 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
         for feature in features:
             X, y, groups = position_features(resid, mask, feature, window, attn_out)
             for seed in seeds:
-                res = fit_probe(X, y, groups, seed, config)
-                for metric in ("nrmse", "pearson_r"):
-                    rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
-                                     metric=metric, value=getattr(res, metric),
-                                     feature=feature, seed=seed))
+                for family in families:
+                    res = (fit_probe(X, y, groups, seed, config) if family == "mlp"
+                           else fit_ridge_probe(X, y, groups, seed))
+                    for metric in ("nrmse", "pearson_r"):
+                        rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
+                                         metric=metric, value=getattr(res, metric),
+                                         feature=feature, seed=seed, probe=family))
+        if null and layer == layers[0]:
+            _, y, groups = position_features(resid, mask, "mask_only", window)
+            for seed in seeds:
+                rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
+                                 metric="nrmse", value=null_nrmse(y, groups, seed),
+                                 feature="null", seed=seed, probe="constant"))
     return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64"})

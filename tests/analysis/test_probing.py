@@ -190,3 +190,68 @@ def test_feature_constant_on_train_does_not_blow_up_test():
     X[te, 1] = 5.0  # only test sequences have it
     res = fit_probe(X, y, groups, seed=0, config=ProbeConfig(hidden=8, max_epochs=50))
     assert res.nrmse < 1.0
+
+
+def test_variance_matched_has_the_cosine_windows_count_and_lagged_variances():
+    """2w features, like the cosine window: Var(x_{k-l}) for l < w (0 before the start),
+    then the same validity mask as the cosine window."""
+    resid = torch.randn(2, 7, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    w = 3
+    X, y, _ = position_features(resid, kind="variance_matched", window=w)
+    cos, _, _ = position_features(resid, kind="cosine", window=w)
+    assert X.shape == cos.shape == (14, 2 * w)
+    var = resid.var(-1, unbiased=False).float()
+    for n, k in enumerate(y.tolist()):
+        b = n // 7
+        want = [var[b, k - lag] if k - lag >= 0 else 0.0 for lag in range(w)]
+        torch.testing.assert_close(X[n, :w], torch.tensor(want, dtype=torch.float32))
+    assert torch.equal(X[:, w:], cos[:, w:])
+
+
+def test_ridge_probe_is_the_augmented_least_squares_solution():
+    """Against an independent solution: ridge = least squares on [Z; sqrt(a) I] with the
+    intercept unpenalized (centred target), one alpha given."""
+    from posinterp.analysis.probing import fit_ridge_probe
+
+    y, groups = _positions()
+    gen = torch.Generator().manual_seed(3)
+    X = torch.stack([y.float() + torch.randn(len(y), generator=gen) * 3,
+                     torch.randn(len(y), generator=gen)], 1)
+    alpha = 10.0
+    res = fit_ridge_probe(X, y, groups, seed=1, alphas=(alpha,))
+    tr, _, te = (m.numpy() for m in sequence_split(groups, 1))
+    Xd, yd = X.double().numpy(), y.double().numpy()
+    mu, sd = Xd[tr].mean(0), Xd[tr].std(0)
+    Z = (Xd - mu) / sd
+    A = np.vstack([Z[tr], np.sqrt(alpha) * np.eye(2)])
+    b = np.concatenate([yd[tr] - yd[tr].mean(), np.zeros(2)])
+    w = np.linalg.lstsq(A, b, rcond=None)[0]
+    pred = Z[te] @ w + yd[tr].mean()
+    want = np.sqrt(np.mean((pred - yd[te]) ** 2)) / (yd.max() - yd.min())
+    assert abs(res.nrmse - want) < 1e-9 and res.epochs == 0
+    with pytest.raises(ValueError, match="alphas must be positive"):
+        fit_ridge_probe(X, y, groups, alphas=(0.0,))
+
+
+def test_null_nrmse_is_the_train_mean_predictor():
+    from posinterp.analysis.probing import null_nrmse
+
+    y, groups = _positions()
+    tr, _, te = sequence_split(groups, 0)
+    want = float(((y[te].double() - y[tr].double().mean()) ** 2).mean().sqrt()) / (N_POS - 1)
+    assert abs(null_nrmse(y, groups, 0) - want) < 1e-12
+    # a probe that reads the position itself beats it; one that reads noise does not by much
+    ridge = __import__("posinterp.analysis.probing", fromlist=["x"]).fit_ridge_probe
+    assert ridge(y[:, None].float(), y, groups).nrmse < 1e-6 < want
+
+
+def test_probe_positions_families_and_null_rows():
+    model = tiny_model("nope")
+    df = probe_positions(model, random_tokens(model, 9, 12), layers=[-1, 0],
+                         features=("cosine",), seeds=(0,), families=("ridge", "mlp"),
+                         config=ProbeConfig(hidden=8, max_epochs=5), null=True)
+    assert set(df.probe) == {"ridge", "mlp", "constant"}
+    null = df[df.feature == "null"]
+    assert len(null) == 1 and null.layer.tolist() == [-1] and null.metric.tolist() == ["nrmse"]
+    with pytest.raises(ValueError, match="families must be"):
+        probe_positions(model, random_tokens(model, 9, 12), families=("svm",))
