@@ -238,9 +238,11 @@ def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: i
 def _loss(model, tokens, mask, fwd_hooks=()) -> float:
     """Mean next-token cross-entropy (nats) from each real token to the next real one."""
     from ..devices import model_device, to_device
+    from ..models.backend import eval_mode
 
     device = model_device(model)
-    with model.hooks(fwd_hooks=list(fwd_hooks)):  # forward on the model's device, scores on CPU
+    # forward on the model's device in eval mode, scores on CPU
+    with eval_mode(model), model.hooks(fwd_hooks=list(fwd_hooks)):
         logits = model(tokens.to(device), attention_mask=to_device(mask, device)).cpu()
     cur, nxt, valid = next_token_pairs(mask, *tokens.shape)
     rows = torch.arange(tokens.shape[0])[:, None]

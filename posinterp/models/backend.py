@@ -13,7 +13,8 @@ Analyses ask this module, never the TransformerLens version or a model's class:
   scores and the rotated q/k; each raises, naming the missing feature, where the model
   has no such hook (TL 4 native attention fires ``hook_attn_scores`` with the
   post-softmax pattern and never fires ``hook_rot_q``/``hook_rot_k``);
-* :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind.
+* :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind,
+  in eval mode (:func:`eval_mode`).
 
 docs/tl4.md lists every TL 4 hook whose meaning differs from 3.9 and what posinterp
 does about it.
@@ -21,6 +22,7 @@ does about it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import math
 from dataclasses import dataclass
@@ -29,7 +31,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "RotarySpec", "attention_weights",
-           "attn_scale", "is_bridge", "n_kv_heads", "positional_type", "rotary_spec",
+           "attn_scale", "eval_mode", "is_bridge", "n_kv_heads", "positional_type", "rotary_spec",
            "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
@@ -222,6 +224,26 @@ def scores_include_bias(model, layer: int) -> bool:
         and not is_posinterp_attention(model, layer)
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """Run the block with every module of ``model`` in eval mode, then restore each
+    module's own mode exactly (a model left in ``train()`` after a user's fine-tuning
+    loop, or one with a single submodule in train mode, comes back as it was).
+
+    Analyses are measurements: with dropout active (HF models bridged by TL 4, a user's
+    module attached to a hook) the numbers would change from call to call. Every
+    forward pass posinterp runs for an analysis goes through here (:func:`run_cached`
+    and the inspector's scores pass). Yields ``model``.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool = False):
     """``run_with_cache`` across model kinds: the one place that knows their differences.
 
@@ -229,7 +251,8 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     ``return_type=None``; ``HookedTransformer`` and TL 4 bridges take ``attention_mask``
     (bridges derive positions from it, as TL 3.9 does).
 
-    The forward pass runs on the model's device (``tokens`` and ``mask`` are moved
+    The forward pass runs in eval mode (:func:`eval_mode`; the caller's modes are
+    restored) on the model's device (``tokens`` and ``mask`` are moved
     there); the cached activations (only those ``names_filter`` keeps) and the logits
     come back on CPU, where every metric is computed (docs/scale.md).
 
@@ -248,7 +271,8 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
                else "attention_mask"] = mask
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
-    out, cache = model.run_with_cache(tokens, **kwargs)
+    with eval_mode(model):
+        out, cache = model.run_with_cache(tokens, **kwargs)
     if device.type != "cpu":
         cache = cache.to("cpu")
         out = out.cpu() if isinstance(out, Tensor) else out
