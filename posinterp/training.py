@@ -13,6 +13,7 @@ temporary folder and renamed, so a crash never leaves a half checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import shutil
@@ -298,6 +299,18 @@ def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, 
     return target
 
 
+def _with_grad(fn):
+    """Run ``fn`` with gradients on, whatever the caller's context: notebooks wrap code in
+    ``torch.no_grad()`` or ``torch.inference_mode()``, where training cannot work (and
+    weights built under inference mode could never be updated)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode(False), torch.enable_grad():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@_with_grad
 def train(
     model_config: ToyModelConfig,
     data: TaskData,
@@ -373,6 +386,7 @@ def _reached(history, config: TrainConfig) -> bool:
     return bool(accs) and accs[-1] >= config.target_accuracy
 
 
+@_with_grad
 def fit(
     model,
     next_batch: Callable[[torch.Generator], object],

@@ -196,6 +196,10 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
               seed: int = 0, config: ProbeConfig = ProbeConfig()) -> ProbeResult:
     """Fit the position probe on train sequences, stop early on val, score on test.
 
+    Training needs gradients, so they are enabled here whatever the caller's context:
+    notebooks wrap analysis code in ``torch.no_grad()`` or ``torch.inference_mode()``
+    (whose tensors are copied out of inference mode first).
+
     Source: Zuo et al. 2024 (arXiv 2501.00073), probing section; docs/concepts.md.
 
     Raises:
@@ -203,6 +207,13 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
             equal (NRMSE divides by their range), or too few sequences for a non-empty
             test split (see :func:`sequence_split`).
     """
+    with torch.inference_mode(False), torch.enable_grad():
+        # clone: an inference tensor cannot enter autograd, even outside inference mode
+        return _fit_probe(X.clone(), y.clone(), groups.clone(), seed, config)
+
+
+def _fit_probe(X, y, groups, seed: int, config: ProbeConfig) -> ProbeResult:
+    """See :func:`fit_probe`."""
     if not len(X) == len(y) == len(groups):
         raise ValueError(f"X, y, groups must have equal length, got {len(X)}, {len(y)}, {len(groups)}")
     if not torch.isfinite(X).all():
