@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ._validate import require_at_least
 from .devices import model_device, move_model, to_device
-from .io import atomic_dir, atomic_path, versions
+from .io import atomic_dir, atomic_path, dumps_json, versions
 from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
 
@@ -287,7 +287,7 @@ def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, 
         # state_dict holds NoPE's zero W_pos buffer too; safetensors wants contiguous tensors.
         save_file(_cpu_state(model), tmp / "model.safetensors")
         # The device is provenance, not config: a checkpoint resumes on any device.
-        (tmp / "config.json").write_text(json.dumps(
+        (tmp / "config.json").write_text(dumps_json(
             {**configs, "step": step, "device": str(model_device(model)), "versions": versions()},
             indent=2))
         torch.save({"step": step, "optimizer": optimizer.state_dict(),
