@@ -274,7 +274,7 @@ def _fit_probe(X, y, groups, seed: int, config: ProbeConfig) -> ProbeResult:
 def _activations(model, tokens, mask, layer):
     resid = f"blocks.{layer}.hook_resid_post" if layer >= 0 else "blocks.0.hook_resid_pre"
     names = {resid} | ({f"blocks.{layer}.hook_attn_out"} if layer >= 0 else set())
-    cache = run_cached(model, tokens, mask, lambda n: n in names)
+    cache = run_cached(model, tokens, mask, names)  # names: replaced sites read too
     return cache[resid], (cache[f"blocks.{layer}.hook_attn_out"] if layer >= 0 else None), resid
 
 

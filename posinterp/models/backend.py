@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "RotarySpec", "attention_weights",
-           "attn_scale", "eval_mode", "is_bridge", "n_kv_heads", "positional_type", "rotary_spec",
+           "attn_scale", "eval_mode", "is_bridge", "site_module", "n_kv_heads", "positional_type", "rotary_spec",
            "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
@@ -244,12 +244,54 @@ def eval_mode(model):
             m.training = training
 
 
+def site_module(model, name: str):
+    """The module that computes hook site ``name`` now, or None where the model has none.
+
+    Usually the ``HookPoint`` of ``hook_dict``. Other plugins may put a module of their
+    own there: SAELens's ``HookedSAETransformer.add_sae`` replaces the HookPoint with the
+    SAE (TL 3.9: the name leaves ``hook_dict``, only ``name + ".hook_sae_output"`` and its
+    siblings stay; TL 4's ``SAETransformerBridge`` registers the SAE under the name). Its
+    output is what the rest of the model reads at that site.
+    """
+    mod = model.hook_dict.get(name)
+    if mod is not None:
+        return mod
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+@contextlib.contextmanager
+def _capture_outputs(modules: dict):
+    """Record the forward output of each module (``{name: module}``) as ``{name: tensor}``."""
+    out, handles = {}, []
+
+    def recorder(name):
+        def hook(_module, _inputs, output):
+            value = output[0] if isinstance(output, tuple) else output
+            out[name] = value.detach()
+        return hook
+
+    try:
+        for name, module in modules.items():
+            handles.append(module.register_forward_hook(recorder(name)))
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool = False):
     """``run_with_cache`` across model kinds: the one place that knows their differences.
 
     TL 3.9 ``HookedEncoder`` (BERT) takes ``one_zero_attention_mask`` and no
     ``return_type=None``; ``HookedTransformer`` and TL 4 bridges take ``attention_mask``
     (bridges derive positions from it, as TL 3.9 does).
+
+    ``names_filter``: a callable on hook names, or a collection of site names; a name
+    whose HookPoint another plugin replaced with its own module (an SAE,
+    :func:`site_module`) is then read from that module's output.
 
     The forward pass runs in eval mode (:func:`eval_mode`; the caller's modes are
     restored) on the model's device (``tokens`` and ``mask`` are moved
@@ -271,9 +313,20 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
                else "attention_mask"] = mask
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
-    with eval_mode(model):
+    replaced = {}
+    if not callable(names_filter):  # a collection of site names
+        from transformer_lens.hook_points import HookPoint
+
+        names = set(names_filter)
+        mods = {n: site_module(model, n) for n in names}
+        replaced = {n: m for n, m in mods.items() if m is not None and not isinstance(m, HookPoint)}
+        hooked = names - set(replaced)
+        kwargs["names_filter"] = lambda n: n in hooked
+    with eval_mode(model), _capture_outputs(replaced) as captured:
         out, cache = model.run_with_cache(tokens, **kwargs)
     if device.type != "cpu":
         cache = cache.to("cpu")
         out = out.cpu() if isinstance(out, Tensor) else out
+    if replaced:
+        cache = {**{n: cache[n] for n in cache.keys()}, **{n: v.cpu() for n, v in captured.items()}}
     return (out, cache) if return_logits else cache
