@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "atomic_dir", "check_out_dir",
-           "versions"]
+           "dumps_json", "json_ready", "versions"]
 
 
 def _umask() -> int:
@@ -59,9 +60,35 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def json_ready(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, ±inf, numpy's too) replaced by ``None``
+    and numpy scalars turned into Python numbers, through dicts, lists and tuples.
+
+    A score that does not exist is NaN in tables and ``null`` in JSON: ``NaN`` and
+    ``-Infinity`` are not JSON, and ``JSON.parse`` (every browser) rejects a document
+    holding them.
+    """
+    if isinstance(obj, dict):
+        return {k: json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_ready(v) for v in obj]
+    if hasattr(obj, "item") and getattr(obj, "ndim", None) == 0 and getattr(obj, "size", 1) == 1:
+        obj = obj.item()  # numpy scalars (np.float32 is not a float)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def dumps_json(obj: Any, **kwargs) -> str:
+    """Strict JSON text of ``obj`` (:func:`json_ready`, then ``allow_nan=False``, so a
+    non-finite number can never reach a file). ``kwargs`` go to ``json.dumps``."""
+    return json.dumps(json_ready(obj), allow_nan=False, **kwargs)
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically and return the path."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    """Write ``obj`` as indented strict JSON (:func:`dumps_json`: NaN and ±inf are
+    ``null``) to ``path`` atomically and return the path."""
+    return atomic_write_text(path, dumps_json(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ temporary folder and renamed, so a crash never leaves a half checkpoint.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import shutil
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ._validate import require_at_least
 from .devices import model_device, move_model, to_device
-from .io import atomic_dir, atomic_path, versions
+from .io import atomic_dir, atomic_path, dumps_json, versions
 from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
 
@@ -286,7 +287,7 @@ def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, 
         # state_dict holds NoPE's zero W_pos buffer too; safetensors wants contiguous tensors.
         save_file(_cpu_state(model), tmp / "model.safetensors")
         # The device is provenance, not config: a checkpoint resumes on any device.
-        (tmp / "config.json").write_text(json.dumps(
+        (tmp / "config.json").write_text(dumps_json(
             {**configs, "step": step, "device": str(model_device(model)), "versions": versions()},
             indent=2))
         torch.save({"step": step, "optimizer": optimizer.state_dict(),
@@ -298,6 +299,18 @@ def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, 
     return target
 
 
+def _with_grad(fn):
+    """Run ``fn`` with gradients on, whatever the caller's context: notebooks wrap code in
+    ``torch.no_grad()`` or ``torch.inference_mode()``, where training cannot work (and
+    weights built under inference mode could never be updated)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with torch.inference_mode(False), torch.enable_grad():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@_with_grad
 def train(
     model_config: ToyModelConfig,
     data: TaskData,
@@ -373,6 +386,7 @@ def _reached(history, config: TrainConfig) -> bool:
     return bool(accs) and accs[-1] >= config.target_accuracy
 
 
+@_with_grad
 def fit(
     model,
     next_batch: Callable[[torch.Generator], object],

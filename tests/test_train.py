@@ -137,3 +137,16 @@ def test_weights_of_the_other_transformerlens_major_are_refused_by_name(tmp_path
         load_checkpoint(last)
     with pytest.raises(ValueError, match=f"TransformerLens {other}"):
         train(mc, data, _cfg(max_steps=6), checkpoint_dir=tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_training_inside_no_grad_and_inference_mode(context):
+    """A notebook's no_grad/inference_mode block does not stop training: the same weights."""
+    mc = preset("tiny")
+    data = tiny_task("reversal", n=50, max_digits=6)
+    outside = train(mc, data, _cfg(max_steps=3), progress=False)
+    with getattr(torch, context)():
+        inside = train(mc, data, _cfg(max_steps=3), progress=False)
+    for (name, a), (_, b) in zip(outside.model.state_dict().items(),
+                                 inside.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b.clone()), name

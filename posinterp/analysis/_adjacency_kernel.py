@@ -21,6 +21,11 @@ How, and why this way (numba; no compiler needed at install time):
    the inversions are those of the column sequence, counted with a Fenwick tree.
 
 ``-0.0`` and ``0.0`` are one value (``x + 0.0`` folds the sign), as ``==`` says.
+
+The compiled code is cached on disk (numba's cache) where a place can be written, and
+that cache can never stop a run (:func:`_jit`): a cache file truncated by an interrupted
+first run is recompiled over, and where no cache folder is writable (a read-only install
+with an unwritable HOME) the kernels compile in memory on each run.
 """
 
 from __future__ import annotations
@@ -35,7 +40,61 @@ _CHUNK_BYTES = 1 << 25  # packed keys per chunk of matrices: 32 MiB, whatever th
 _SHORT_RUN = 16  # repair runs up to this length by insertion, longer ones by merge sort
 
 
-@njit(cache=True, nogil=True)
+class _SafeCache:
+    """numba's on-disk cache of one function, unable to fail a call.
+
+    A load that fails (a truncated or corrupt index or data file, e.g. from a run killed
+    while writing: numba raises ``UnpicklingError`` on every later call) resets the
+    function's index and reports a miss, so numba compiles and writes a fresh entry; a
+    save that fails is retried once over a reset index and then given up (the compiled
+    code still runs, uncached).
+    """
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _reset(self) -> None:
+        try:
+            self._inner.flush()  # an empty index: the old entries are forgotten
+        except Exception:  # noqa: BLE001 (an unwritable index: stop using the cache)
+            self._inner.disable()
+
+    def load_overload(self, sig, target_context):
+        try:
+            return self._inner.load_overload(sig, target_context)
+        except Exception:  # noqa: BLE001 (any unreadable cache content is a miss)
+            self._reset()
+            return None
+
+    def save_overload(self, sig, data):
+        for attempt in range(2):
+            try:
+                return self._inner.save_overload(sig, data)
+            except Exception:  # noqa: BLE001 (a cache that cannot be written is skipped)
+                if attempt == 0:
+                    self._reset()
+        self._inner.disable()
+        return None
+
+
+def _jit(fn):
+    """``numba.njit(nogil=True)`` with a cache that cannot fail a run (:class:`_SafeCache`),
+    or none where numba finds no writable cache folder (it raises "cannot cache
+    function" at decoration then)."""
+    try:
+        disp = njit(cache=True, nogil=True)(fn)
+    except RuntimeError as e:  # no writable __pycache__, user cache or NUMBA_CACHE_DIR
+        if "cannot cache" not in str(e):
+            raise
+        return njit(nogil=True)(fn)
+    disp._cache = _SafeCache(disp._cache)
+    return disp
+
+
+@_jit
 def _order_key(x):
     """uint64 whose unsigned order is the float order (-0.0 folded onto 0.0); NaN excluded."""
     u = np.float64(x + 0.0).view(np.uint64)
@@ -44,7 +103,7 @@ def _order_key(x):
     return u | np.uint64(0x8000000000000000)
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _pack_row(v, k, out, bits):
     """Write the k packed keys of ``v[:k]`` to ``out[:k]`` and ``_TOP`` after; False on NaN."""
     col_mask = np.uint64((1 << bits) - 1)
@@ -58,7 +117,7 @@ def _pack_row(v, k, out, bits):
     return True
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _count_sorted_row(v, k, keys, bits, cols, full, tree):
     """(inversions, ties) of ``v[:k]`` from its packed keys sorted ascending (``keys[:k]``).
 
@@ -124,7 +183,7 @@ def _count_sorted_row(v, k, keys, bits, cols, full, tree):
     return inv, tie
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _pack_batch(sim, lengths, keys, bits, inv):
     for s in range(sim.shape[0]):
         for k in range(sim.shape[1]):
@@ -133,7 +192,7 @@ def _pack_batch(sim, lengths, keys, bits, inv):
                 inv[s, k] = -1  # NaN among the used entries
 
 
-@njit(cache=True, nogil=True)
+@_jit
 def _count_batch(sim, lengths, keys, bits, inv, tie):
     n = sim.shape[1]
     cols = np.empty(n, np.int64)

@@ -31,7 +31,14 @@ from scipy import stats
 from torch import Tensor
 
 from ..models.backend import MissingFeatureError, eager, scores_hook, unwrap, z_hook
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask, next_token_pairs, run_cached
+from ._checks import (
+    check_attention_mask,
+    check_tokens,
+    lengths_from_mask,
+    masked_scores,
+    next_token_pairs,
+    run_cached,
+)
 from .adjacency import adjacency_by_layer
 from .heads import previous_token_score
 from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
@@ -92,10 +99,13 @@ def attention_kernel(values: Float[Tensor, "batch head query key"],
 
     ``values`` is a causal attention pattern or its pre-softmax scores; ``lag`` = i - j
     = -Δ runs over 0..pos-1. Pads are dropped first (the k-th real token is position k),
-    and entries above the diagonal (masked, possibly -inf) are never read.
+    and entries above the diagonal (masked, possibly -inf) are never read. Masked scores
+    below it (``<= finfo.min``: past a sliding window, GPT-Neo's local layers) do not
+    exist and are left out of the mean.
 
     Returns:
-        ``[batch, head, pos]`` float64; NaN where a sequence has no query at that lag.
+        ``[batch, head, pos]`` float64; NaN where a sequence has no query at that lag, or
+        every query's score at that lag is masked.
 
     Raises:
         ValueError: for a tensor that is not ``[batch, head, pos, pos]`` or a bad mask.
@@ -109,12 +119,16 @@ def attention_kernel(values: Float[Tensor, "batch head query key"],
     i = torch.arange(n)
     lag = i[:, None] - i[None, :]  # [query, key]
     valid = (lag >= 0)[None] & (i[None, :, None] < lengths[:, None, None])  # [batch, q, k]
+    # A masked score (past a sliding window, GPT-Neo's local layers, a user's knockout) is
+    # not a score: it is left out, and a lag where every query is masked is NaN, not -inf.
+    # (checked in the input's dtype: finfo(float32).min is no mask in float64)
+    valid = valid[:, None] & ~masked_scores(compact_pattern(values.detach(), mask))  # [b, h, q, k]
     flat_lag = lag.clamp_min(0).flatten()
     sums = torch.zeros(b, h, n, dtype=torch.float64)
-    sums.index_add_(2, flat_lag, torch.where(valid[:, None], v, 0.0).reshape(b, h, n * n))
-    counts = torch.zeros(b, n, dtype=torch.float64)
-    counts.index_add_(1, flat_lag, valid.reshape(b, n * n).double())
-    return torch.where(counts[:, None] > 0, sums / counts[:, None].clamp_min(1), torch.nan)
+    sums.index_add_(2, flat_lag, torch.where(valid, v, 0.0).reshape(b, h, n * n))
+    counts = torch.zeros(b, h, n, dtype=torch.float64)
+    counts.index_add_(2, flat_lag, valid.reshape(b, h, n * n).double())
+    return torch.where(counts > 0, sums / counts.clamp_min(1), torch.nan)
 
 
 def head_scores(pattern: Float[Tensor, "batch head query key"],
@@ -249,11 +263,12 @@ def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: i
 def _loss(model, tokens, mask, fwd_hooks=()) -> float:
     """Mean next-token cross-entropy (nats) from each real token to the next real one."""
     from ..devices import model_device, to_device
+    from ..models.backend import eval_mode
 
     model = unwrap(model)  # a torch.compile wrapper's hooks would not fire
     device = model_device(model)
-    # forward on the model's device, scores on CPU; eagerly, so the hooks fire
-    with eager(model), model.hooks(fwd_hooks=list(fwd_hooks)):
+    # forward on the model's device in eval mode, scores on CPU; eagerly, so the hooks fire
+    with eager(model), eval_mode(model), model.hooks(fwd_hooks=list(fwd_hooks)):
         logits = model(tokens.to(device), attention_mask=to_device(mask, device)).cpu()
     cur, nxt, valid = next_token_pairs(mask, *tokens.shape)
     rows = torch.arange(tokens.shape[0])[:, None]

@@ -214,6 +214,10 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
               seed: int = 0, config: ProbeConfig = ProbeConfig()) -> ProbeResult:
     """Fit the position probe on train sequences, stop early on val, score on test.
 
+    Training needs gradients, so they are enabled here whatever the caller's context:
+    notebooks wrap analysis code in ``torch.no_grad()`` or ``torch.inference_mode()``
+    (whose tensors are copied out of inference mode first).
+
     Source: Zuo et al. 2024 (arXiv 2501.00073), probing section; docs/concepts.md.
 
     Raises:
@@ -221,6 +225,13 @@ def fit_probe(X: Float[Tensor, "n feat"], y: Int[Tensor, "n"], groups: Int[Tenso
             equal (NRMSE divides by their range), or too few sequences for a non-empty
             test split (see :func:`sequence_split`).
     """
+    with torch.inference_mode(False), torch.enable_grad():
+        # clone: an inference tensor cannot enter autograd, even outside inference mode
+        return _fit_probe(X.clone(), y.clone(), groups.clone(), seed, config)
+
+
+def _fit_probe(X, y, groups, seed: int, config: ProbeConfig) -> ProbeResult:
+    """See :func:`fit_probe`."""
     _check_probe_inputs(X, y, groups)
     tr, va, te = sequence_split(groups, seed)
     torch.manual_seed(seed)
@@ -338,7 +349,7 @@ def null_nrmse(y: Int[Tensor, "n"], groups: Int[Tensor, "n"], seed: int = 0) -> 
 def _activations(model, tokens, mask, layer):
     resid = f"blocks.{layer}.hook_resid_post" if layer >= 0 else "blocks.0.hook_resid_pre"
     names = {resid} | ({f"blocks.{layer}.hook_attn_out"} if layer >= 0 else set())
-    cache = run_cached(model, tokens, mask, lambda n: n in names)
+    cache = run_cached(model, tokens, mask, names)  # names: replaced sites read too
     return cache[resid], (cache[f"blocks.{layer}.hook_attn_out"] if layer >= 0 else None), resid
 
 

@@ -163,7 +163,9 @@ def site_hooks(model, sites=SITES) -> list[tuple[str, int]]:
     mediation argument), ``resid_mid`` the residual stream after it (embedding plus
     attention output), ``mlp_out`` the MLP output and ``resid_post`` the stream after the
     block (docs/concepts.md, "Where the adjacency pattern is measured"). Hooks a model
-    lacks (attention-only models have no ``resid_mid`` or ``mlp_out``) are left out.
+    lacks (attention-only models have no ``resid_mid`` or ``mlp_out``) are left out. A
+    site whose HookPoint another plugin replaced with its own module (a SAELens SAE) is
+    kept and read from that module's output (:func:`posinterp.models.backend.site_module`).
 
     Raises:
         ValueError: for a site not in :data:`SITES`.
@@ -171,11 +173,13 @@ def site_hooks(model, sites=SITES) -> list[tuple[str, int]]:
     bad = [s for s in sites if s not in SITES]
     if bad:
         raise ValueError(f"sites must be among {SITES}, got {bad}")
+    from ..models.backend import site_module
+
     hooks = [("blocks.0.hook_resid_pre", -1)]
     for layer in range(model.cfg.n_layers):
         for site in SITES:
             name = f"blocks.{layer}.hook_{site}"
-            if site in sites and name in model.hook_dict:
+            if site in sites and site_module(model, name) is not None:
                 hooks.append((name, layer))
     return hooks
 
@@ -203,5 +207,5 @@ def similarity_by_layer(
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     hooks = residual_hooks(model) if hooks is None else hooks
     names = {name for name, _ in hooks}
-    cache = run_cached(model, tokens, mask, lambda n: n in names)
+    cache = run_cached(model, tokens, mask, names)
     return {name: cosine_self_similarity(cache[name], mask) for name, _ in hooks}

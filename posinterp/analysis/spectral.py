@@ -41,7 +41,7 @@ from .._validate import check_indices, is_int
 __all__ = [
     "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm", "channel_masses",
     "effective_weights",
-    "eigenvalues", "ginibre_null", "null_percentiles", "qk_convention", "qk_spectrum",
+    "eigenvalues", "ginibre_null", "real_within_rounding", "null_percentiles", "qk_convention", "qk_spectrum",
     "model_rotary_matrix", "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
     "directionality_score", "qk_geometry", "symmetry_score",
 ]
@@ -52,6 +52,14 @@ QK_CONVENTION = ("effective: W_Q, W_K acting on the normalized residual (the gai
 WEIGHTS = ("effective", "stored")
 
 DEFAULT_EPS = 1e-8
+# Backward-error tolerance of the real/complex test (docs/spectra.md, "Real or complex"):
+# a pair is real when B is within ROUNDING_TOL * ||B||_F of a real matrix that has Re λ
+# as an eigenvalue. float64 eig is backward stable to ~d * 1e-16; forming B adds a few
+# ulps times the conditioning of W_K^T W_Q: 1e-12 leaves room for both.
+ROUNDING_TOL = 1e-12
+# Only pairs this close to the real axis (relative to ||B||_F) are tested: rounding moves
+# a defective pair by ~sqrt(1e-16 * conditioning), far below this; it saves the SVDs.
+_CANDIDATE = 1e-3
 NULL_HEADS = 2500  # Monte Carlo SE of a null percentile <= 1 point (binomial, p = 0.5)
 MEASURES = ("rotational_mass", "phase", "antisymmetric_energy")
 
@@ -62,7 +70,9 @@ def eigenvalues(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "..
                 ) -> Complex[Tensor, "... d_head"]:
     """Eigenvalues of B = W_K^T W_Q (the nonzero spectrum of M = W_Q W_K^T), float64.
 
-    Sorted by decreasing modulus. fp16/bf16/fp32 inputs are upcast to float64 first.
+    Sorted by decreasing modulus. fp16/bf16/fp32 inputs are upcast to float64 first. A
+    pair that rounding split off a real double eigenvalue (:func:`real_within_rounding`)
+    is returned real, so the rotational measures do not jump on rounding.
     Source: docs/concepts.md ("QK circuit of head h"); ``FactoredMatrix.eigenvalues``.
 
     Raises:
@@ -73,9 +83,49 @@ def eigenvalues(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "..
     if W_Q.shape != W_K.shape or W_Q.ndim < 2:
         raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
                          f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
-    lam = FactoredMatrix(W_Q.detach().double(), W_K.detach().double().mT).eigenvalues
+    q, k = W_Q.detach().double(), W_K.detach().double()
+    lam = FactoredMatrix(q, k.mT).eigenvalues
+    # A real pair that rounding split (a defective or nearly defective real block) is real.
+    lam = torch.where(real_within_rounding(k.mT @ q, lam), lam.real.to(lam.dtype), lam)
     order = torch.argsort(lam.abs(), dim=-1, descending=True, stable=True)
     return torch.gather(lam, -1, order)
+
+
+def real_within_rounding(B: Float[Tensor, "... n n"], lam: Complex[Tensor, "... n"],
+                         tol: float = ROUNDING_TOL) -> Tensor:
+    """True where eigenvalue λ of B has a nonzero imaginary part that rounding explains.
+
+    The imaginary part rounding gives a real double eigenvalue grows with its condition
+    number (about sqrt(1e-16 * ||B||) for a defective block), so no fixed eps on |Im λ|
+    separates it from a true rotation. The test is on the backward error instead: λ is
+    real within rounding when B is within ``tol * ||B||_F`` of a real matrix that has
+    Re λ as an eigenvalue, i.e. σ_min(B - Re λ · I) <= tol * ||B||_F (Trefethen &
+    Embree, *Spectra and Pseudospectra*, §2: the ε-pseudospectrum). A true complex pair
+    a ± ib keeps σ_min(B - aI) >= b / κ(V) (κ(V): the eigenvector basis' condition
+    number), far above ``tol`` unless no float64 computation could tell it from real.
+
+    Args:
+        B: ``[..., n, n]`` real matrices (float64 advised).
+        lam: ``[..., m]`` eigenvalues of B to test (all n, or a few).
+        tol: relative backward error (default :data:`ROUNDING_TOL`, 1e-12).
+
+    Returns:
+        ``[..., m]`` bool; False for real λ (Im λ = 0) and for pairs farther than
+        1e-3 · ||B||_F from the real axis (not tested: no rounding moves them that far).
+    """
+    lam = lam.to(torch.complex128)
+    B = B.detach().double()
+    n, m = B.shape[-1], lam.shape[-1]
+    flat_lam, flat_B = lam.reshape(-1, m), B.reshape(-1, n, n)
+    norm = torch.linalg.matrix_norm(flat_B)[:, None]  # [batch, 1], Frobenius
+    cand = (flat_lam.imag != 0) & (flat_lam.imag.abs() <= _CANDIDATE * norm)
+    out = torch.zeros_like(cand)
+    if bool(cand.any()):
+        row, col = cand.nonzero(as_tuple=True)
+        shifted = flat_B[row] - flat_lam.real[row, col][:, None, None] * torch.eye(n, dtype=B.dtype)
+        smin = torch.linalg.svdvals(shifted)[:, -1]
+        out[row, col] = smin <= tol * norm[row, 0]
+    return out.reshape(lam.shape)
 
 
 def antisymmetric_energy(W_Q: Float[Tensor, "... d_model d_head"],
@@ -161,7 +211,9 @@ def rotational_measures(lam: Complex[Tensor, "... n"], k_e: int | None = None,
     """Rotational mass R and phase Φ of eigenvalues sorted by decreasing modulus.
 
     Over the top ``k_e`` eigenvalues (all by default; a conjugate pair cut by the
-    boundary is kept whole): λ is complex when |Im λ| > eps · max|λ|;
+    boundary is kept whole): λ is complex when |Im λ| > eps · max|λ| (pass
+    :func:`eigenvalues`' output, in which a real pair that rounding split is already
+    real: :func:`real_within_rounding`);
     R = Σ|λ| 1[complex] / Σ|λ|; Φ = Σ|λ| |sin arg λ| / Σ|λ|; ``n_complex_pairs`` counts
     each conjugate pair once. All are 0 for an all-zero spectrum. Source: docs/concepts.md.
 

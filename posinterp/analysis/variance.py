@@ -57,7 +57,7 @@ def variance_by_layer(model, tokens: Int[Tensor, "batch pos"],
     for layer in range(model.cfg.n_layers):
         hooks += [(f"blocks.{layer}.hook_attn_out", layer), (f"blocks.{layer}.hook_resid_post", layer)]
     names = {h for h, _ in hooks}
-    cache = run_cached(model, tokens, mask, lambda n: n in names)
+    cache = run_cached(model, tokens, mask, names)  # names: replaced sites read too
     lengths = lengths_from_mask(mask, *tokens.shape)
     rows = []
     for hook, layer in hooks:

@@ -28,10 +28,12 @@ class InspectResult:
 def text_batch(model, text: str, max_len: int | None = None):
     """Tokenize ``text`` with the model's own tokenizer: one sequence per paragraph.
 
-    Paragraphs are separated by blank lines. Each is tokenized as the tokenizer does
-    by default (its special tokens, e.g. a BOS, included), with the tokenizer's own
+    Paragraphs are separated by blank lines. Each is tokenized as the checkpoint's own
+    tokenizer does by default (its special tokens, e.g. a BOS, included only where it
+    adds them: TransformerLens's BOS-forcing copy is not used), with the tokenizer's own
     attention mask, cut to ``max_len`` (default ``n_ctx``) tokens; the batch is then
-    right-padded with mask 0. Paragraphs of fewer than 3 tokens are skipped.
+    right-padded with mask 0. Paragraphs of fewer than 3 tokens are skipped. A note
+    says which special tokens the tokenizer added.
 
     Returns:
         ``(tokens [batch, pos], attention_mask [batch, pos], notes)``.
@@ -41,15 +43,17 @@ def text_batch(model, text: str, max_len: int | None = None):
     """
     import torch
 
-    tok = getattr(model, "tokenizer", None)
+    tok = _own_tokenizer(getattr(model, "tokenizer", None))
     if tok is None:
         raise ValueError("this model has no tokenizer, so --text cannot be used; "
                          "use --tokens N (random token ids) instead")
     max_len = max_len or model.cfg.n_ctx
     paragraphs = [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
     ids, masks, notes, cut, short = [], [], [], 0, 0
+    added = set()
     for p in paragraphs:
         enc = tok(p)
+        added.add(_added_special(tok, p, list(enc["input_ids"])))
         i, m = list(enc["input_ids"]), list(enc.get("attention_mask", [1] * len(enc["input_ids"])))
         if len(i) > max_len:
             cut += 1
@@ -62,6 +66,8 @@ def text_batch(model, text: str, max_len: int | None = None):
     if not ids:
         raise ValueError("the text has no paragraph of 3 or more tokens (paragraphs are "
                          "separated by blank lines)")
+    notes.append("Special tokens added by the tokenizer (its defaults): "
+                 + "; ".join(sorted(added)) + ".")
     if cut:
         notes.append(f"{cut} paragraph(s) longer than {max_len} tokens were cut to {max_len}.")
     if short:
@@ -71,6 +77,46 @@ def text_batch(model, text: str, max_len: int | None = None):
     tokens = torch.tensor([i + [pad] * (n - len(i)) for i in ids], dtype=torch.long)
     mask = torch.tensor([m + [0] * (n - len(m)) for m in masks], dtype=torch.long)
     return tokens, mask, notes
+
+
+def _own_tokenizer(tok):
+    """The checkpoint folder's tokenizer with its own defaults.
+
+    TransformerLens replaces a model's tokenizer with one rebuilt with
+    ``add_bos_token=True`` (``get_tokenizer_with_bos``), so ``model.tokenizer`` may
+    prepend a BOS the folder's tokenizer does not add. Where the tokenizer came from a
+    local folder, it is loaded from there again, offline; otherwise (tokenizers built in
+    code, such as posinterp's byte and character vocabularies) it is used as it is.
+    """
+    if tok is None:
+        return None
+    folder = Path(str(getattr(tok, "name_or_path", "") or ""))
+    if str(folder) not in ("", ".") and folder.is_dir():
+        import transformers
+
+        try:
+            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError):
+            return tok
+    return tok
+
+
+def _added_special(tok, text: str, ids: list[int]) -> str:
+    """Which special tokens encoding ``text`` added, and where: e.g. "'<s>' at the start"."""
+    plain = list(tok(text, add_special_tokens=False)["input_ids"])
+    if ids == plain:
+        return "none"
+    start = ids[: len(ids) - len(plain)] if ids[len(ids) - len(plain):] == plain else None
+    end = ids[len(plain):] if ids[: len(plain)] == plain else None
+    parts = []
+    if start:
+        parts.append(f"{tok.convert_ids_to_tokens(start)} at the start")
+    if end:
+        parts.append(f"{tok.convert_ids_to_tokens(end)} at the end")
+    if not parts:  # added inside the sequence (both ends): list them
+        extra = [t for t in ids if t in set(tok.all_special_ids) and t not in plain]
+        parts.append(f"{tok.convert_ids_to_tokens(extra)}")
+    return " and ".join(parts)
 
 
 def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = None,

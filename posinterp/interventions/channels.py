@@ -27,6 +27,8 @@ from jaxtyping import Float
 from scipy import linalg
 from torch import Tensor
 
+from ..analysis.spectral import real_within_rounding
+
 __all__ = ["CHANNELS", "channel_decomposition", "channel_of", "channel_projector",
            "channel_projectors", "top_k_projector"]
 
@@ -35,7 +37,9 @@ CHANNELS = ("positive_real", "negative_real", "complex")
 
 def channel_of(re: float, im: float, scale: float, eps: float = 1e-8, null_tol: float = 1e-10
                ) -> str:
-    """The channel of eigenvalue re + i·im, given the largest modulus ``scale``."""
+    """The channel of eigenvalue re + i·im, given the largest modulus ``scale`` (the eps
+    test alone; projectors of a matrix B also count a pair that rounding split off a
+    real double eigenvalue as real, :func:`posinterp.analysis.spectral.real_within_rounding`)."""
     if np.hypot(re, im) <= null_tol * scale:
         return "null"
     if abs(im) > eps * scale:
@@ -73,7 +77,19 @@ def channel_projector(B: np.ndarray, channel: str, eps: float = 1e-8, null_tol: 
     scale = float(np.abs(np.linalg.eigvals(B)).max()) if B.size else 0.0
     if scale == 0.0:
         return np.eye(len(B)) if channel == "null" else np.zeros_like(B)
-    return _projector(B, lambda re, im: channel_of(re, im, scale, eps, null_tol) == channel)
+    return _projector(B, lambda re, im: _channel(B, re, im, scale, eps, null_tol) == channel)
+
+
+def _channel(B: np.ndarray, re: float, im: float, scale: float, eps: float, null_tol: float) -> str:
+    """:func:`channel_of`, with a pair that rounding split off a real double eigenvalue
+    counted real, as the rotational measures count it
+    (:func:`posinterp.analysis.spectral.real_within_rounding`)."""
+    c = channel_of(re, im, scale, eps, null_tol)
+    if c == "complex":
+        lam = torch.tensor([complex(re, im)], dtype=torch.complex128)
+        if bool(real_within_rounding(torch.from_numpy(B), lam)[0]):
+            return "positive_real" if re > 0 else "negative_real"
+    return c
 
 
 def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
@@ -82,7 +98,8 @@ def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
 
     Args:
         B: the small form of the QK circuit.
-        eps: λ is complex when |Im λ| > eps · max|λ| (as in the rotational measures).
+        eps: λ is complex when |Im λ| > eps · max|λ| and no rounding of B explains its
+            imaginary part (as in the rotational measures).
         null_tol: λ is null when |λ| <= null_tol · max|λ|.
 
     Returns:

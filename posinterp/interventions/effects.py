@@ -62,9 +62,9 @@ def _targets(tokens, mask, answer_mask):
 @torch.no_grad()
 def _measure(model, tokens, mask, answer_mask, lengths) -> dict:
     last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    logits, cache = run_cached(model, tokens, mask,
-                               lambda n: n.endswith("attn.hook_pattern") or n == last,
-                               return_logits=True)
+    names = {last} | {f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)}
+    # names, not a filter: a site another plugin replaced (an SAE) is read from its module
+    logits, cache = run_cached(model, tokens, mask, names, return_logits=True)
     cur, nxt, target = _targets(tokens, mask, answer_mask)
     rows = torch.arange(tokens.shape[0])[:, None]
     pred = logits[rows, cur]  # [batch, pos-1, d_vocab]: predicts tokens[rows, nxt]

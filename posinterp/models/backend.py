@@ -20,7 +20,9 @@ Analyses ask this module, never the TransformerLens version or a model's class:
   :func:`install_output_edit` / :func:`pattern_edit` edit the pattern where no hook can;
 * :func:`compiled_kind`, :func:`eager`, :func:`unwrap` — compiled models, whose graphs
   skip hooks, run eagerly for hook-based features;
-* :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind.
+* :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind,
+  in eval mode (:func:`eval_mode`), sites replaced by other plugins included
+  (:func:`site_module`).
 
 docs/tl4.md lists every TL 4 hook whose meaning differs from 3.9 and what posinterp
 does about it.
@@ -28,6 +30,7 @@ does about it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import math
 from dataclasses import dataclass
@@ -37,10 +40,11 @@ from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
            "RotarySpec", "arm_output_edit", "attention_weights", "attn_scale", "check_not_wrapped",
-           "compiled_kind", "content_qk_from", "content_qk_hooks", "eager", "hook_meaning",
-           "hub_repo_for", "install_output_edit", "is_bridge", "n_kv_heads", "pattern_edit",
-           "positional_type", "query_hooks", "rope_rotate", "rotary_spec", "rotated_qk_hooks",
-           "run_cached", "scores_hook", "unwrap", "z_hook"]
+           "compiled_kind", "content_qk_from", "content_qk_hooks", "eager", "eval_mode",
+           "hook_meaning", "hub_repo_for", "install_output_edit", "is_bridge", "n_kv_heads",
+           "pattern_edit", "positional_type", "query_hooks", "rope_rotate", "rotary_spec",
+           "rotated_qk_hooks", "run_cached", "scores_hook", "site_module",
+           "unwrap", "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -747,6 +751,64 @@ def z_hook(model, layer: int) -> str:
     return name
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """Run the block with every module of ``model`` in eval mode, then restore each
+    module's own mode exactly (a model left in ``train()`` after a user's fine-tuning
+    loop, or one with a single submodule in train mode, comes back as it was).
+
+    Analyses are measurements: with dropout active (HF models bridged by TL 4, a user's
+    module attached to a hook) the numbers would change from call to call. Every
+    forward pass posinterp runs for an analysis goes through here (:func:`run_cached`
+    and the inspector's scores pass). Yields ``model``.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def site_module(model, name: str):
+    """The module that computes hook site ``name`` now, or None where the model has none.
+
+    Usually the ``HookPoint`` of ``hook_dict``. Other plugins may put a module of their
+    own there: SAELens's ``HookedSAETransformer.add_sae`` replaces the HookPoint with the
+    SAE (TL 3.9: the name leaves ``hook_dict``, only ``name + ".hook_sae_output"`` and its
+    siblings stay; TL 4's ``SAETransformerBridge`` registers the SAE under the name). Its
+    output is what the rest of the model reads at that site.
+    """
+    mod = model.hook_dict.get(name)
+    if mod is not None:
+        return mod
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
+
+
+@contextlib.contextmanager
+def _capture_outputs(modules: dict):
+    """Record the forward output of each module (``{name: module}``) as ``{name: tensor}``."""
+    out, handles = {}, []
+
+    def recorder(name):
+        def hook(_module, _inputs, output):
+            value = output[0] if isinstance(output, tuple) else output
+            out[name] = value.detach()
+        return hook
+
+    try:
+        for name, module in modules.items():
+            handles.append(module.register_forward_hook(recorder(name)))
+        yield out
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool = False):
     """``run_with_cache`` across model kinds: the one place that knows their differences.
 
@@ -754,7 +816,12 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     ``return_type=None``; ``HookedTransformer`` and TL 4 bridges take ``attention_mask``
     (bridges derive positions from it, as TL 3.9 does).
 
-    The forward pass runs on the model's device (``tokens`` and ``mask`` are moved
+    ``names_filter``: a callable on hook names, or a collection of site names; a name
+    whose HookPoint another plugin replaced with its own module (an SAE,
+    :func:`site_module`) is then read from that module's output.
+
+    The forward pass runs in eval mode (:func:`eval_mode`; the caller's modes are
+    restored) on the model's device (``tokens`` and ``mask`` are moved
     there); the cached activations (only those ``names_filter`` keeps) and the logits
     come back on CPU, where every metric is computed (docs/scale.md).
 
@@ -774,9 +841,21 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
                else "attention_mask"] = mask
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
-    with eager(model):  # hooks do not fire inside a compiled graph
+    replaced = {}
+    if not callable(names_filter):  # a collection of site names
+        from transformer_lens.hook_points import HookPoint
+
+        names = set(names_filter)
+        mods = {n: site_module(model, n) for n in names}
+        replaced = {n: m for n, m in mods.items() if m is not None and not isinstance(m, HookPoint)}
+        hooked = names - set(replaced)
+        kwargs["names_filter"] = lambda n: n in hooked
+    # eagerly (hooks do not fire inside a compiled graph), in eval mode
+    with eager(model), eval_mode(model), _capture_outputs(replaced) as captured:
         out, cache = model.run_with_cache(tokens, **kwargs)
     if device.type != "cpu":
         cache = cache.to("cpu")
         out = out.cpu() if isinstance(out, Tensor) else out
+    if replaced:
+        cache = {**{n: cache[n] for n in cache.keys()}, **{n: v.cpu() for n, v in captured.items()}}
     return (out, cache) if return_logits else cache

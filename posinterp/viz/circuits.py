@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float
 
+from ..io import dumps_json
+
 __all__ = ["CircuitsView", "attention_view"]
 
 _RENDER = "CircuitsVis.render("
@@ -33,11 +35,12 @@ _SCRIPT_BREAKERS = re.compile(r"<(?=!--|/?script)", re.I)
 def script_json(obj) -> str:
     r"""``obj`` as JSON that is safe inside an inline ``<script>`` (HTML's script data).
 
-    ``json.dumps`` (ASCII only, so U+2028/U+2029 are escaped too) with ``<``, ``>`` and
-    ``&`` as ``\u003c``, ``\u003e``, ``\u0026``: they only occur inside JSON strings,
+    Strict JSON (:func:`posinterp.io.dumps_json`: NaN and ±inf are ``null``, which
+    ``JSON.parse`` accepts), ASCII only (so U+2028/U+2029 are escaped too), with ``<``,
+    ``>`` and ``&`` as ``\u003c``, ``\u003e``, ``\u0026``: they only occur inside JSON strings,
     where these escapes denote the same characters.
     """
-    text = json.dumps(obj, ensure_ascii=True)
+    text = dumps_json(obj, ensure_ascii=True)  # strict: NaN and ±inf are null
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

@@ -62,7 +62,7 @@ def _clean(v):
     if v is None or v is pd.NA:
         return None
     if isinstance(v, float | np.floating):
-        return None if math.isnan(v) else float(v)
+        return float(v) if math.isfinite(v) else None  # a score that does not exist
     if isinstance(v, np.integer):
         return int(v)
     return v
@@ -71,7 +71,7 @@ def _clean(v):
 def inspect_data(inspection) -> dict:
     """The JSON object the page embeds: ``meta`` and the table as ``columns`` + ``rows``.
 
-    Missing values (NA, NaN) become ``null``; nothing is rounded.
+    Missing values (NA, NaN, ±inf) become ``null``; nothing is rounded.
     """
     t = inspection.table
     rows = [[_clean(v) for v in row] for row in t.itertuples(index=False, name=None)]

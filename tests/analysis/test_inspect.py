@@ -173,7 +173,7 @@ def test_long_input_thins_the_pattern_view_with_a_note():
 
 def _page_data(page: str) -> dict:
     m = re.search(r'<script type="application/json" id="inspect-data">(.*?)</script>', page, re.S)
-    return json.loads(m.group(1))
+    return _strict(m.group(1))  # as the page's JSON.parse reads it
 
 
 def test_page_embeds_exactly_the_table():
@@ -233,3 +233,48 @@ def test_a_failed_load_leaves_no_output_folder(tmp_path):
     with pytest.raises(FileNotFoundError):
         run_inspect(str(tmp_path / "no-such-model"), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def _strict(text: str):
+    """json.loads that refuses NaN/Infinity/-Infinity, as the browser's JSON.parse does."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _sliding_window(model, window: int):
+    """Local attention as Mistral's sliding_window / GPT-Neo's local layers compute it:
+    scores of keys more than ``window`` tokens back are masked (-inf) before the softmax."""
+    def mask(scores, hook):
+        i = torch.arange(scores.shape[-1])
+        far = (i[:, None] - i[None, :]) > window
+        return scores.masked_fill(far, float("-inf"))
+    for layer in range(model.cfg.n_layers):
+        model.add_hook(f"blocks.{layer}.attn.hook_attn_scores", mask, is_permanent=True)
+
+
+def test_scores_past_a_sliding_window_are_nan_in_tables_and_null_on_the_page():
+    window = 2
+    model = tiny_model("alibi")
+    _sliding_window(model, window)
+    res = inspect_heads(model, random_tokens(model, 3, 8), n_null=20)
+    kern = res.table[res.table.metric == "kernel_score"]
+    inside, past = kern[-kern.offset <= window], kern[-kern.offset > window]
+    assert len(past) and past.value.isna().all() and np.isfinite(inside.value).all()
+    # the attention kernel past the window is a real 0 (the probability exists)
+    att = res.table[(res.table.metric == "kernel_attention") & (-res.table.offset > window)]
+    assert (att.value == 0).all()
+    data = _page_data(inspect_page(res, "t", "f"))
+    table = pd.DataFrame(data["rows"], columns=data["columns"])
+    past_rows = table[(table.metric == "kernel_score") & (-table.offset > window)]
+    assert len(past_rows) == len(past) and past_rows.value.isna().all()
+
+
+def test_kernel_averages_only_the_queries_whose_score_exists():
+    """Some queries masked at a lag, others not: the mean is over those that exist."""
+    scores = torch.arange(16.0).reshape(1, 1, 4, 4)
+    scores[0, 0, 3, 2] = torch.finfo(torch.float32).min  # HF's mask value, not -inf
+    got = attention_kernel(scores)[0, 0]
+    lag1 = [scores[0, 0, 1, 0], scores[0, 0, 2, 1]]  # (3, 2) is masked
+    assert got[1] == sum(lag1) / 2
+    assert got[0] == torch.diagonal(scores[0, 0]).mean()

@@ -1,4 +1,5 @@
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -255,3 +256,17 @@ def test_probe_positions_families_and_null_rows():
     assert len(null) == 1 and null.layer.tolist() == [-1] and null.metric.tolist() == ["nrmse"]
     with pytest.raises(ValueError, match="families must be"):
         probe_positions(model, random_tokens(model, 9, 12), families=("svm",))
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_probe_positions_inside_no_grad_and_inference_mode(context):
+    """Notebook users wrap analysis code in these; the probe's training enables gradients
+    locally and gives the same numbers as outside them."""
+    model = tiny_model("nope")
+    toks = random_tokens(model, 9, 12)
+    kw = dict(layers=[0], features=("cosine",), seeds=(0,), config=ProbeConfig(hidden=8, max_epochs=5))
+    outside = probe_positions(model, toks, **kw)
+    with getattr(torch, context)():
+        inside = probe_positions(model, toks, **kw)
+        assert not torch.is_grad_enabled()  # the caller's context is left as it was
+    pd.testing.assert_frame_equal(inside, outside)
