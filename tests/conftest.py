@@ -27,7 +27,6 @@ _TL3_ONLY = {
     "tests/interventions/test_constraints.py": "constrain_qk needs HookedTransformer's W_K "
     "parameter; refused on TL 4",
     "tests/test_qk_constraints.py": "the constraint grid trains with constrain_qk; refused on TL 4",
-    "tests/models/test_llama2c.py": "llama2.c loading is not yet ported to TL 4",
     "tests/test_layer_head_ranges.py::test_constrain_qk": "constrain_qk is refused on TL 4",
     "tests/models/test_toy.py::test_alibi_past_n_ctx": "TL 4's native model refuses inputs "
     "longer than n_ctx, ALiBi included (docs/tl4.md)",
@@ -49,8 +48,6 @@ _TL3_ONLY = {
     "(tests/test_tl4.py checks the refusal)",
     "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
     "processes weights with HookedTransformer.load_and_process_state_dict",
-    "tests/analysis/test_spectral.py::test_stories260k": "llama2.c loading is not yet ported "
-    "to TL 4",
     "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "
     "head weights through attn.W_Q, which a TL 4 bridge returns as a copy",
     "tests/test_first_hour.py::test_unknown_hub_name_is_short": "hub names are TL 3.9 only",

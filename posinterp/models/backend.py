@@ -152,8 +152,9 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
 
     TL 3.9: the config's layout and :func:`~posinterp.models.positions.rotary_inv_freq`.
     TL 4 native attention: adjacent pairs, its own frequencies (whatever the config's
-    ``rotary_adjacent_pairs`` says); posinterp's toy attention: TL 3.9's split halves and
-    base formula; bridged HF models: HF's ``inv_freq`` buffer (GPT-J adjacent pairs).
+    ``rotary_adjacent_pairs`` says); posinterp's attention: TL 3.9's base formula on split
+    halves (toy models) or adjacent pairs (llama2.c); bridged HF models: HF's ``inv_freq``
+    buffer (GPT-J adjacent pairs).
 
     Raises:
         ValueError: for a model whose positional scheme is not rotary.
@@ -168,7 +169,8 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
         return RotarySpec(cfg.rotary_dim, bool(cfg.rotary_adjacent_pairs), rotary_inv_freq(model, layer))
     comp = _native_attention(model, layer)
     if getattr(comp, "posinterp_attention", False):
-        return RotarySpec(comp.posinterp_rotary_dim, False, comp.posinterp_inv_freq)
+        return RotarySpec(comp.posinterp_rotary_dim, bool(comp.posinterp_adjacent_pairs),
+                          comp.posinterp_inv_freq)
     if _is_native(model, layer):
         from transformer_lens.model_bridge.sources.native.model import _resolve_rope_scaling
 

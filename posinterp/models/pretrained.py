@@ -369,13 +369,7 @@ def _load_hub(name: str, processing: dict, dtype, **kwargs):
 
 
 def _load_llama2c(path: Path, processing: dict):
-    from .backend import TL_MAJOR
-    from .llama2c import load_llama2c, read_llama2c
-
-    if TL_MAJOR >= 4:
-        read_llama2c(path)  # a missing or corrupt file is named first, as under TL 3.9
-        raise NotImplementedError(
-            "llama2.c files are not yet loaded by posinterp on TransformerLens 4 (docs/tl4.md)")
+    from .llama2c import load_llama2c
 
     model, extra = load_llama2c(path, **processing)
     done = _processing_done(processing, model.cfg.normalization_type, bool(model.cfg.final_rms))
