@@ -24,10 +24,6 @@ def no_network(monkeypatch):
 # On TransformerLens 4 the tests below exercise what posinterp does not yet support there;
 # each skips with the reason (docs/tl4.md, "Status"). Everything else runs on both versions.
 _TL3_ONLY = {
-    "tests/interventions/test_constraints.py": "constrain_qk needs HookedTransformer's W_K "
-    "parameter; refused on TL 4",
-    "tests/test_qk_constraints.py": "the constraint grid trains with constrain_qk; refused on TL 4",
-    "tests/test_layer_head_ranges.py::test_constrain_qk": "constrain_qk is refused on TL 4",
     "tests/models/test_toy.py::test_alibi_past_n_ctx": "TL 4's native model refuses inputs "
     "longer than n_ctx, ALiBi included (docs/tl4.md)",
     "tests/interventions/test_qk.py::test_symmetrized_alibi_keeps_the_bias_of_mask_positions":

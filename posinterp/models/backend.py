@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "RotarySpec", "attention_weights",
-           "attn_scale", "is_bridge", "n_kv_heads", "positional_type", "rotary_spec",
+__all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "QKSlot", "RotarySpec", "attention_weights",
+           "attn_scale", "is_bridge", "n_kv_heads", "positional_type", "qk_slots", "rotary_spec",
            "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
@@ -255,3 +255,77 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
         cache = cache.to("cpu")
         out = out.cpu() if isinstance(out, Tensor) else out
     return (out, cache) if return_logits else cache
+
+
+@dataclass(frozen=True)
+class QKSlot:
+    """One of a layer's ``W_Q``, ``b_Q``, ``W_K``, ``b_K`` as the parameter that stores it:
+    ``getattr(module, name)``, which ``torch.nn.utils.parametrize`` can reparametrize.
+
+    TL 3.9 stores them per head (``[n, d_model, d_head]``, ``[n, d_head]``); TL 4 native
+    attention as ``nn.Linear`` weights (``[n * d_head, d_model]``, ``[n * d_head]``, row
+    h * d_head + e, the layout of TL's ``convert_tl_checkpoint``). :meth:`to_tl` and
+    :meth:`from_tl` convert between the stored layout and TL 3.9's by reshapes only, so a
+    function of the per-head tensors has the same values and gradients on either line;
+    ``to_tl`` returns a view (in-place edits reach the parameter). ``n`` is ``n_heads`` for
+    queries and the stored key heads for keys (``n_kv_heads`` under grouped-query attention).
+    """
+
+    module: torch.nn.Module
+    name: str
+    n: int
+    d_head: int
+    flat: bool
+
+    def to_tl(self, t: Tensor) -> Tensor:
+        if not self.flat:
+            return t
+        if t.ndim == 1:
+            return t.view(self.n, self.d_head)
+        return t.view(self.n, self.d_head, t.shape[-1]).transpose(1, 2)
+
+    def from_tl(self, t: Tensor) -> Tensor:
+        if not self.flat:
+            return t
+        if t.ndim == 2:
+            return t.reshape(-1)
+        return t.transpose(1, 2).reshape(-1, t.shape[1])
+
+
+def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
+    """Where ``layer`` stores ``W_Q``, ``b_Q``, ``W_K``, ``b_K`` (None: no such bias), for
+    training-time reparametrization (:func:`posinterp.interventions.constraints.constrain_qk`).
+
+    TL 3.9: the attention's own parameters (``_W_K``/``_b_K`` under grouped-query
+    attention). TL 4: the wrapped native attention's ``q``/``k`` ``nn.Linear`` (a bridge's
+    ``attn.W_Q`` is a reshaped copy; parametrizing it would change nothing).
+
+    Raises:
+        MissingFeatureError: a bridged HF model (its projections are HF modules, fused in
+            some architectures; posinterp parametrizes only native attention).
+    """
+    H, dh = model.cfg.n_heads, model.cfg.d_head
+    if not is_bridge(model):
+        attn = _attn(model, layer)
+        gqa = hasattr(attn, "_W_K")
+        out = {"W_Q": QKSlot(attn, "W_Q", H, dh, False),
+               "W_K": QKSlot(attn, "_W_K" if gqa else "W_K", n_kv_heads(model), dh, False)}
+        for b, stored in (("b_Q", "b_Q"), ("b_K", "_b_K" if gqa else "b_K")):
+            out[b] = QKSlot(attn, stored, H if b == "b_Q" else n_kv_heads(model), dh, False) \
+                if isinstance(getattr(attn, stored, None), torch.nn.Parameter) \
+                or hasattr(getattr(attn, "parametrizations", {}), stored) else None
+        return out
+    if not _is_native(model, layer):
+        raise MissingFeatureError(
+            "training-time QK constraints need a TransformerLens native attention with its own "
+            "q/k nn.Linear (posinterp.build_model's toy models); this bridged HF model's "
+            "projections are HF modules that posinterp does not reparametrize")
+    comp = _native_attention(model, layer)
+    out = {}
+    for tl, wrapped, n in (("Q", comp.q, H), ("K", comp.k, n_kv_heads(model))):
+        lin = getattr(wrapped, "original_component", wrapped)  # the bridge's LinearBridge wraps it
+        out[f"W_{tl}"] = QKSlot(lin, "weight", n, dh, True)
+        has_bias = getattr(lin, "bias", None) is not None or \
+            hasattr(getattr(lin, "parametrizations", {}), "bias")
+        out[f"b_{tl}"] = QKSlot(lin, "bias", n, dh, True) if has_bias else None
+    return out
