@@ -13,8 +13,13 @@ attention and BLOOM (12 heads, so ALiBi slopes interleave), written once by whic
 run comes first. Quantities: adjacency score per residual hook, QK eigenvalues
 (offsets 0 and -1 for RoPE), spectral measures, previous-token scores, and ablation
 effects (loss, previous-token score, adjacency) of a channel removal, a top-k
-projection and symmetrization. ``compare`` prints the largest absolute difference per
-quantity and model (docs/tl4.md holds the table).
+projection and symmetrization. Also llama2.c's stories260K (when
+``/work/shared/models/stories260K.bin`` or ``--stories`` exists) with the same quantities,
+and qk-constraints cells (``_train_cell`` of a small grid: absolute and rotary x none,
+symmetric, ban_complex, seed 0, 60 steps), each cell's ``runs.csv`` row. ``--only``
+restricts a dump to models whose name contains one of the given strings. ``compare``
+prints the largest absolute difference per quantity and model (docs/tl4.md holds the
+table).
 """
 
 from __future__ import annotations
@@ -45,13 +50,34 @@ def _checkpoints(folder: Path) -> dict[str, Path]:
     return out
 
 
-def _models(ck: Path):
+STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260K.bin"
+QK_PES, QK_CONSTRAINTS = ("absolute", "rotary"), ("none", "symmetric", "ban_complex")
+
+
+def _models(ck: Path, stories: Path):
     import posinterp as pi
 
     for pe in ("nope", "absolute", "rotary", "alibi"):
-        yield f"toy-{pe}", pi.build_model(pi.preset("tiny", pe=pe))
+        yield f"toy-{pe}", lambda pe=pe: pi.build_model(pi.preset("tiny", pe=pe))
     for key, path in _checkpoints(ck).items():
-        yield key, pi.load_model(path)[0]
+        yield key, lambda path=path: pi.load_model(path)[0]
+    if stories.is_file():
+        yield "stories260K", lambda: pi.load_model(stories)[0]
+
+
+def _qk_cells():
+    """``runs.csv`` rows of qk-constraints cells (numeric columns, in the file's order)."""
+    from posinterp.experiments.qk_constraints import ConstraintGrid, _train_cell
+
+    grid = ConstraintGrid(pes=QK_PES, constraints=QK_CONSTRAINTS, seeds=1, max_steps=60,
+                          eval_every=10, workers=1)
+    for pe in QK_PES:
+        for constraint in QK_CONSTRAINTS:
+            def row(pe=pe, constraint=constraint):
+                r = _train_cell(grid, pe, constraint, 0, device="cpu")
+                return {"runs.csv row": [float(v) for v in r.values()
+                                         if isinstance(v, (int, float))]}
+            yield f"qk-{pe}-{constraint}", row
 
 
 def _numbers(model) -> dict[str, list[float]]:
@@ -82,15 +108,18 @@ def _numbers(model) -> dict[str, list[float]]:
     return out
 
 
-def dump(path: Path, ck: Path) -> None:
+def dump(path: Path, ck: Path, stories: Path = STORIES, only: list[str] | None = None) -> None:
     import transformer_lens  # noqa: F401
 
     from posinterp.models.backend import TL_VERSION
 
     torch.set_num_threads(1)
     result = {"transformer_lens": TL_VERSION, "models": {}}
-    for name, model in _models(ck):
-        result["models"][name] = _numbers(model)
+    jobs = [(n, lambda m=m: _numbers(m())) for n, m in _models(ck, stories)] + list(_qk_cells())
+    for name, job in jobs:
+        if only and not any(o in name for o in only):
+            continue
+        result["models"][name] = job()
         print(f"{name}: done", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result))
@@ -102,7 +131,7 @@ def compare(a: Path, b: Path) -> int:
     print("|---|---|---|")
     worst = 0.0
     for model, qa in A["models"].items():
-        qb = B["models"].get(model)
+        qb = B["models"].get(model, {})
         for q, va in qa.items():
             vb = None if qb is None else qb.get(q)
             if vb is None or len(va) != len(vb):
@@ -116,18 +145,124 @@ def compare(a: Path, b: Path) -> int:
     return 0 if worst <= 1e-5 else 1
 
 
+TRAIN_STEPS = (1, 10, 100)
+
+
+def _train_setup(pe: str):
+    import posinterp as pi
+    from posinterp.tasks import TaskConfig, make_task_data
+
+    mc = pi.preset("tiny", pe=pe)
+    data = make_task_data(TaskConfig("reversal", n_train=256, n_test=64, seed=0, max_digits=6))
+    return mc, data
+
+
+def train_dump(out: Path) -> None:
+    """Gradients of the first training batch and weights after TRAIN_STEPS AdamW steps of
+    ``posinterp.train`` (tiny preset, reversal task, seed 0), as safetensors in this
+    line's own layout; ``train-compare`` (run under TL 4) converts TL 3.9's."""
+    from safetensors.torch import save_file
+
+    from posinterp.models.backend import TL_VERSION
+    from posinterp.training import TrainConfig, answer_loss, train
+
+    torch.set_num_threads(1)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"transformer_lens": TL_VERSION}
+    for pe in ("absolute", "rotary"):
+        mc, data = _train_setup(pe)
+        import posinterp as pi
+
+        model = pi.build_model(mc)
+        model.train()
+        gen = torch.Generator().manual_seed(0)  # TrainConfig.seed: the trainer's first batch
+        split = data.train
+        idx = torch.randint(len(split), (32,), generator=gen)
+        attn = split.attention_mask[idx]
+        width = int(attn.sum(-1).max())
+        toks, attn, ans = split.tokens[idx, :width], attn[:, :width], split.answer_mask[idx, :width]
+        loss = answer_loss(model(toks, attention_mask=attn), toks, ans)
+        loss.backward()
+        meta[f"{pe}-loss0"] = loss.item()
+        save_file({k: p.grad.contiguous() for k, p in _named_state_params(model)},
+                  out / f"{pe}-grad0.safetensors")
+        for n in TRAIN_STEPS:
+            cfg = TrainConfig(max_steps=n, batch_size=32, eval_every=max(TRAIN_STEPS), seed=0,
+                              checkpoint_seconds=None)
+            res = train(mc, data, cfg, progress=False)
+            sd = {k: v.contiguous() for k, v in res.model.state_dict().items()}
+            save_file(sd, out / f"{pe}-step{n}.safetensors")
+            losses = res.history[res.history.metric == "train_loss"].value.tolist()
+            meta[f"{pe}-step{n}-losses"] = losses
+        print(f"{pe}: done", flush=True)
+    (out / "meta.json").write_text(json.dumps(meta))
+
+
+def _named_state_params(model):
+    """(state_dict key, parameter) pairs with a gradient (state_dict names, not the
+    bridge's internal parameter names)."""
+    by_id = {id(p): p for p in model.parameters()}
+    for k, v in model.state_dict(keep_vars=True).items():
+        if id(v) in by_id and v.grad is not None:
+            yield k, v
+
+
+def train_compare(tl3: Path, tl4: Path) -> None:
+    """Largest absolute difference per tensor between the two ``train-dump`` folders,
+    TL 3.9's converted to TL 4's layout with TL's convert_tl_checkpoint (run under TL 4)."""
+    from safetensors.torch import load_file
+
+    import posinterp as pi
+    from posinterp.models.backend import convert_tl3_weights
+
+    A, B = json.loads((tl3 / "meta.json").read_text()), json.loads((tl4 / "meta.json").read_text())
+    for pe in ("absolute", "rotary"):
+        model = pi.build_model(_train_setup(pe)[0])
+        print(f"{pe}: loss0 {A[pe + '-loss0']!r} vs {B[pe + '-loss0']!r}")
+        for tag in ["grad0", *(f"step{n}" for n in TRAIN_STEPS)]:
+            a = load_file(tl3 / f"{pe}-{tag}.safetensors")
+            if tag == "grad0":  # gradients exist for parameters only
+                a = {k: v for k, v in a.items()}
+                a = convert_tl3_weights(model, a)
+            else:
+                a = convert_tl3_weights(model, a)
+            b = load_file(tl4 / f"{pe}-{tag}.safetensors")
+            diffs = {k: (a[k] - b[k]).abs().max().item() for k in b if k in a}
+            worst = max(diffs, key=diffs.get)
+            scale = max(v.abs().max().item() for v in b.values())
+            print(f"  {tag}: max |diff| {diffs[worst]:.3e} at {worst} (max |value| {scale:.3e});"
+                  f" only one side: {sorted(set(a) ^ set(b))}")
+            if tag.startswith("step"):
+                la, lb = A[f"{pe}-{tag}-losses"], B[f"{pe}-{tag}-losses"]
+                first = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), None)
+                print(f"    train losses: first differing step {first}; last {la[-1]!r} vs {lb[-1]!r}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("dump")
     d.add_argument("out", type=Path)
     d.add_argument("--checkpoints", type=Path, required=True)
+    d.add_argument("--stories", type=Path, default=STORIES)
+    d.add_argument("--only", nargs="*", help="models whose name contains one of these")
     c = sub.add_parser("compare")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
+    t = sub.add_parser("train-dump")
+    t.add_argument("out", type=Path)
+    tc = sub.add_parser("train-compare")
+    tc.add_argument("tl3", type=Path)
+    tc.add_argument("tl4", type=Path)
     args = ap.parse_args()
+    if args.cmd == "train-dump":
+        train_dump(args.out)
+        return 0
+    if args.cmd == "train-compare":
+        train_compare(args.tl3, args.tl4)
+        return 0
     if args.cmd == "dump":
-        dump(args.out, args.checkpoints)
+        dump(args.out, args.checkpoints, args.stories, args.only)
         return 0
     return compare(args.a, args.b)
 

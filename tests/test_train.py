@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,10 +119,10 @@ def test_two_threads_give_the_same_parameters_twice():
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
 
 
-def test_weights_of_the_other_transformerlens_major_are_refused_by_name(tmp_path):
-    """A checkpoint records the TransformerLens that wrote it; loading or resuming it under
-    the other major version (other weight names and shapes) is refused with both versions
-    named, instead of failing deep in load_state_dict."""
+def test_training_is_not_resumed_across_transformerlens_majors(tmp_path):
+    """A checkpoint records the TransformerLens that wrote it; resuming it under the other
+    major version (other parameter names and shapes, so other optimizer state) is refused
+    with both versions named; loading TL 4 weights under TL 3.9 (no converter back) too."""
     import json
 
     from posinterp.models.backend import TL_MAJOR
@@ -133,7 +135,56 @@ def test_weights_of_the_other_transformerlens_major_are_refused_by_name(tmp_path
     other = "3.9.0" if TL_MAJOR >= 4 else "4.3.0"
     config["versions"]["transformer-lens"] = other
     (last / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=f"TransformerLens {other}.*transformer-lens=={other}"):
-        load_checkpoint(last)
-    with pytest.raises(ValueError, match=f"TransformerLens {other}"):
+    with pytest.raises(ValueError, match=f"TransformerLens {other}.*cannot be resumed"):
         train(mc, data, _cfg(max_steps=6), checkpoint_dir=tmp_path, progress=False)
+    # Loading: TL 4 weights under TL 3.9 are refused by name; on TL 4 these weights are
+    # labelled 3.9 but are a bridge's, which the conversion names too.
+    match = ("not in that layout" if TL_MAJOR >= 4
+             else f"TransformerLens {other}.*no conversion.*transformer-lens=={other}")
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(last)
+
+
+def _tl3_checkpoint(folder, config, weights_seed: int):
+    """A checkpoint as TL 3.9's train() writes it, built without TL 3.9: HookedTransformer
+    names and per-head shapes (toy_state_dict), its buffers (causal mask, IGNORE, RoPE
+    sin/cos tables), a config.json recording transformer-lens 3.9.0."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from posinterp.models.native import _tl39_rotary_tables
+    from posinterp.models.toy import toy_state_dict
+
+    sd = toy_state_dict(dataclasses.replace(config, seed=weights_seed))
+    for layer in range(config.n_layers):
+        p = f"blocks.{layer}.attn"
+        sd[f"{p}.mask"] = torch.ones(config.n_ctx, config.n_ctx).tril().bool()
+        sd[f"{p}.IGNORE"] = torch.tensor(-torch.inf)
+        if config.pe == "rotary":
+            cos, sin = _tl39_rotary_tables(config.d_head, config.n_ctx, config.rotary_base)
+            sd[f"{p}.rotary_sin"], sd[f"{p}.rotary_cos"] = sin, cos
+    if config.pe == "rotary":
+        del sd["pos_embed.W_pos"]
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(
+        {"model": config.to_dict(), "step": 5, "versions": {"transformer-lens": "3.9.0"}}))
+    return folder
+
+
+@pytest.mark.parametrize("pe", ["nope", "absolute", "rotary", "alibi"])
+def test_a_tl39_checkpoint_loads_as_the_model_it_holds(tmp_path, pe):
+    """TL 3.9 weights load on either line (on TL 4 through TL's convert_tl_checkpoint) and
+    give the model built from those weights: the same logits as build_model of the seed
+    that drew them (toy_state_dict is the same function on both lines)."""
+    from posinterp.models.toy import build_model
+
+    config = preset("tiny", pe=pe)
+    folder = _tl3_checkpoint(tmp_path / "step_0000005", config, weights_seed=3)
+    model, configs = load_checkpoint(folder)
+    want = build_model(dataclasses.replace(config, seed=3))
+    assert not torch.equal(build_model(config).embed.W_E, want.embed.W_E)  # the seed matters
+    toks = torch.randint(0, config.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(toks), want(toks))

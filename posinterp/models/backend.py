@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "QKSlot", "RotarySpec", "attention_weights",
-           "attn_scale", "is_bridge", "n_kv_heads", "positional_type", "qk_slots", "rotary_spec",
+           "attn_scale", "convert_tl3_weights", "is_bridge", "n_kv_heads", "positional_type", "qk_slots", "rotary_spec",
            "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
@@ -329,3 +329,26 @@ def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
             hasattr(getattr(lin, "parametrizations", {}), "bias")
         out[f"b_{tl}"] = QKSlot(lin, "bias", n, dh, True) if has_bias else None
     return out
+
+
+# TL 3.9 buffers with no bridge counterpart: RoPE tables (the bridge recomputes them from the
+# config; convert_tl_checkpoint refuses rotary checkpoints that still hold them).
+_TL3_ONLY_BUFFERS = (".rotary_sin", ".rotary_cos")
+
+
+def convert_tl3_weights(model, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A ``HookedTransformer`` (TL 3.9) state dict in the key/shape layout of ``model``, a TL 4
+    bridge, through TransformerLens's ``convert_tl_checkpoint`` (RoPE sin/cos buffers dropped
+    first; TL's converter drops the causal ``mask``/``IGNORE`` buffers itself).
+
+    Raises:
+        ValueError: ``model`` is not a bridge, or a key or shape that is not TL 3.9's
+            layout for ``model.cfg`` (from ``convert_tl_checkpoint``).
+    """
+    if not is_bridge(model):
+        raise ValueError("convert_tl3_weights converts for a TransformerLens 4 bridge; a "
+                         "HookedTransformer loads TL 3.9 weights as they are")
+    from transformer_lens.conversion_utils import convert_tl_checkpoint
+
+    kept = {k: v for k, v in state_dict.items() if not k.endswith(_TL3_ONLY_BUFFERS)}
+    return convert_tl_checkpoint(kept, model.cfg)
