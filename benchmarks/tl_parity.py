@@ -221,11 +221,7 @@ def train_compare(tl3: Path, tl4: Path) -> None:
         print(f"{pe}: loss0 {A[pe + '-loss0']!r} vs {B[pe + '-loss0']!r}")
         for tag in ["grad0", *(f"step{n}" for n in TRAIN_STEPS)]:
             a = load_file(tl3 / f"{pe}-{tag}.safetensors")
-            if tag == "grad0":  # gradients exist for parameters only
-                a = {k: v for k, v in a.items()}
-                a = convert_tl3_weights(model, a)
-            else:
-                a = convert_tl3_weights(model, a)
+            a = convert_tl3_weights(model, a)
             b = load_file(tl4 / f"{pe}-{tag}.safetensors")
             diffs = {k: (a[k] - b[k]).abs().max().item() for k in b if k in a}
             worst = max(diffs, key=diffs.get)
@@ -234,7 +230,8 @@ def train_compare(tl3: Path, tl4: Path) -> None:
                   f" only one side: {sorted(set(a) ^ set(b))}")
             if tag.startswith("step"):
                 la, lb = A[f"{pe}-{tag}-losses"], B[f"{pe}-{tag}-losses"]
-                first = next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y), None)
+                first = next((i for i, (x, y) in enumerate(zip(la, lb, strict=True)) if x != y),
+                             None)
                 print(f"    train losses: first differing step {first}; last {la[-1]!r} vs {lb[-1]!r}")
 
 

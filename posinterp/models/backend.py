@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "QKSlot", "RotarySpec", "attention_weights",
-           "attn_scale", "convert_tl3_weights", "is_bridge", "n_kv_heads", "positional_type", "qk_slots", "rotary_spec",
-           "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias"]
+__all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "QKSlot", "RotarySpec",
+           "attention_weights", "attn_scale", "convert_tl3_weights", "is_bridge", "n_kv_heads",
+           "positional_type", "qk_slots", "rotary_spec", "rotated_qk_hooks", "run_cached",
+           "scores_hook", "scores_include_bias"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
