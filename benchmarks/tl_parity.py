@@ -235,6 +235,48 @@ def train_compare(tl3: Path, tl4: Path) -> None:
                 print(f"    train losses: first differing step {first}; last {la[-1]!r} vs {lb[-1]!r}")
 
 
+FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "tl39_training.safetensors"
+FIXTURE_STEPS = 10
+
+
+def fixture_setup(pe: str):
+    """The model, task and settings of the TL 3.9 training fixture (tests/test_train.py)."""
+    import posinterp as pi
+    from posinterp.tasks import TaskConfig, make_task_data
+    from posinterp.training import TrainConfig
+
+    mc = pi.preset("tiny", pe=pe, d_model=16, n_heads=2)
+    data = make_task_data(TaskConfig("reversal", n_train=128, n_test=32, seed=0, max_digits=6))
+    cfg = TrainConfig(max_steps=FIXTURE_STEPS, batch_size=16, eval_every=FIXTURE_STEPS, seed=0,
+                      checkpoint_seconds=None)
+    return mc, data, cfg
+
+
+def train_fixture(out: Path) -> None:
+    """Write the weights ``posinterp.train`` reaches after FIXTURE_STEPS steps (absolute and
+    rotary, fixture_setup) under *this* line, in its own layout; run under TL 3.9 to make
+    ``tests/data/tl39_training.safetensors``, which tests/test_train.py checks TL 4's
+    training against (TL 3.9 weights converted with convert_tl_checkpoint)."""
+    import platform
+
+    from safetensors.torch import save_file
+
+    from posinterp.models.backend import TL_VERSION
+    from posinterp.training import train
+
+    torch.set_num_threads(1)
+    tensors = {}
+    for pe in ("absolute", "rotary"):
+        mc, data, cfg = fixture_setup(pe)
+        model = train(mc, data, cfg, progress=False).model
+        tensors.update({f"{pe}/{k}": v.contiguous() for k, v in model.state_dict().items()})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out, metadata={"transformer_lens": TL_VERSION, "torch": torch.__version__,
+                                      "machine": platform.machine(),
+                                      "command": "python benchmarks/tl_parity.py train-fixture "
+                                                 "(under TransformerLens 3.9)"})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -251,7 +293,12 @@ def main() -> int:
     tc = sub.add_parser("train-compare")
     tc.add_argument("tl3", type=Path)
     tc.add_argument("tl4", type=Path)
+    f = sub.add_parser("train-fixture")
+    f.add_argument("out", type=Path, nargs="?", default=FIXTURE)
     args = ap.parse_args()
+    if args.cmd == "train-fixture":
+        train_fixture(args.out)
+        return 0
     if args.cmd == "train-dump":
         train_dump(args.out)
         return 0

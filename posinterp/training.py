@@ -36,7 +36,8 @@ from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
 
 __all__ = [
-    "TrainConfig", "TrainResult", "answer_loss", "exact_match", "fit", "latest_checkpoint",
+    "TrainConfig", "TrainResult", "answer_loss", "clip_grad_norm", "exact_match", "fit",
+    "latest_checkpoint",
     "TrainingInterrupted", "load_checkpoint", "load_weights", "train",
 ]
 
@@ -589,7 +590,7 @@ def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
     loss = loss_fn(model, next_batch(gen))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+    clip_grad_norm(params, config.grad_clip)
     optimizer.step()
     scheduler.step()
     step += 1
@@ -610,6 +611,32 @@ def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
         last_time = time.monotonic()
     bar.update(1)
     return step, last_saved, last_time
+
+
+@torch.no_grad()
+def clip_grad_norm(params, max_norm: float) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (L2, the same coefficient max_norm / (norm +
+    1e-6), at most 1) with the total norm accumulated in float64.
+
+    The float32 total norm depends on the order and memory layout of the parameters, and
+    TransformerLens 3.9 and 4 store the same weights in different orders and layouts
+    (``W_Q`` ``[head, d_model, d_head]`` vs ``q.weight`` ``[head * d_head, d_model]``): one
+    ulp in the coefficient, amplified by training, gave a different model from the same
+    seed (docs/tl4.md, "Training"). In float64 the rounding stays far below float32's.
+
+    Returns:
+        the total norm (float64; float32 on devices without float64).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    device = grads[0].device
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    total = torch.stack([g.detach().to(dtype).pow(2).sum() for g in grads]).sum().sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total
 
 
 def _comparable(configs: dict) -> dict:

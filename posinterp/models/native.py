@@ -76,9 +76,12 @@ class PosinterpAttention(nn.Module):
         b, n, _ = hidden_states.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
         hooks = self.posinterp_hooks  # the AttentionBridge wrapping this module
+        # Separate key/value inputs come from PosinterpBlock (TL 3.9's three ln1 calls).
+        key_input = kwargs.get("posinterp_key_input", hidden_states)
+        value_input = kwargs.get("posinterp_value_input", hidden_states)
         q = self.q(hidden_states).reshape(b, n, H, dh)
-        k = self.k(hidden_states).reshape(b, n, Hkv, dh)
-        v = self.v(hidden_states).reshape(b, n, Hkv, dh)
+        k = self.k(key_input).reshape(b, n, Hkv, dh)
+        v = self.v(value_input).reshape(b, n, Hkv, dh)
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError("posinterp toy models take a [batch, pos] 0/1 attention_mask, got "
                              f"shape {tuple(attention_mask.shape)}")
@@ -116,7 +119,42 @@ class PosinterpAttention(nn.Module):
         return self.o(z), None
 
 
+class PosinterpBlock(nn.Module):
+    """Mixin body for ``NativeBlock``: TL 3.9's ``TransformerBlock`` order of operations.
+
+    TL 3.9 normalizes the residual once per attention input (``ln1`` called for the
+    queries, keys and values, the first two plus 0.0), so ``ln1``'s gradient is the sum of
+    three LayerNorm backward passes; TL-native calls ``ln1`` once and sums the three
+    projections' gradients before a single one. Both are exact, but they round
+    differently, and training amplifies a one-ulp difference into a different model
+    (docs/tl4.md, "Training"). This block repeats TL 3.9's graph, so the same seed gives
+    the same gradients and the same trained weights on both lines.
+    """
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, **kwargs):
+        query_input = self.ln1(hidden_states) + 0.0
+        key_input = self.ln1(hidden_states) + 0.0
+        value_input = self.ln1(hidden_states)
+        attn_out, _ = self.attn(query_input, attention_mask=attention_mask,
+                                position_ids=position_ids, posinterp_key_input=key_input,
+                                posinterp_value_input=value_input)
+        hidden_states = hidden_states + attn_out
+        if not self.cfg.attn_only:
+            hidden_states = hidden_states + self.mlp(self.ln2(hidden_states))
+        return (hidden_states,)
+
+
 _CLASS = None
+_BLOCK_CLASS = None
+
+
+def _block_class():
+    global _BLOCK_CLASS
+    if _BLOCK_CLASS is None:
+        from transformer_lens.model_bridge.sources.native.model import NativeBlock
+
+        _BLOCK_CLASS = type("PosinterpBlock", (PosinterpBlock, NativeBlock), {})
+    return _BLOCK_CLASS
 
 
 def _attention_class():
@@ -209,6 +247,7 @@ def build_native_toy(config, tokenizer=None):
         inv = 1.0 / float(config.rotary_base) ** (torch.arange(half, dtype=torch.float64) / half)
     slopes = alibi_slopes(config.n_heads) if config.pe == "alibi" else None
     for block in native.layers:
+        block.__class__ = _block_class()
         attn = block.attn
         attn.__class__ = cls
         attn.posinterp_rotary_dim = config.d_head if config.pe == "rotary" else 0
