@@ -28,9 +28,6 @@ _TL3_ONLY = {
     "longer than n_ctx, ALiBi included (docs/tl4.md)",
     "tests/interventions/test_qk.py::test_symmetrized_alibi_keeps_the_bias_of_mask_positions":
     "runs ALiBi past n_ctx, which TL 4's native model refuses",
-    "tests/models/test_parity.py::test_parity_with_hf[bert": "BERT encoders are TL 3.9 only",
-    "tests/models/test_parity.py::test_unsupported_settings_are_refused_by_name[bert": "BERT "
-    "encoders are TL 3.9 only",
     "tests/models/test_parity.py::test_parity_with_hf[neox": "TL 4.3's weight processing is "
     "wrong for GPT-NeoX; posinterp refuses it (tests/test_tl4.py checks the refusal)",
     "tests/models/test_parity.py::test_parity_with_hf[gptj": "GPT-J's RoPE is not read on TL 4",
@@ -40,8 +37,6 @@ _TL3_ONLY = {
     "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "uses GPT-NeoX",
     "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",
     "tests/models/test_pretrained.py::test_hub_names": "hub names are TL 3.9 only",
-    "tests/models/test_pretrained.py::test_minilm_encoder": "BERT encoders are TL 3.9 only "
-    "(tests/test_tl4.py checks the refusal)",
     "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
     "processes weights with HookedTransformer.load_and_process_state_dict",
     "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "

@@ -198,10 +198,10 @@ def test_training_reaches_tl39s_weights_bitwise():
     then to 1e-6). On TL 4 the fixture is converted with TL's convert_tl_checkpoint.
     Before the fix, TL 4's gradients differed in the last bit (TL 3.9 calls ln1 once per
     q/k/v input) and the clip coefficient with the parameters' order and layout."""
-    from safetensors import safe_open
-
     import importlib.util
     from pathlib import Path
+
+    from safetensors import safe_open
 
     from posinterp.models.backend import is_bridge
 

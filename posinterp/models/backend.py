@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "QKSlot", "RotarySpec",
-           "attention_weights", "attn_scale", "convert_tl3_weights", "is_bridge", "n_kv_heads",
+           "attention_input_norm_module", "attention_weights", "attn_scale", "convert_tl3_weights",
+           "is_bridge", "is_post_ln", "n_kv_heads",
            "positional_type", "qk_slots", "rotary_spec", "rotated_qk_hooks", "run_cached",
            "scores_hook", "scores_include_bias"]
 
@@ -237,8 +238,17 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     come back on CPU, where every metric is computed (docs/scale.md).
 
     Returns:
-        the cache, or ``(logits, cache)`` with ``return_logits``.
+        the cache, or ``(logits, cache)`` with ``return_logits``. For a TL 4 bridge over
+        HF BERT the cache is a dict keyed by TL 3.9 ``HookedEncoder`` names, holding the
+        quantities those names mean in TL 3.9 (``_tl39_encoder_hooks``).
     """
+    renamed = _tl39_encoder_hooks(model)
+    if renamed is not None:  # a bridged BERT: ask for the hooks with TL 3.9's meanings
+        return _run_renamed(model, tokens, mask, names_filter, return_logits, renamed)
+    return _run_plain(model, tokens, mask, names_filter, return_logits)
+
+
+def _run_plain(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool):
     from ..devices import model_device
 
     device = model_device(model)
@@ -249,6 +259,11 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     if mask is not None:
         kwargs["one_zero_attention_mask" if bidirectional and not is_bridge(model)
                else "attention_mask"] = mask
+        if bidirectional and is_bridge(model):
+            # HF's BERT (and TL 3.9's HookedEncoder) count positions by index under any
+            # padding; a bridge would derive them from the mask instead
+            kwargs["position_ids"] = torch.arange(tokens.shape[1], device=device).expand(
+                tokens.shape[0], -1)
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
     out, cache = model.run_with_cache(tokens, **kwargs)
@@ -353,3 +368,65 @@ def convert_tl3_weights(model, state_dict: dict[str, Tensor]) -> dict[str, Tenso
 
     kept = {k: v for k, v in state_dict.items() if not k.endswith(_TL3_ONLY_BUFFERS)}
     return convert_tl_checkpoint(kept, model.cfg)
+
+
+def is_post_ln(model) -> bool:
+    """True for post-LN encoders (BERT: TL 3.9 ``HookedEncoder``, or a TL 4 bridge over HF
+    BERT), whose attention reads an earlier LayerNorm's output, not ``ln1``'s."""
+    if not is_bridge(model):
+        return type(model.blocks[0]).__name__ == "BertBlock"
+    return str(getattr(model.cfg, "architecture", "") or "").startswith("Bert")
+
+
+def attention_input_norm_module(model, layer: int):
+    """``(norm module, name)`` of the LayerNorm whose output feeds ``layer``'s attention.
+
+    Pre-norm models: ``blocks.{layer}.ln1``. Post-LN encoders: the previous block's
+    ``ln2``, or the embedding LayerNorm for layer 0 (TL 3.9 ``embed.ln``; TL 4's BERT
+    adapter calls it ``embed_ln``).
+    """
+    if not is_post_ln(model):
+        return getattr(model.blocks[layer], "ln1", None), f"blocks.{layer}.ln1"
+    if layer > 0:
+        return model.blocks[layer - 1].ln2, f"blocks.{layer - 1}.ln2"
+    if is_bridge(model):
+        return model.embed_ln, "embed_ln"
+    return model.embed.ln, "embed.ln"
+
+
+def _tl39_encoder_hooks(model) -> dict[str, str] | None:
+    """For a TL 4 bridge over HF BERT: TL 3.9 ``HookedEncoder`` hook name -> the bridge hook
+    carrying that quantity (None for other models). TL 4's BERT adapter fires
+    ``hook_resid_post`` with the block's normalized output (TL 3.9: the sum before ``ln2``)
+    and ``hook_attn_out`` after the attention's LayerNorm (TL 3.9: the output projection);
+    tests/models/test_pretrained.py checks each entry against HF's hidden states."""
+    if not (is_bridge(model) and is_post_ln(model)):
+        return None
+    out = {}
+    for layer in range(model.cfg.n_layers):
+        p = f"blocks.{layer}."
+        out.update({p + "hook_attn_out": p + "attn.o.hook_out",
+                    p + "hook_resid_mid": p + "ln1.hook_in",
+                    p + "hook_mlp_out": p + "mlp.out.hook_out",
+                    p + "hook_resid_post": p + "ln2.hook_in",
+                    p + "hook_normalized_resid_post": p + "ln2.hook_out"})
+    return out
+
+
+def _run_renamed(model, tokens, mask, names_filter, return_logits, renamed: dict[str, str]):
+    """:func:`run_cached` caching the bridge hooks ``renamed`` maps TL 3.9 names to, under
+    the TL 3.9 names (a plain dict); a bridge hook whose name TL 3.9 uses for another
+    quantity is never returned under that name."""
+    if isinstance(names_filter, str):
+        names_filter = {names_filter}
+    wanted = names_filter if callable(names_filter) else (lambda n, s=set(names_filter): n in s)
+    back = {v: k for k, v in renamed.items()}
+
+    def bridge_filter(name: str) -> bool:
+        if name in back:
+            return bool(wanted(back[name]))
+        return name not in renamed and bool(wanted(name))
+
+    out, cache = _run_plain(model, tokens, mask, bridge_filter, True)
+    cache = {back.get(k, k): v for k, v in cache.items()}
+    return (out, cache) if return_logits else cache

@@ -154,9 +154,7 @@ def _load_local_hf_bridge(folder: Path, processing: dict, dtype):
     architecture = raw_cfg["architectures"][0]
     pe = scheme_for_architecture(architecture)
     if architecture.startswith("Bert"):
-        raise NotImplementedError(
-            "BERT encoders are not yet supported on TransformerLens 4 by posinterp "
-            "(docs/tl4.md, status); use TransformerLens 3.9 for all-MiniLM-L6-v2")
+        return _load_bert(folder, str(folder), processing)
     weights = [p for p in ("model.safetensors", "pytorch_model.bin") if (folder / p).is_file()]
     if not weights and not list(folder.glob("model*.safetensors")):
         raise FileNotFoundError(
@@ -318,13 +316,7 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
 
 
 def _load_bert(folder: Path, spec: str, processing: dict):
-    from .backend import TL_MAJOR
     from .encoder import load_bert_encoder
-
-    if TL_MAJOR >= 4:  # HookedEncoder is gone in TL 4
-        raise NotImplementedError(
-            f"{spec}: BERT encoders are not yet supported on TransformerLens 4 by posinterp "
-            "(docs/tl4.md, status); use TransformerLens 3.9 for all-MiniLM-L6-v2")
 
     model, has_head = load_bert_encoder(folder)
     # Weight processing (fold_ln etc.) is not applied to post-LN encoders: record that.
