@@ -37,8 +37,9 @@ from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
 
 __all__ = [
-    "TrainConfig", "TrainResult", "answer_loss", "exact_match", "fit", "latest_checkpoint",
-    "TrainingInterrupted", "load_checkpoint", "train",
+    "TrainConfig", "TrainResult", "answer_loss", "clip_grad_norm", "exact_match", "fit",
+    "latest_checkpoint",
+    "TrainingInterrupted", "load_checkpoint", "load_weights", "train",
 ]
 
 # Settings that change when checkpoints are written, never what is computed: a resumed run
@@ -225,37 +226,85 @@ def load_checkpoint(path: str | Path, device=None):
         if not (path / name).exists():
             raise FileNotFoundError(f"checkpoint {path} lacks {name}")
     configs = _read_json(path / "config.json")
-    check_tl_major(configs.get("versions"), f"checkpoint {path}")
     model = build_model(ToyModelConfig.from_dict(configs["model"]), device=device)
-    model.load_state_dict(_read_weights(path / "model.safetensors"), strict=True)
+    load_weights(model, _read_weights(path / "model.safetensors"), configs.get("versions"),
+                 f"checkpoint {path}")
     return model, configs
 
 
-def check_tl_major(saved: dict, where) -> None:
+def _saved_tl(saved: dict | None) -> str:
+    return str((saved or {}).get("transformer-lens", ""))
+
+
+def load_weights(model, weights: dict[str, Tensor], saved: dict | None, where) -> None:
+    """Load weights written by :func:`train` or the zoo into ``model`` (strict).
+
+    Weights written under TransformerLens 3.9 (``HookedTransformer`` names, per-head
+    shapes) load into a TL 4 model through TL's ``convert_tl_checkpoint``
+    (:func:`posinterp.models.backend.convert_tl3_weights`): the same numbers, so the
+    model computes the same function (docs/tl4.md). TL offers no conversion back.
+
+    Args:
+        saved: the ``versions`` dict recorded with the weights (``io.versions``); files
+            without one (older checkpoints) load as they are.
+        where: the checkpoint folder or file, for messages.
+
+    Raises:
+        ValueError: TL 4 weights under TL 3.9 (naming both versions), or TL 3.9-labelled
+            weights that are not in TL 3.9's layout (naming the file).
+    """
+    from .models.backend import TL_MAJOR, convert_tl3_weights
+
+    got = _saved_tl(saved)
+    if got[:1].isdigit() and int(got.split(".")[0]) < 4 <= TL_MAJOR:
+        try:
+            weights = convert_tl3_weights(model, weights)
+        except ValueError as err:
+            raise ValueError(f"{where} says it was written under TransformerLens {got} but its "
+                             f"weights are not in that layout: {err}") from None
+    else:
+        check_tl_major(saved, where)
+    model.load_state_dict(weights, strict=True)
+
+
+def check_tl_major(saved: dict, where, resume: bool = False) -> None:
     """Refuse weights saved under another TransformerLens major version, by name.
 
     TL 3.9 saves a ``HookedTransformer``'s weights (``blocks.0.attn.W_Q``, per head) and
     TL 4 a ``TransformerBridge``'s (``blocks.0.attn.q.weight``, fused): the names and
-    shapes differ, so loading across versions would fail deep in ``load_state_dict``.
+    shapes differ. :func:`load_weights` converts TL 3.9 weights for TL 4; this check
+    refuses the rest: TL 4 weights under TL 3.9 (TL has no converter back) and, with
+    ``resume``, continuing training across majors (the optimizer's moments are stored
+    per parameter, in the writer's layout).
 
     Args:
         saved: the ``versions`` dict recorded with the weights (``io.versions``); files
             without one (older checkpoints) are let through.
         where: the checkpoint folder or file, for the message.
+        resume: the check is for resuming training (refused across majors either way).
 
     Raises:
         ValueError: naming both versions and how to load the weights.
     """
     from .models.backend import TL_MAJOR, TL_VERSION
 
-    got = str((saved or {}).get("transformer-lens", ""))
-    if got[:1].isdigit() and int(got.split(".")[0]) != TL_MAJOR:
+    got = _saved_tl(saved)
+    if not (got[:1].isdigit() and int(got.split(".")[0]) != TL_MAJOR):
+        return
+    if resume:
         raise ValueError(
             f"{where} was written under TransformerLens {got} and this is TransformerLens "
-            f"{TL_VERSION}: their weights are named and shaped differently (HookedTransformer "
-            f"vs TransformerBridge), so it cannot be loaded here. Load or resume it with "
-            f"TransformerLens {got.split('.')[0]}.x, e.g. pip install "
-            f"'transformer-lens=={got}' (docs/tl4.md), or train it again in another folder.")
+            f"{TL_VERSION}: training cannot be resumed across major versions (the optimizer "
+            f"state is stored per parameter, and HookedTransformer and TransformerBridge name "
+            f"and shape them differently). Resume it with TransformerLens "
+            f"{got.split('.')[0]}.x, e.g. pip install 'transformer-lens=={got}', or train "
+            f"again in another folder; load_checkpoint reads TL 3.9 weights on TL 4 (docs/tl4.md).")
+    raise ValueError(
+        f"{where} was written under TransformerLens {got} and this is TransformerLens "
+        f"{TL_VERSION}: its weights are a TransformerBridge's, and TransformerLens has no "
+        f"conversion from that layout back to HookedTransformer's. Load it with TransformerLens "
+        f"{got.split('.')[0]}.x, e.g. pip install 'transformer-lens=={got}' (docs/tl4.md), or "
+        f"train it again in another folder.")
 
 
 def _read_json(file: Path) -> dict:
@@ -555,7 +604,7 @@ def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
     loss = loss_fn(model, next_batch(gen))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+    clip_grad_norm(params, config.grad_clip)
     optimizer.step()
     scheduler.step()
     step += 1
@@ -576,6 +625,32 @@ def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
         last_time = time.monotonic()
     bar.update(1)
     return step, last_saved, last_time
+
+
+@torch.no_grad()
+def clip_grad_norm(params, max_norm: float) -> Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` (L2, the same coefficient max_norm / (norm +
+    1e-6), at most 1) with the total norm accumulated in float64.
+
+    The float32 total norm depends on the order and memory layout of the parameters, and
+    TransformerLens 3.9 and 4 store the same weights in different orders and layouts
+    (``W_Q`` ``[head, d_model, d_head]`` vs ``q.weight`` ``[head * d_head, d_model]``): one
+    ulp in the coefficient, amplified by training, gave a different model from the same
+    seed (docs/tl4.md, "Training"). In float64 the rounding stays far below float32's.
+
+    Returns:
+        the total norm (float64; float32 on devices without float64).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    device = grads[0].device
+    dtype = torch.float32 if device.type == "mps" else torch.float64
+    total = torch.stack([g.detach().to(dtype).pow(2).sum() for g in grads]).sum().sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype))
+    return total
 
 
 def _comparable(configs: dict) -> dict:
@@ -605,7 +680,7 @@ def _resume_state(ckpt_dir: Path, configs: dict):
         except ValueError as err:
             errors.append(str(err))
             continue
-        check_tl_major(saved.get("versions"), f"checkpoint {folder}")
+        check_tl_major(saved.get("versions"), f"checkpoint {folder}", resume=True)
         now, before = _comparable(configs), _comparable(saved)
         # mixed_precision is absent when off (so older checkpoints compare equal): check both ways.
         for key in [*now, *(["mixed_precision"] if "mixed_precision" in before.keys() - now.keys()

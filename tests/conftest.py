@@ -24,25 +24,13 @@ def no_network(monkeypatch):
 # On TransformerLens 4 the tests below exercise what posinterp does not yet support there;
 # each skips with the reason (docs/tl4.md, "Status"). Everything else runs on both versions.
 _TL3_ONLY = {
-    "tests/interventions/test_constraints.py": "constrain_qk needs HookedTransformer's W_K "
-    "parameter; refused on TL 4",
-    "tests/test_qk_constraints.py": "the constraint grid trains with constrain_qk; refused on TL 4",
-    "tests/models/test_llama2c.py": "llama2.c loading is not yet ported to TL 4",
-    "tests/test_layer_head_ranges.py::test_constrain_qk": "constrain_qk is refused on TL 4",
-    "tests/models/test_parity.py::test_parity_with_hf[bert": "BERT encoders are TL 3.9 only",
-    "tests/models/test_parity.py::test_unsupported_settings_are_refused_by_name[bert": "BERT "
-    "encoders are TL 3.9 only",
     "tests/models/test_parity.py::test_parity_with_hf[gptj": "GPT-J's RoPE is not read on TL 4",
     "tests/models/test_parity.py::test_parity_with_hf[gpt2-no-attn-scale": "TL 4.3's bridge "
     "ignores scale_attn_weights; posinterp refuses the load (tests/test_tl4.py)",
     "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "uses GPT-NeoX",
     "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",
-    "tests/models/test_pretrained.py::test_minilm_encoder": "BERT encoders are TL 3.9 only "
-    "(tests/test_tl4.py checks the refusal)",
     "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
     "processes weights with HookedTransformer.load_and_process_state_dict",
-    "tests/analysis/test_spectral.py::test_stories260k": "llama2.c loading is not yet ported "
-    "to TL 4",
     "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "
     "head weights through attn.W_Q, which a TL 4 bridge returns as a copy",
     "tests/models/test_toy.py::test_alibi_with_a_kv_cache": "TL 4 native models have no KV cache",

@@ -120,14 +120,6 @@ def test_weight_processing_that_changes_outputs_is_reverted(tmp_path):
 
 
 @tl4_only
-def test_bert_encoders_are_refused_by_name():
-    from posinterp.models import load_model
-
-    with pytest.raises(NotImplementedError, match="BERT encoders are not yet supported"):
-        load_model("all-MiniLM-L6-v2")
-
-
-@tl4_only
 def test_a_setting_the_bridge_ignores_is_caught_by_the_hf_check(tmp_path):
     """TL 4.3's bridge ignores GPT-2's scale_attn_weights=False; the load compares the
     model with HF's own and refuses instead of returning different numbers."""

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,10 +119,10 @@ def test_two_threads_give_the_same_parameters_twice():
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's setting is restored
 
 
-def test_weights_of_the_other_transformerlens_major_are_refused_by_name(tmp_path):
-    """A checkpoint records the TransformerLens that wrote it; loading or resuming it under
-    the other major version (other weight names and shapes) is refused with both versions
-    named, instead of failing deep in load_state_dict."""
+def test_training_is_not_resumed_across_transformerlens_majors(tmp_path):
+    """A checkpoint records the TransformerLens that wrote it; resuming it under the other
+    major version (other parameter names and shapes, so other optimizer state) is refused
+    with both versions named; loading TL 4 weights under TL 3.9 (no converter back) too."""
     import json
 
     from posinterp.models.backend import TL_MAJOR
@@ -133,10 +135,135 @@ def test_weights_of_the_other_transformerlens_major_are_refused_by_name(tmp_path
     other = "3.9.0" if TL_MAJOR >= 4 else "4.3.0"
     config["versions"]["transformer-lens"] = other
     (last / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=f"TransformerLens {other}.*transformer-lens=={other}"):
-        load_checkpoint(last)
-    with pytest.raises(ValueError, match=f"TransformerLens {other}"):
+    with pytest.raises(ValueError, match=f"TransformerLens {other}.*cannot be resumed"):
         train(mc, data, _cfg(max_steps=6), checkpoint_dir=tmp_path, progress=False)
+    # Loading: TL 4 weights under TL 3.9 are refused by name; on TL 4 these weights are
+    # labelled 3.9 but are a bridge's, which the conversion names too.
+    match = ("not in that layout" if TL_MAJOR >= 4
+             else f"TransformerLens {other}.*no conversion.*transformer-lens=={other}")
+    with pytest.raises(ValueError, match=match):
+        load_checkpoint(last)
+
+
+def _tl3_checkpoint(folder, config, weights_seed: int):
+    """A checkpoint as TL 3.9's train() writes it, built without TL 3.9: HookedTransformer
+    names and per-head shapes (toy_state_dict), its buffers (causal mask, IGNORE, RoPE
+    sin/cos tables), a config.json recording transformer-lens 3.9.0."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from posinterp.models.native import _tl39_rotary_tables
+    from posinterp.models.toy import toy_state_dict
+
+    sd = toy_state_dict(dataclasses.replace(config, seed=weights_seed))
+    for layer in range(config.n_layers):
+        p = f"blocks.{layer}.attn"
+        sd[f"{p}.mask"] = torch.ones(config.n_ctx, config.n_ctx).tril().bool()
+        sd[f"{p}.IGNORE"] = torch.tensor(-torch.inf)
+        if config.pe == "rotary":
+            cos, sin = _tl39_rotary_tables(config.d_head, config.n_ctx, config.rotary_base)
+            sd[f"{p}.rotary_sin"], sd[f"{p}.rotary_cos"] = sin, cos
+    if config.pe == "rotary":
+        del sd["pos_embed.W_pos"]
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps(
+        {"model": config.to_dict(), "step": 5, "versions": {"transformer-lens": "3.9.0"}}))
+    return folder
+
+
+@pytest.mark.parametrize("pe", ["nope", "absolute", "rotary", "alibi"])
+def test_a_tl39_checkpoint_loads_as_the_model_it_holds(tmp_path, pe):
+    """TL 3.9 weights load on either line (on TL 4 through TL's convert_tl_checkpoint) and
+    give the model built from those weights: the same logits as build_model of the seed
+    that drew them (toy_state_dict is the same function on both lines)."""
+    from posinterp.models.toy import build_model
+
+    config = preset("tiny", pe=pe)
+    folder = _tl3_checkpoint(tmp_path / "step_0000005", config, weights_seed=3)
+    model, configs = load_checkpoint(folder)
+    want = build_model(dataclasses.replace(config, seed=3))
+    assert not torch.equal(build_model(config).embed.W_E, want.embed.W_E)  # the seed matters
+    toks = torch.randint(0, config.d_vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(toks), want(toks))
+
+
+def test_training_reaches_tl39s_weights_bitwise():
+    """The same seed trains the same model on both lines: posinterp.train's weights after
+    10 AdamW steps equal those TL 3.9 reached (tests/data/tl39_training.safetensors, written
+    under TL 3.9 by ``python benchmarks/tl_parity.py train-fixture``), bit for bit on the
+    torch build that wrote the fixture (another build may round its kernels differently:
+    then to 1e-6). On TL 4 the fixture is converted with TL's convert_tl_checkpoint.
+    Before the fix, TL 4's gradients differed in the last bit (TL 3.9 calls ln1 once per
+    q/k/v input) and the clip coefficient with the parameters' order and layout."""
+    import importlib.util
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from posinterp.models.backend import is_bridge
+
+    # benchmarks/ is not a package: the script that writes the fixture is loaded by path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tl_parity.py"
+    spec = importlib.util.spec_from_file_location("tl_parity_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    FIXTURE, fixture_setup = bench.FIXTURE, bench.fixture_setup
+    from posinterp.training import train
+
+    with safe_open(FIXTURE, "pt") as f:
+        meta = f.metadata()
+        saved = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no items)
+    assert meta["transformer_lens"].startswith("3.9")
+    atol = 0.0 if meta["torch"] == torch.__version__ else 1e-6
+    for pe in ("absolute", "rotary"):
+        mc, data, cfg = fixture_setup(pe)
+        model = train(mc, data, cfg, progress=False).model
+        want = {k.split("/", 1)[1]: v for k, v in saved.items() if k.startswith(pe + "/")}
+        if is_bridge(model):
+            from posinterp.models.backend import convert_tl3_weights
+
+            want = convert_tl3_weights(model, want)
+        got = model.state_dict()
+        assert set(got) == set(want)
+        for name, value in want.items():
+            torch.testing.assert_close(got[name], value, rtol=0, atol=atol, msg=f"{pe} {name}")
+
+
+def test_clip_coefficient_ignores_parameter_order_and_layout():
+    """clip_grad_norm's total norm is the same number for the same gradients in any order
+    and layout (TL 3.9 W_Q [head, d_model, d_head] vs TL 4 q.weight [head*d_head, d_model]),
+    and it clips as torch's clip_grad_norm_ does."""
+    from posinterp.training import clip_grad_norm
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(4, 32, 8), (32,), (4, 8, 32), (27, 32), (128, 32)]
+
+    def params(grads):
+        out = []
+        for g in grads:
+            p = torch.nn.Parameter(torch.zeros_like(g))
+            p.grad = g.clone()
+            out.append(p)
+        return out
+
+    grads = [torch.randn(s, generator=gen) * 0.3 for s in shapes]
+    a = params(grads)
+    # the same numbers in TL 4's layout (per-head -> flat rows) and in another order
+    relaid = [g.permute(0, 2, 1).reshape(-1, g.shape[1]).contiguous() if g.ndim == 3 else g
+              for g in grads][::-1]
+    b = params(relaid)
+    na, nb = clip_grad_norm(a, 1.0), clip_grad_norm(b, 1.0)
+    assert na == nb and na > 1  # clipping happened
+    for pa, pb in zip(a, reversed(b), strict=True):
+        want = pa.grad.permute(0, 2, 1).reshape(-1, pa.grad.shape[1]) if pa.grad.ndim == 3 else pa.grad
+        assert torch.equal(want, pb.grad)
+    c = params(grads)
+    torch.nn.utils.clip_grad_norm_(c, 1.0)
+    for pa, pc in zip(a, c, strict=True):
+        torch.testing.assert_close(pa.grad, pc.grad, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("context", ["no_grad", "inference_mode"])

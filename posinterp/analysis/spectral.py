@@ -318,14 +318,12 @@ def attention_input_norm(model, layer: int) -> tuple[Tensor | None, bool, str]:
     previous block's ``ln2``, or ``embed.ln`` for layer 0. ``gain`` is None when it is
     already folded or there is no norm; ``center`` is True for LayerNorm.
     """
+    from ..models.backend import attention_input_norm_module
+
     norm_type = model.cfg.normalization_type
     center = norm_type in ("LN", "LNPre")
-    block = model.blocks[layer]
-    if type(block).__name__ == "BertBlock":  # post-LN: the input is an earlier norm's output
-        norm = model.embed.ln if layer == 0 else model.blocks[layer - 1].ln2
-        where = "embed.ln" if layer == 0 else f"blocks.{layer - 1}.ln2"
-    else:
-        norm, where = getattr(block, "ln1", None), f"blocks.{layer}.ln1"
+    # post-LN encoders: the input is an earlier norm's output (TL 3.9 and TL 4 name it apart)
+    norm, where = attention_input_norm_module(model, layer)
     gain = getattr(norm, "w", None) if norm_type in ("LN", "RMS") else None
     if norm_type is None:
         where = "none"

@@ -32,7 +32,7 @@ from ..executors import Cell, Executor, LocalExecutor, gpus_for, run_cells
 from ..io import check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
-from ..training import TrainConfig, check_tl_major, fit, latest_checkpoint
+from ..training import TrainConfig, fit, latest_checkpoint, load_weights
 
 __all__ = ["ZooConfig", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
 
@@ -245,7 +245,6 @@ def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
         raise FileNotFoundError(f"{folder} holds no finished zoo model (no card.json); "
                                 "run `posinterp zoo train` first")
     card = json.loads(card_path.read_text())
-    check_tl_major(card.get("versions"), f"zoo model {folder}")
     model = build_model(ToyModelConfig.from_dict(card["model"]), device=device)
     if step:
         weights = folder / "checkpoints" / "snapshots" / f"step_{int(step):07d}.safetensors"
@@ -253,6 +252,6 @@ def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
             raise FileNotFoundError(f"no snapshot {weights}; snapshots: {card['snapshot_steps']}")
     else:
         weights = latest_checkpoint(folder / "checkpoints") / "model.safetensors"
-    model.load_state_dict(load_file(weights), strict=True)
+    load_weights(model, load_file(weights), card.get("versions"), f"zoo model {folder}")
     model.eval()
     return model, {**card, "weights": str(weights)}

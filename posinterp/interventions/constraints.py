@@ -108,8 +108,9 @@ class TiedKey(nn.Module):
     """
 
     def __init__(self, kind: str, n_heads: int, d_head: int, get_source, init_scale: float = 1.0,
-                 shared=None, generator: torch.Generator | None = None):
+                 shared=None, generator: torch.Generator | None = None, from_tl=None):
         super().__init__()
+        self._from_tl = from_tl  # per-head result -> the stored layout (TL 4: nn.Linear's)
         if kind not in TIED_CONSTRAINTS:
             raise ValueError(f"tied constraint must be one of {TIED_CONSTRAINTS}, got {kind!r}")
         self.kind = kind
@@ -130,9 +131,8 @@ class TiedKey(nn.Module):
     def forward(self, _original: torch.Tensor) -> torch.Tensor:
         src = self._get_source()  # W_Q [n_heads, d_model, d_head] or b_Q [n_heads, d_head]
         X = self.x()
-        if src.ndim == 2:
-            return torch.einsum("hd,hde->he", src, X)
-        return src @ X
+        out = torch.einsum("hd,hde->he", src, X) if src.ndim == 2 else src @ X
+        return out if self._from_tl is None else self._from_tl(out)
 
 
 class ChannelBan(nn.Module):
@@ -143,11 +143,14 @@ class ChannelBan(nn.Module):
     and enters the graph as a constant.
     """
 
-    def __init__(self, channel: str, get_weights, shared=None):
+    def __init__(self, channel: str, get_weights, shared=None, slot=None):
         super().__init__()
         self.channel = channel
-        self._get_weights = get_weights  # -> (W_Q°, W_K, gain or None, center)
+        # -> (W_Q° [n_heads, d_model, d_head], W_K [n_kv_heads, d_model, d_head], gain or
+        # None, center), views of the parameters (so their version counters key the cache)
+        self._get_weights = get_weights
         self._shared = [shared] if shared is not None else None
+        self._slot = slot  # backend.QKSlot: the stored layout <-> TL 3.9's per-head one
         self._key, self._P = None, None
 
     def projector(self) -> torch.Tensor:
@@ -157,8 +160,11 @@ class ChannelBan(nn.Module):
         from ..analysis.spectral import effective_weights
 
         W_Q, W_K, gain, center = self._get_weights()
-        key = tuple((id(t), t._version) for t in (W_Q, W_K, gain) if t is not None)
+        key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in (W_Q, W_K, gain)
+                    if t is not None)
         if key != self._key:
+            if W_K.shape[0] != W_Q.shape[0]:  # grouped keys: query head h reads h // group
+                W_K = W_K.repeat_interleave(W_Q.shape[0] // W_K.shape[0], dim=0)
             q = effective_weights(W_Q, gain, center).cpu().numpy()
             k = effective_weights(W_K, gain, center).cpu().numpy()
             eye = np.eye(q.shape[-1])
@@ -170,9 +176,10 @@ class ChannelBan(nn.Module):
 
     def forward(self, original: torch.Tensor) -> torch.Tensor:
         P = self.projector()  # a constant: no gradient through the eigen-decomposition
-        if original.ndim == 2:  # b_Q [n_heads, d_head]
-            return torch.einsum("hd,hde->he", original, P)
-        return original @ P
+        slot = self._slot
+        x = original if slot is None else slot.to_tl(original)
+        out = torch.einsum("hd,hde->he", x, P) if x.ndim == 2 else x @ P  # b_Q / W_Q
+        return out if slot is None else slot.from_tl(out)
 
 
 def constrain_qk(model, kind: str, layers: list[int] | None = None,
@@ -183,52 +190,59 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
     W_Q° (I - Π_c). Call before building the optimizer. ``generator`` seeds X's initial
     values (tied kinds).
 
+    The parametrization is registered on the parameter that stores the weight
+    (:func:`posinterp.models.backend.qk_slots`): TL 3.9's ``attn.W_Q``/``W_K``, or on TL 4
+    the native attention's ``q``/``k`` ``nn.Linear`` weight, reshaped to TL 3.9's per-head
+    layout and back, so the same weights give the same forward pass and gradients on
+    either line (tests/interventions/test_constraints.py).
+
     Raises:
         ValueError: for an unknown ``kind`` (the old names ``no_positive_real`` /
             ``no_negative_real`` name their replacement), grouped-query attention with a
             tied kind (W_K shared by several query heads cannot be tied per head), or
             ``layers`` that are not distinct ints in ``[0, n_layers)`` (checked before
             any layer is changed).
+        MissingFeatureError: a bridged HF model (no native q/k projections to
+            reparametrize; :func:`~posinterp.models.backend.qk_slots`).
     """
     from ..analysis.spectral import attention_input_norm
     from ..devices import model_device
-    from ..models.backend import MissingFeatureError, is_bridge
+    from ..models.backend import n_kv_heads, qk_slots
 
     _check_kind(kind)
-    if is_bridge(model):
-        raise MissingFeatureError(
-            "constrain_qk parametrizes HookedTransformer's W_K parameter; a TransformerLens 4 "
-            "bridge has no such parameter (W_K is a view of k.weight); use TransformerLens 3.9 "
-            "for constrained training (docs/tl4.md)")
-    if kind in TIED_CONSTRAINTS and model.cfg.n_key_value_heads is not None:
+    if kind in TIED_CONSTRAINTS and n_kv_heads(model) != model.cfg.n_heads:
         raise ValueError("tied constraints need one key per query head (no grouped-query "
                          "attention); the ban_* constraints work with grouped keys")
     # Every layer is checked before any is changed: a bad one leaves the model untouched.
     layers = (list(range(model.cfg.n_layers)) if layers is None
               else check_indices("layers", layers, model.cfg.n_layers))
+    slots = {layer: qk_slots(model, layer) for layer in layers}
     for layer in layers:
-        attn = model.blocks[layer].attn
+        q, bq, k, bk = (slots[layer][n] for n in ("W_Q", "b_Q", "W_K", "b_K"))
         if kind in BANS:
             channel = kind.removeprefix("ban_")
 
-            def weights(a=attn, lay=layer):
+            def weights(q=q, k=k, lay=layer):
                 gain, center, _ = attention_input_norm(model, lay)
-                return (a.parametrizations.W_Q.original.detach(), a.W_K.detach(), gain, center)
+                W_Q = q.to_tl(q.module.parametrizations[q.name].original).detach()
+                return (W_Q, k.to_tl(getattr(k.module, k.name)).detach(), gain, center)
 
-            ban = ChannelBan(channel, weights)
-            parametrize.register_parametrization(attn, "W_Q", ban, unsafe=True)
-            if hasattr(attn, "b_Q"):
-                parametrize.register_parametrization(attn, "b_Q", ChannelBan(channel, None, ban),
-                                                     unsafe=True)
+            ban = ChannelBan(channel, weights, slot=q)
+            parametrize.register_parametrization(q.module, q.name, ban, unsafe=True)
+            if bq is not None:
+                parametrize.register_parametrization(
+                    bq.module, bq.name, ChannelBan(channel, None, ban, slot=bq), unsafe=True)
             continue
         # X is drawn on CPU from ``generator`` (the same X on every device), then moved.
-        weight = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.W_Q,
-                         generator=generator).to(model_device(model))
-        parametrize.register_parametrization(attn, "W_K", weight, unsafe=True)
-        if hasattr(attn, "b_K"):
-            bias = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head, lambda a=attn: a.b_Q,
-                           shared=weight)
-            parametrize.register_parametrization(attn, "b_K", bias, unsafe=True)
+        weight = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head,
+                         lambda q=q: q.to_tl(getattr(q.module, q.name)), generator=generator,
+                         from_tl=k.from_tl if k.flat else None).to(model_device(model))
+        parametrize.register_parametrization(k.module, k.name, weight, unsafe=True)
+        if bk is not None and bq is not None:
+            bias = TiedKey(kind, model.cfg.n_heads, model.cfg.d_head,
+                           lambda b=bq: b.to_tl(getattr(b.module, b.name)), shared=weight,
+                           from_tl=bk.from_tl if bk.flat else None)
+            parametrize.register_parametrization(bk.module, bk.name, bias, unsafe=True)
 
 
 @torch.no_grad()
@@ -248,18 +262,22 @@ def qk_norms(model) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _scale_head(attn, head: int, s: float) -> None:
+def _scale_head(model, layer: int, head: int, s: float) -> None:
     """Scale head ``head``'s free QK parameters so that M scales by about ``s``."""
-    p = getattr(attn, "parametrizations", {})
-    if "W_K" in p:  # tied: M = W_Q X^T W_Q^T is linear in X
-        tk = p["W_K"][0]
+    from ..models.backend import qk_slots
+
+    slots = qk_slots(model, layer)
+    q, k = slots["W_Q"], slots["W_K"]
+    if parametrize.is_parametrized(k.module, k.name):  # tied: M = W_Q X^T W_Q^T is linear in X
+        tk = k.module.parametrizations[k.name][0]
         tk.A[head] *= s
         if tk.L is not None:  # X = skew(A) ± (L L^T + εI): nearly linear; iterated
             tk.L[head] *= s ** 0.5
-    elif "W_Q" in p:  # ban: Π_c is scale-free, so M' = W_Q° (I - Π_c) W_K^T is linear
-        p["W_Q"].original[head] *= s
-    else:
-        attn.W_Q[head] *= s
+    elif parametrize.is_parametrized(q.module, q.name):
+        # ban: Π_c is scale-free, so M' = W_Q° (I - Π_c) W_K^T is linear
+        q.to_tl(q.module.parametrizations[q.name].original)[head] *= s
+    else:  # the parameter itself (a bridge's attn.W_Q is a copy: writes to it are lost)
+        q.to_tl(getattr(q.module, q.name))[head] *= s
 
 
 @torch.no_grad()
@@ -291,5 +309,5 @@ def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int
             break
         for layer in range(shape[0]):
             for head in range(shape[1]):
-                _scale_head(model.blocks[layer].attn, head, float(ratio[layer, head]))
+                _scale_head(model, layer, head, float(ratio[layer, head]))
     return qk_norms(model)

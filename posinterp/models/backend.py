@@ -39,12 +39,13 @@ import torch
 from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
-           "RotarySpec", "arm_output_edit", "attention_weights", "attn_scale", "check_not_wrapped",
-           "compiled_kind", "content_qk_from", "content_qk_hooks", "eager", "eval_mode",
-           "hook_meaning", "hub_repo_for", "install_output_edit", "is_bridge", "n_kv_heads",
-           "pattern_edit", "positional_type", "query_hooks", "rope_rotate", "rotary_spec",
-           "rotated_qk_hooks", "run_cached", "scores_hook", "site_module",
-           "unwrap", "z_hook"]
+           "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
+           "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
+           "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
+           "hook_meaning", "hub_repo_for", "install_output_edit", "is_bridge", "is_post_ln",
+           "n_kv_heads", "pattern_edit", "positional_type", "qk_slots", "query_hooks",
+           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
+           "site_module", "unwrap", "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -192,8 +193,9 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
 
     TL 3.9: the config's layout and :func:`~posinterp.models.positions.rotary_inv_freq`.
     TL 4 native attention: adjacent pairs, its own frequencies (whatever the config's
-    ``rotary_adjacent_pairs`` says); posinterp's toy attention: TL 3.9's split halves and
-    base formula; bridged HF models: HF's ``inv_freq`` buffer (GPT-J adjacent pairs).
+    ``rotary_adjacent_pairs`` says); posinterp's attention: TL 3.9's base formula on split
+    halves (toy models) or adjacent pairs (llama2.c); bridged HF models: HF's ``inv_freq``
+    buffer (GPT-J adjacent pairs).
 
     Raises:
         ValueError: for a model whose positional scheme is not rotary.
@@ -208,7 +210,8 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
         return RotarySpec(cfg.rotary_dim, bool(cfg.rotary_adjacent_pairs), rotary_inv_freq(model, layer))
     comp = _native_attention(model, layer)
     if getattr(comp, "posinterp_attention", False):
-        return RotarySpec(comp.posinterp_rotary_dim, False, comp.posinterp_inv_freq)
+        return RotarySpec(comp.posinterp_rotary_dim, bool(comp.posinterp_adjacent_pairs),
+                          comp.posinterp_inv_freq)
     if _is_native(model, layer):
         from transformer_lens.model_bridge.sources.native.model import _resolve_rope_scaling
 
@@ -826,8 +829,17 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     come back on CPU, where every metric is computed (docs/scale.md).
 
     Returns:
-        the cache, or ``(logits, cache)`` with ``return_logits``.
+        the cache, or ``(logits, cache)`` with ``return_logits``. For a TL 4 bridge over
+        HF BERT the cache is a dict keyed by TL 3.9 ``HookedEncoder`` names, holding the
+        quantities those names mean in TL 3.9 (``_tl39_encoder_hooks``).
     """
+    renamed = _tl39_encoder_hooks(model)
+    if renamed is not None:  # a bridged BERT: ask for the hooks with TL 3.9's meanings
+        return _run_renamed(model, tokens, mask, names_filter, return_logits, renamed)
+    return _run_plain(model, tokens, mask, names_filter, return_logits)
+
+
+def _run_plain(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool):
     from ..devices import model_device
 
     model = unwrap(model)
@@ -839,6 +851,11 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     if mask is not None:
         kwargs["one_zero_attention_mask" if bidirectional and not is_bridge(model)
                else "attention_mask"] = mask
+        if bidirectional and is_bridge(model):
+            # HF's BERT (and TL 3.9's HookedEncoder) count positions by index under any
+            # padding; a bridge would derive them from the mask instead
+            kwargs["position_ids"] = torch.arange(tokens.shape[1], device=device).expand(
+                tokens.shape[0], -1)
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
     replaced = {}
@@ -858,4 +875,163 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
         out = out.cpu() if isinstance(out, Tensor) else out
     if replaced:
         cache = {**{n: cache[n] for n in cache.keys()}, **{n: v.cpu() for n, v in captured.items()}}
+    return (out, cache) if return_logits else cache
+
+
+@dataclass(frozen=True)
+class QKSlot:
+    """One of a layer's ``W_Q``, ``b_Q``, ``W_K``, ``b_K`` as the parameter that stores it:
+    ``getattr(module, name)``, which ``torch.nn.utils.parametrize`` can reparametrize.
+
+    TL 3.9 stores them per head (``[n, d_model, d_head]``, ``[n, d_head]``); TL 4 native
+    attention as ``nn.Linear`` weights (``[n * d_head, d_model]``, ``[n * d_head]``, row
+    h * d_head + e, the layout of TL's ``convert_tl_checkpoint``). :meth:`to_tl` and
+    :meth:`from_tl` convert between the stored layout and TL 3.9's by reshapes only, so a
+    function of the per-head tensors has the same values and gradients on either line;
+    ``to_tl`` returns a view (in-place edits reach the parameter). ``n`` is ``n_heads`` for
+    queries and the stored key heads for keys (``n_kv_heads`` under grouped-query attention).
+    """
+
+    module: torch.nn.Module
+    name: str
+    n: int
+    d_head: int
+    flat: bool
+
+    def to_tl(self, t: Tensor) -> Tensor:
+        if not self.flat:
+            return t
+        if t.ndim == 1:
+            return t.view(self.n, self.d_head)
+        return t.view(self.n, self.d_head, t.shape[-1]).transpose(1, 2)
+
+    def from_tl(self, t: Tensor) -> Tensor:
+        if not self.flat:
+            return t
+        if t.ndim == 2:
+            return t.reshape(-1)
+        return t.transpose(1, 2).reshape(-1, t.shape[1])
+
+
+def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
+    """Where ``layer`` stores ``W_Q``, ``b_Q``, ``W_K``, ``b_K`` (None: no such bias), for
+    training-time reparametrization (:func:`posinterp.interventions.constraints.constrain_qk`).
+
+    TL 3.9: the attention's own parameters (``_W_K``/``_b_K`` under grouped-query
+    attention). TL 4: the wrapped native attention's ``q``/``k`` ``nn.Linear`` (a bridge's
+    ``attn.W_Q`` is a reshaped copy; parametrizing it would change nothing).
+
+    Raises:
+        MissingFeatureError: a bridged HF model (its projections are HF modules, fused in
+            some architectures; posinterp parametrizes only native attention).
+    """
+    H, dh = model.cfg.n_heads, model.cfg.d_head
+    if not is_bridge(model):
+        attn = _attn(model, layer)
+        gqa = hasattr(attn, "_W_K")
+        out = {"W_Q": QKSlot(attn, "W_Q", H, dh, False),
+               "W_K": QKSlot(attn, "_W_K" if gqa else "W_K", n_kv_heads(model), dh, False)}
+        for b, stored in (("b_Q", "b_Q"), ("b_K", "_b_K" if gqa else "b_K")):
+            out[b] = QKSlot(attn, stored, H if b == "b_Q" else n_kv_heads(model), dh, False) \
+                if isinstance(getattr(attn, stored, None), torch.nn.Parameter) \
+                or hasattr(getattr(attn, "parametrizations", {}), stored) else None
+        return out
+    if not _is_native(model, layer):
+        raise MissingFeatureError(
+            "training-time QK constraints need a TransformerLens native attention with its own "
+            "q/k nn.Linear (posinterp.build_model's toy models); this bridged HF model's "
+            "projections are HF modules that posinterp does not reparametrize")
+    comp = _native_attention(model, layer)
+    out = {}
+    for tl, wrapped, n in (("Q", comp.q, H), ("K", comp.k, n_kv_heads(model))):
+        lin = getattr(wrapped, "original_component", wrapped)  # the bridge's LinearBridge wraps it
+        out[f"W_{tl}"] = QKSlot(lin, "weight", n, dh, True)
+        has_bias = getattr(lin, "bias", None) is not None or \
+            hasattr(getattr(lin, "parametrizations", {}), "bias")
+        out[f"b_{tl}"] = QKSlot(lin, "bias", n, dh, True) if has_bias else None
+    return out
+
+
+# TL 3.9 buffers with no bridge counterpart: RoPE tables (the bridge recomputes them from the
+# config; convert_tl_checkpoint refuses rotary checkpoints that still hold them).
+_TL3_ONLY_BUFFERS = (".rotary_sin", ".rotary_cos")
+
+
+def convert_tl3_weights(model, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A ``HookedTransformer`` (TL 3.9) state dict in the key/shape layout of ``model``, a TL 4
+    bridge, through TransformerLens's ``convert_tl_checkpoint`` (RoPE sin/cos buffers dropped
+    first; TL's converter drops the causal ``mask``/``IGNORE`` buffers itself).
+
+    Raises:
+        ValueError: ``model`` is not a bridge, or a key or shape that is not TL 3.9's
+            layout for ``model.cfg`` (from ``convert_tl_checkpoint``).
+    """
+    if not is_bridge(model):
+        raise ValueError("convert_tl3_weights converts for a TransformerLens 4 bridge; a "
+                         "HookedTransformer loads TL 3.9 weights as they are")
+    from transformer_lens.conversion_utils import convert_tl_checkpoint
+
+    kept = {k: v for k, v in state_dict.items() if not k.endswith(_TL3_ONLY_BUFFERS)}
+    return convert_tl_checkpoint(kept, model.cfg)
+
+
+def is_post_ln(model) -> bool:
+    """True for post-LN encoders (BERT: TL 3.9 ``HookedEncoder``, or a TL 4 bridge over HF
+    BERT), whose attention reads an earlier LayerNorm's output, not ``ln1``'s."""
+    if not is_bridge(model):
+        return type(model.blocks[0]).__name__ == "BertBlock"
+    return str(getattr(model.cfg, "architecture", "") or "").startswith("Bert")
+
+
+def attention_input_norm_module(model, layer: int):
+    """``(norm module, name)`` of the LayerNorm whose output feeds ``layer``'s attention.
+
+    Pre-norm models: ``blocks.{layer}.ln1``. Post-LN encoders: the previous block's
+    ``ln2``, or the embedding LayerNorm for layer 0 (TL 3.9 ``embed.ln``; TL 4's BERT
+    adapter calls it ``embed_ln``).
+    """
+    if not is_post_ln(model):
+        return getattr(model.blocks[layer], "ln1", None), f"blocks.{layer}.ln1"
+    if layer > 0:
+        return model.blocks[layer - 1].ln2, f"blocks.{layer - 1}.ln2"
+    if is_bridge(model):
+        return model.embed_ln, "embed_ln"
+    return model.embed.ln, "embed.ln"
+
+
+def _tl39_encoder_hooks(model) -> dict[str, str] | None:
+    """For a TL 4 bridge over HF BERT: TL 3.9 ``HookedEncoder`` hook name -> the bridge hook
+    carrying that quantity (None for other models). TL 4's BERT adapter fires
+    ``hook_resid_post`` with the block's normalized output (TL 3.9: the sum before ``ln2``)
+    and ``hook_attn_out`` after the attention's LayerNorm (TL 3.9: the output projection);
+    tests/models/test_pretrained.py checks each entry against HF's hidden states."""
+    if not (is_bridge(model) and is_post_ln(model)):
+        return None
+    out = {}
+    for layer in range(model.cfg.n_layers):
+        p = f"blocks.{layer}."
+        out.update({p + "hook_attn_out": p + "attn.o.hook_out",
+                    p + "hook_resid_mid": p + "ln1.hook_in",
+                    p + "hook_mlp_out": p + "mlp.out.hook_out",
+                    p + "hook_resid_post": p + "ln2.hook_in",
+                    p + "hook_normalized_resid_post": p + "ln2.hook_out"})
+    return out
+
+
+def _run_renamed(model, tokens, mask, names_filter, return_logits, renamed: dict[str, str]):
+    """:func:`run_cached` caching the bridge hooks ``renamed`` maps TL 3.9 names to, under
+    the TL 3.9 names (a plain dict); a bridge hook whose name TL 3.9 uses for another
+    quantity is never returned under that name."""
+    if isinstance(names_filter, str):
+        names_filter = {names_filter}
+    wanted = names_filter if callable(names_filter) else (lambda n, s=set(names_filter): n in s)
+    back = {v: k for k, v in renamed.items()}
+
+    def bridge_filter(name: str) -> bool:
+        if name in back:
+            return bool(wanted(back[name]))
+        return name not in renamed and bool(wanted(name))
+
+    out, cache = _run_plain(model, tokens, mask, bridge_filter, True)
+    cache = {back.get(k, k): v for k, v in cache.items()}
     return (out, cache) if return_logits else cache

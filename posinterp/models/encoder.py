@@ -1,4 +1,5 @@
-"""BERT-architecture encoders (e.g. all-MiniLM-L6-v2) as TransformerLens ``HookedEncoder``.
+"""BERT-architecture encoders (e.g. all-MiniLM-L6-v2) as TransformerLens ``HookedEncoder``
+(TL 3.9) or a ``TransformerBridge`` over HF's ``BertForMaskedLM`` (TL 4).
 
 all-MiniLM-L6-v2 is a ``BertModel`` without masked-LM head; TransformerLens 3.9 neither
 converts ``BertModel`` configs nor loads weights without ``cls.*``. We build the config
@@ -6,6 +7,12 @@ from ``config.json`` (as TL does for ``BertForMaskedLM``) and fill the missing M
 with a freshly initialized one (seeded), so **logits are meaningless but the residual
 stream, attention patterns and W_Q/W_K are exact**. BERT is bidirectional and post-LN;
 its embedding hook is ``embed.hook_embed``.
+
+On TL 4, HF's own modules run (TL's BERT adapter), so the numbers are HF's. Several of
+the bridge's hook names mean something else than in ``HookedEncoder`` (its
+``hook_resid_post`` is the block's normalized output; ``hook_attn_out`` the attention
+sublayer after its LayerNorm); :func:`posinterp.models.backend.run_cached` hands
+analyses TL 3.9's meanings (docs/tl4.md).
 """
 
 from __future__ import annotations
@@ -61,14 +68,19 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     import transformers
 
     from ..devices import move_model, resolve_device
+    from .backend import TL_MAJOR
 
     device = resolve_device(device)
-    from transformer_lens import HookedEncoder, HookedTransformerConfig
-    from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
-
     folder = Path(folder)
     hf_cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     check_supported((hf_cfg.architectures or ["BertModel"])[0], hf_cfg)
+    if TL_MAJOR >= 4:
+        model, has_head = _load_bert_bridge(folder, seed)
+        move_model(model.eval(), device)
+        return model, has_head
+    from transformer_lens import HookedEncoder, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
+
     try:
         # BertForPreTraining has every head TL's converter reads; heads missing from the
         # checkpoint are freshly initialized (seeded) by HF.
@@ -93,4 +105,34 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     with torch.no_grad():
         model.load_state_dict(convert_bert_weights(source, cfg), strict=False)
     move_model(model.eval(), device)
+    return model, has_head
+
+
+def _load_bert_bridge(folder: Path, seed: int):
+    """TL 4: ``TransformerBridge.boot_transformers`` on HF's ``BertForMaskedLM`` (eager
+    attention; an MLM head missing from the checkpoint is initialized from ``seed``). No
+    weight processing: BERT is post-LN, which TL's ``fold_ln`` cannot fold (TL 3.9's path
+    leaves the weights as they are too)."""
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from ..tasks.tokenizer import build_byte_tokenizer
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            hf, info = transformers.BertForMaskedLM.from_pretrained(
+                str(folder), local_files_only=True, attn_implementation="eager",
+                output_loading_info=True)
+    except Exception as err:  # HF, safetensors and torch raise their own types
+        raise ValueError(f"could not read the weights in {folder}: {type(err).__name__}: {err}") \
+            from None
+    has_head = not any(k.startswith("cls.predictions.transform") for k in info["missing_keys"])
+    has_tokenizer = (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file()
+    tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+                 if has_tokenizer else build_byte_tokenizer())  # placeholder: boot needs one
+    model = TransformerBridge.boot_transformers(str(folder), hf_model=hf.eval(), tokenizer=tokenizer,
+                                                device="cpu")
+    if not has_tokenizer:
+        model.tokenizer = None
     return model, has_head

@@ -1,4 +1,7 @@
-"""Load llama2.c checkpoints (Karpathy's ``run.c`` format) as ``HookedTransformer``.
+"""Load llama2.c checkpoints (Karpathy's ``run.c`` format) as a TransformerLens model:
+a ``HookedTransformer`` on TL 3.9, a ``TransformerBridge`` around TL's native model with
+posinterp's attention on TL 4 (:func:`.native.build_native_from_tl`); the same weights
+and the same weight processing either way.
 
 Format (legacy version 0): a header of 7 little-endian int32 (dim, hidden_dim,
 n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size means the
@@ -119,10 +122,48 @@ def _state_dict(h: Llama2cHeader, w: dict[str, torch.Tensor]) -> dict[str, torch
     return sd
 
 
+def _bridge_config(header: Llama2cHeader, name: str, processing: dict):
+    from transformer_lens import TransformerBridgeConfig
+
+    return TransformerBridgeConfig(
+        d_model=header.dim, d_head=header.head_size, n_heads=header.n_heads,
+        n_key_value_heads=header.n_kv_heads if header.n_kv_heads != header.n_heads else None,
+        d_mlp=header.hidden_dim, n_layers=header.n_layers, n_ctx=header.seq_len,
+        d_vocab=abs(header.vocab_size), act_fn="silu", gated_mlp=True,
+        # TL 3.9 turns folded RMS norms into RMSPre (no gain); TL-native has that norm too.
+        normalization_type="RMSPre" if processing["fold_ln"] else "RMS", final_rms=True,
+        eps=1e-5, positional_embedding_type="rotary", rotary_dim=header.head_size,
+        rotary_adjacent_pairs=True, rotary_base=10000, init_weights=False,
+        device="cpu", model_name=name)
+
+
+def _load_bridge(header: Llama2cHeader, sd: dict[str, torch.Tensor], name: str, processing: dict):
+    """TL 4: TL's own ``ProcessWeights.process_weights`` on the TL 3.9-named weights (the
+    same tensors TL 3.9's ``load_and_process_state_dict`` gives, bitwise; folded gains
+    become ones and are dropped, as TL 3.9 drops them), then a native bridge."""
+    from transformer_lens.weight_processing import ProcessWeights
+
+    from .native import build_native_from_tl
+
+    cfg = _bridge_config(header, name, processing)
+    if any(processing.values()):
+        sd = ProcessWeights.process_weights(dict(sd), _bridge_config(header, name, {"fold_ln": False}),
+                                            **processing)
+    if processing["fold_ln"]:
+        sd = {k: v for k, v in sd.items() if not k.endswith((".ln1.w", ".ln2.w", "ln_final.w"))}
+    return build_native_from_tl(cfg, sd, rotary_adjacent_pairs=True)
+
+
 def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weights: bool = False,
                  center_unembed: bool = False, fold_value_biases: bool = False,
                  device=None, dtype=None):
-    """Build a ``HookedTransformer`` from a llama2.c checkpoint, offline.
+    """Build a TransformerLens model from a llama2.c checkpoint, offline.
+
+    TL 3.9: a ``HookedTransformer``. TL 4: a ``TransformerBridge`` around TL's native
+    model (RMSNorm, SwiGLU, grouped-query heads) with posinterp's attention, which applies
+    RoPE on adjacent pairs with TL 3.9's tables, fires ``hook_rot_q``/``hook_rot_k`` and a
+    pre-softmax ``hook_attn_scores`` (docs/tl4.md). The weight processing flags mean what
+    they mean in TL 3.9's ``load_and_process_state_dict``.
 
     The weights are read and processed on CPU in float32, then moved to ``device``
     (:func:`posinterp.devices.resolve_device`; None: CUDA when available, else CPU) and
@@ -130,7 +171,8 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
 
     Source: Karpathy's llama2.c (``run.c``/``export.py`` legacy format). Shapes follow
     TransformerLens: ``W_Q`` ``[n_layers, n_heads, d_model, d_head]``; with grouped-query
-    attention ``blocks[l].attn._W_K`` is ``[n_kv_heads, d_model, d_head]``.
+    attention ``blocks[l].attn._W_K`` is ``[n_kv_heads, d_model, d_head]`` (TL 3.9; TL 4's
+    ``attn.W_K`` has the same shape).
 
     Returns:
         ``(model, info_fields)``: the model and a dict with ``weights`` provenance
@@ -140,13 +182,27 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
         FileNotFoundError, ValueError: see :func:`read_llama2c`; ValueError for a bad
             ``device``/``dtype``.
     """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
     from ..devices import move_model, resolve_device
+    from .backend import TL_MAJOR
 
     device = resolve_device(device)
-
+    processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                      center_unembed=center_unembed, fold_value_biases=fold_value_biases)
     header, arrays = read_llama2c(path)
+    if TL_MAJOR >= 4:
+        model = _load_bridge(header, _state_dict(header, arrays), Path(path).stem, processing)
+    else:
+        model = _load_hooked(header, arrays, Path(path).stem, processing)
+    move_model(model.eval(), device, dtype)
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return model, {"weights": {"path": str(Path(path).resolve()), "sha256": digest},
+                   "header": header}
+
+
+def _load_hooked(header: Llama2cHeader, arrays: dict[str, torch.Tensor], name: str,
+                 processing: dict):
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
     cfg = HookedTransformerConfig(
         d_model=header.dim, d_head=header.head_size, n_heads=header.n_heads,
         n_key_value_heads=header.n_kv_heads if header.n_kv_heads != header.n_heads else None,
@@ -155,15 +211,9 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
         normalization_type="RMS", final_rms=True, eps=1e-5,
         positional_embedding_type="rotary", rotary_dim=header.head_size,
         rotary_adjacent_pairs=True, rotary_base=10000,
-        original_architecture="LlamaForCausalLM", model_name=Path(path).stem,
+        original_architecture="LlamaForCausalLM", model_name=name,
         tokenizer_name=None, default_prepend_bos=False, device="cpu",
     )
     model = HookedTransformer(cfg, move_to_device=False)
-    model.load_and_process_state_dict(
-        _state_dict(header, arrays), fold_ln=fold_ln,
-        center_writing_weights=center_writing_weights, center_unembed=center_unembed,
-        fold_value_biases=fold_value_biases)
-    move_model(model.eval(), device, dtype)
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    return model, {"weights": {"path": str(Path(path).resolve()), "sha256": digest},
-                   "header": header}
+    model.load_and_process_state_dict(_state_dict(header, arrays), **processing)
+    return model

@@ -27,16 +27,18 @@ from torch import nn
 
 from .positions import alibi_bias, alibi_slopes
 
-__all__ = ["PosinterpAttention", "build_native_toy", "load_tl_state_dict"]
+__all__ = ["PosinterpAttention", "build_native_from_tl", "build_native_toy", "load_tl_state_dict"]
 
 
-def _tl39_rotary_tables(rotary_dim: int, n_ctx: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _tl39_rotary_tables(rotary_dim: int, n_ctx: int, base: float, adjacent_pairs: bool = False
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin ``[n_ctx, rotary_dim]`` exactly as TL 3.9's ``calculate_sin_cos_rotary``
-    (float32, split-half layout, no scaling)."""
+    (float32, no scaling; split halves (p, p + rotary_dim/2) or adjacent pairs (2p, 2p+1))."""
     pos = torch.arange(n_ctx, dtype=torch.float32)
     dim = torch.arange(rotary_dim // 2, dtype=torch.float32)
     freq = base ** (dim / (rotary_dim / 2))
-    freq = torch.cat([freq, freq])  # einops "d -> (2 d)"
+    # einops "d -> (d 2)" for adjacent pairs, "d -> (2 d)" for halves
+    freq = freq.repeat_interleave(2) if adjacent_pairs else torch.cat([freq, freq])
     angles = pos[:, None] / freq[None, :]
     return torch.cos(angles), torch.sin(angles)
 
@@ -44,6 +46,14 @@ def _tl39_rotary_tables(rotary_dim: int, n_ctx: int, base: float) -> tuple[torch
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1] // 2
     return torch.cat([-x[..., n:], x[..., :n]], dim=-1)
+
+
+def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """TL 3.9's ``rotate_every_two`` with adjacent pairs: (x0, x1) -> (-x1, x0)."""
+    out = torch.empty_like(x)
+    out[..., ::2] = -x[..., 1::2]
+    out[..., 1::2] = x[..., ::2]
+    return out
 
 
 def _fire(hook_point, x: torch.Tensor) -> torch.Tensor:
@@ -59,15 +69,19 @@ class PosinterpAttention(nn.Module):
     by :func:`_attention_class` so that importing this module does not import TL 4."""
 
     posinterp_attention = True
+    posinterp_adjacent_pairs = False  # RoPE layout: split halves (toys) or adjacent pairs
 
     def forward(self, hidden_states, attention_mask=None, position_ids=None, pattern_fn=None,
                 **kwargs):
         b, n, _ = hidden_states.shape
         H, Hkv, dh = self.n_heads, self.n_kv_heads, self.d_head
         hooks = self.posinterp_hooks  # the AttentionBridge wrapping this module
+        # Separate key/value inputs come from PosinterpBlock (TL 3.9's three ln1 calls).
+        key_input = kwargs.get("posinterp_key_input", hidden_states)
+        value_input = kwargs.get("posinterp_value_input", hidden_states)
         q = self.q(hidden_states).reshape(b, n, H, dh)
-        k = self.k(hidden_states).reshape(b, n, Hkv, dh)
-        v = self.v(hidden_states).reshape(b, n, Hkv, dh)
+        k = self.k(key_input).reshape(b, n, Hkv, dh)
+        v = self.v(value_input).reshape(b, n, Hkv, dh)
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError("posinterp toy models take a [batch, pos] 0/1 attention_mask, got "
                              f"shape {tuple(attention_mask.shape)}")
@@ -76,10 +90,11 @@ class PosinterpAttention(nn.Module):
                    else position_ids.to(q.device).clamp(min=0))
             rd = self.posinterp_rotary_dim
             cos, sin = self.posinterp_cos[pos][:, :, None], self.posinterp_sin[pos][:, :, None]
+            rotate = _rotate_every_two if self.posinterp_adjacent_pairs else _rotate_half
 
             def rope(x):
                 x_rot, x_pass = x[..., :rd], x[..., rd:]
-                return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
+                return torch.cat([x_rot * cos + rotate(x_rot) * sin, x_pass], dim=-1)
 
             q = _fire(hooks.hook_rot_q, rope(q))
             k = _fire(hooks.hook_rot_k, rope(k))
@@ -105,7 +120,42 @@ class PosinterpAttention(nn.Module):
         return self.o(z), None
 
 
+class PosinterpBlock(nn.Module):
+    """Mixin body for ``NativeBlock``: TL 3.9's ``TransformerBlock`` order of operations.
+
+    TL 3.9 normalizes the residual once per attention input (``ln1`` called for the
+    queries, keys and values, the first two plus 0.0), so ``ln1``'s gradient is the sum of
+    three LayerNorm backward passes; TL-native calls ``ln1`` once and sums the three
+    projections' gradients before a single one. Both are exact, but they round
+    differently, and training amplifies a one-ulp difference into a different model
+    (docs/tl4.md, "Training"). This block repeats TL 3.9's graph, so the same seed gives
+    the same gradients and the same trained weights on both lines.
+    """
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, **kwargs):
+        query_input = self.ln1(hidden_states) + 0.0
+        key_input = self.ln1(hidden_states) + 0.0
+        value_input = self.ln1(hidden_states)
+        attn_out, _ = self.attn(query_input, attention_mask=attention_mask,
+                                position_ids=position_ids, posinterp_key_input=key_input,
+                                posinterp_value_input=value_input)
+        hidden_states = hidden_states + attn_out
+        if not self.cfg.attn_only:
+            hidden_states = hidden_states + self.mlp(self.ln2(hidden_states))
+        return (hidden_states,)
+
+
 _CLASS = None
+_BLOCK_CLASS = None
+
+
+def _block_class():
+    global _BLOCK_CLASS
+    if _BLOCK_CLASS is None:
+        from transformer_lens.model_bridge.sources.native.model import NativeBlock
+
+        _BLOCK_CLASS = type("PosinterpBlock", (PosinterpBlock, NativeBlock), {})
+    return _BLOCK_CLASS
 
 
 def _attention_class():
@@ -218,6 +268,7 @@ def build_native_toy(config, tokenizer=None):
         inv = 1.0 / float(config.rotary_base) ** (torch.arange(half, dtype=torch.float64) / half)
     slopes = alibi_slopes(config.n_heads) if config.pe == "alibi" else None
     for block in native.layers:
+        block.__class__ = _block_class()
         attn = block.attn
         attn.__class__ = cls
         attn.posinterp_rotary_dim = config.d_head if config.pe == "rotary" else 0
@@ -241,5 +292,64 @@ def build_native_toy(config, tokenizer=None):
         # A plain attribute would register the bridge as a submodule of its own child.
         object.__setattr__(hooks.original_component, "posinterp_hooks", hooks)
     bridge.posinterp_config = config
+    bridge.eval()
+    return bridge
+
+
+def _install_rope(attn, rotary_dim: int, n_ctx: int, base: float, adjacent_pairs: bool) -> None:
+    cos, sin = _tl39_rotary_tables(rotary_dim, n_ctx, base, adjacent_pairs)
+    half = rotary_dim // 2
+    attn.posinterp_rotary_dim = rotary_dim
+    attn.posinterp_adjacent_pairs = adjacent_pairs
+    attn.register_buffer("posinterp_cos", cos, persistent=False)
+    attn.register_buffer("posinterp_sin", sin, persistent=False)
+    attn.posinterp_inv_freq = 1.0 / float(base) ** (torch.arange(half, dtype=torch.float64) / half)
+
+
+def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_adjacent_pairs: bool,
+                         tokenizer=None):
+    """A TL 4 ``TransformerBridge`` around a TL-native model with posinterp's attention,
+    carrying a bias-free rotary checkpoint given in TL 3.9 names (llama2.c, :mod:`.llama2c`).
+
+    TL-native supplies RMSNorm (or ``RMSPre`` after ``fold_ln``), the gated SwiGLU MLP and
+    grouped-query heads; its attention is swapped for :class:`PosinterpAttention` so that
+    ``hook_attn_scores`` is pre-softmax and ``hook_rot_q``/``hook_rot_k`` fire, with TL 3.9's
+    RoPE tables in the layout ``rotary_adjacent_pairs`` names. The weights go through TL's
+    ``convert_tl_checkpoint`` into the bridge's own keys (a strict load).
+
+    Args:
+        cfg: a ``TransformerBridgeConfig`` with ``positional_embedding_type="rotary"``.
+        tl_state_dict: ``HookedTransformer`` names and shapes (``blocks.{l}.attn.W_Q``
+            ``[n_heads, d_model, d_head]``, ``_W_K`` ``[n_kv_heads, d_model, d_head]``, ...),
+            no attention or unembedding biases.
+
+    Raises:
+        ValueError: a weight whose shape does not match ``cfg`` (from ``convert_tl_checkpoint``);
+            RuntimeError: a missing or extra weight (strict ``load_state_dict``).
+    """
+    from transformer_lens.conversion_utils import convert_tl_checkpoint
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+    from transformer_lens.model_bridge.sources.native.model import NativeModel
+
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws; weights follow
+        native = NativeModel(cfg)
+    cls = _attention_class()
+    for block in native.layers:
+        attn = block.attn
+        for lin in (attn.q, attn.k, attn.v, attn.o):
+            lin.bias = None  # llama2.c has no attention biases (zeros would be extra parameters)
+        attn.__class__ = cls
+        _install_rope(attn, cfg.rotary_dim, cfg.n_ctx, cfg.rotary_base, rotary_adjacent_pairs)
+        attn.posinterp_alibi_slopes = None
+    bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
+                                      tokenizer=None, model_name=cfg.model_name)
+    bridge.tokenizer = tokenizer
+    for layer in range(cfg.n_layers):
+        hooks = bridge.blocks[layer].attn
+        object.__setattr__(hooks.original_component, "posinterp_hooks", hooks)
+    converted = convert_tl_checkpoint(tl_state_dict, cfg)
+    # The bridge's unembedding always has a bias; TL's own legacy loader zero-fills it too.
+    converted.setdefault("unembed.bias", torch.zeros(cfg.d_vocab))
+    bridge.load_state_dict(converted, strict=True)
     bridge.eval()
     return bridge

@@ -484,13 +484,7 @@ def _tl3_builder(folder: Path, architecture: str, pe: str, hf_config, overrides)
 
 
 def _load_bert(folder: Path, spec: str, processing: dict):
-    from .backend import TL_MAJOR
     from .encoder import load_bert_encoder
-
-    if TL_MAJOR >= 4:  # HookedEncoder is gone in TL 4
-        raise NotImplementedError(
-            f"{spec}: BERT encoders are not yet supported on TransformerLens 4 by posinterp "
-            "(docs/tl4.md, status); use TransformerLens 3.9 for all-MiniLM-L6-v2")
 
     model, has_head = load_bert_encoder(folder)
     # Weight processing (fold_ln etc.) is not applied to post-LN encoders: record that.
@@ -502,13 +496,7 @@ def _load_bert(folder: Path, spec: str, processing: dict):
 
 
 def _load_llama2c(path: Path, processing: dict):
-    from .backend import TL_MAJOR
-    from .llama2c import load_llama2c, read_llama2c
-
-    if TL_MAJOR >= 4:
-        read_llama2c(path)  # a missing or corrupt file is named first, as under TL 3.9
-        raise NotImplementedError(
-            "llama2.c files are not yet loaded by posinterp on TransformerLens 4 (docs/tl4.md)")
+    from .llama2c import load_llama2c
 
     model, extra = load_llama2c(path, **processing)
     done = _processing_done(processing, model.cfg.normalization_type, bool(model.cfg.final_rms))

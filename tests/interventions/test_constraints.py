@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+from torch.nn.utils import parametrize
 
 from posinterp.analysis.spectral import (
     antisymmetric_energy,
@@ -16,6 +17,7 @@ from posinterp.interventions import (
     match_qk_norm,
     qk_norms,
 )
+from posinterp.models.backend import attention_weights, is_bridge, qk_slots
 from tests.helpers import random_tokens, tiny_model
 
 
@@ -32,6 +34,18 @@ def _train_steps(model, n=3):
     return grads
 
 
+def _param(slot):
+    """The leaf parameter behind a backend.QKSlot (its original when parametrized)."""
+    if parametrize.is_parametrized(slot.module, slot.name):
+        return slot.module.parametrizations[slot.name].original
+    return getattr(slot.module, slot.name)
+
+
+def _stacked(model, name):
+    """``name`` (W_Q, W_K, b_Q, ...) of every layer, TL 3.9's per-head layout, float64."""
+    return torch.stack([attention_weights(model, layer)[name] for layer in range(model.cfg.n_layers)])
+
+
 def _effective(model):
     W = [qk_weights(model, layer) for layer in range(model.cfg.n_layers)]
     return torch.stack([q for q, _ in W]), torch.stack([k for _, k in W])
@@ -44,13 +58,15 @@ def test_tied_constraint_holds_after_optimizer_steps_and_gradients_flow(kind, pe
     constrain_qk(model, kind, generator=torch.Generator().manual_seed(0))
     grads = _train_steps(model)
     assert all(g > 0 for g in grads)
-    attn = model.blocks[0].attn
-    X = attn.parametrizations.W_K[0].x()
-    assert attn.parametrizations.W_K.original.grad is None  # the original W_K is unused
-    assert attn.parametrizations.W_K[0].A.grad.abs().sum() > 0
-    assert attn.W_Q.grad.abs().sum() > 0  # gradients reach W_Q through the tie
-    W_Q, W_K = model.W_Q.detach().double(), model.W_K.detach().double()  # [layer, head, ...]
-    Xs = torch.stack([b.attn.parametrizations.W_K[0].x().detach().double() for b in model.blocks])
+    slots = [qk_slots(model, layer) for layer in range(model.cfg.n_layers)]
+    k = slots[0]["W_K"]
+    X = k.module.parametrizations[k.name][0].x()
+    assert _param(k).grad is None  # the original W_K is unused
+    assert k.module.parametrizations[k.name][0].A.grad.abs().sum() > 0
+    assert _param(slots[0]["W_Q"]).grad.abs().sum() > 0  # gradients reach W_Q through the tie
+    W_Q, W_K = _stacked(model, "W_Q"), _stacked(model, "W_K")  # [layer, head, ...]
+    Xs = torch.stack([s["W_K"].module.parametrizations[s["W_K"].name][0].x().detach().double()
+                      for s in slots])
     torch.testing.assert_close(W_K, W_Q @ Xs, rtol=1e-5, atol=1e-6)
     # the constraint holds on the effective form (trained LN gains folded, centred)
     W_Q, W_K = _effective(model)
@@ -88,7 +104,7 @@ def test_single_channel_ban_removes_exactly_that_channel_after_optimizer_steps(k
     model = tiny_model(pe)
     before = eigenvalues(*_effective(model))
     constrain_qk(model, kind)
-    attn = model.blocks[0].attn
+    slots = qk_slots(model, 0)
     # at once: B' = B (I - Π_c) keeps every other eigenvalue exactly, channel c goes to 0
     channel = kind.removeprefix("ban_")
     after = eigenvalues(*_effective(model))
@@ -107,8 +123,8 @@ def test_single_channel_ban_removes_exactly_that_channel_after_optimizer_steps(k
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * float(top))
     grads = _train_steps(model)
     assert all(g > 0 for g in grads)
-    assert attn.parametrizations.W_Q.original.grad.abs().sum() > 0
-    assert attn.W_K.grad.abs().sum() > 0
+    assert _param(slots["W_Q"]).grad.abs().sum() > 0
+    assert _param(slots["W_K"]).grad.abs().sum() > 0
     # after AdamW steps (weights, LN gains and W_K all moved): still banned, others alive
     masses = channel_masses(eigenvalues(*_effective(model)))
     assert masses[channel].max() < 1e-5  # float32 weights: zero up to rounding
@@ -121,7 +137,8 @@ def test_single_channel_ban_removes_exactly_that_channel_after_optimizer_steps(k
     _, cache = model.run_with_cache(random_tokens(model, 1, 6, seed=1))
     x = cache["blocks.0.ln1.hook_normalized"]
     gain = model.blocks[0].ln1.w
-    q_want = torch.einsum("bpd,hde->bphe", x * gain + model.blocks[0].ln1.b, attn.W_Q) + attn.b_Q
+    w = {n: t.float() for n, t in attention_weights(model, 0).items()}  # the banned W_Q, b_Q
+    q_want = torch.einsum("bpd,hde->bphe", x * gain + model.blocks[0].ln1.b, w["W_Q"]) + w["b_Q"]
     torch.testing.assert_close(cache["blocks.0.attn.hook_q"], q_want, rtol=1e-4, atol=1e-5)
 
 
@@ -147,3 +164,76 @@ def test_bad_constraints():
         constrain_qk(model, "symmetric", layers=[5])
     with pytest.raises(ValueError, match="target must be"):
         match_qk_norm(model, torch.ones(3))
+
+
+def _tl_layout(model, layer: int, name: str, stored: torch.Tensor) -> torch.Tensor:
+    """``stored`` (a parameter or its gradient as the model stores it) in TL 3.9's per-head
+    layout, through TransformerLens's own ``convert_tl_checkpoint`` (TL 4), not posinterp's
+    reshapes: the conversion is a permutation, so pushing indices through it inverts it."""
+    if not is_bridge(model):
+        return stored
+    from transformer_lens.conversion_utils import convert_tl_checkpoint
+
+    H, dh, D = model.cfg.n_heads, model.cfg.d_head, model.cfg.d_model
+    shape = (H, D, dh) if name.startswith("W_") else (H, dh)
+    idx = torch.arange(stored.numel(), dtype=torch.float64).reshape(shape)
+    (where,) = convert_tl_checkpoint({f"blocks.{layer}.attn.{name}": idx}, model.cfg).values()
+    out = torch.empty(stored.numel(), dtype=stored.dtype)
+    out[where.reshape(-1).long()] = stored.detach().reshape(-1)
+    return out.reshape(shape)
+
+
+def _from_tl(model, layer: int, name: str, value: torch.Tensor) -> torch.Tensor:
+    """A TL 3.9-layout tensor in the model's stored layout (TL's ``convert_tl_checkpoint``)."""
+    if not is_bridge(model):
+        return value
+    from transformer_lens.conversion_utils import convert_tl_checkpoint
+
+    (out,) = convert_tl_checkpoint({f"blocks.{layer}.attn.{name}": value}, model.cfg).values()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["tied", "symmetric", "ban_complex", "ban_positive_real"])
+@pytest.mark.parametrize("pe", ["absolute", "rotary"])
+def test_gradients_are_the_chain_rule_of_the_unconstrained_model(kind, pe):
+    """The constrained model is the unconstrained one evaluated at the effective weights,
+    and its gradients are the chain rule through W_K = W_Q X (tied) or W_Q = W_Q° P (bans),
+    computed in TL 3.9's per-head layout. On TL 4 the stored gradients are read back through
+    TransformerLens's own layout conversion, so this is the TL 3.9 computation checked
+    against the TL 4 model."""
+    torch.manual_seed(0)
+    model = tiny_model(pe)
+    constrain_qk(model, kind, generator=torch.Generator().manual_seed(0))
+    plain = tiny_model(pe)
+    L = model.cfg.n_layers
+    eff = [{n: t.float() for n, t in attention_weights(model, layer).items()} for layer in range(L)]
+    for layer in range(L):
+        with torch.no_grad():
+            for name in ("W_Q", "b_Q", "W_K", "b_K"):
+                _param(qk_slots(plain, layer)[name]).copy_(_from_tl(plain, layer, name, eff[layer][name]))
+    toks = random_tokens(model, 3, 10, seed=2)
+    loss, plain_loss = model(toks, return_type="loss"), plain(toks, return_type="loss")
+    assert abs(loss.item() - plain_loss.item()) < 1e-6
+    loss.backward()
+    plain_loss.backward()
+    for layer in range(L):
+        s, ps = qk_slots(model, layer), qk_slots(plain, layer)
+        G = {n: _tl_layout(plain, layer, n, _param(ps[n]).grad).double() for n in ps}
+        got_q = _tl_layout(model, layer, "W_Q", _param(s["W_Q"]).grad).double()
+        got_bq = _tl_layout(model, layer, "b_Q", _param(s["b_Q"]).grad).double()
+        if kind in TIED_CONSTRAINTS:
+            tk = s["W_K"].module.parametrizations[s["W_K"].name][0]
+            X = tk.x().detach().double()
+            W_Q, b_Q = eff[layer]["W_Q"].double(), eff[layer]["b_Q"].double()
+            dX = W_Q.mT @ G["W_K"] + b_Q[:, :, None] * G["b_K"][:, None, :]
+            dA = dX if kind == "tied" else 0.5 * (dX + dX.mT)
+            want_q = G["W_Q"] + G["W_K"] @ X.mT
+            want_bq = G["b_Q"] + torch.einsum("he,hde->hd", G["b_K"], X)
+            torch.testing.assert_close(tk.A.grad.double(), dA, rtol=1e-4, atol=1e-7)
+        else:
+            P = s["W_Q"].module.parametrizations[s["W_Q"].name][0].projector().double()
+            want_q, want_bq = G["W_Q"] @ P.mT, torch.einsum("he,hde->hd", G["b_Q"], P)
+            got_k = _tl_layout(model, layer, "W_K", _param(s["W_K"]).grad).double()
+            torch.testing.assert_close(got_k, G["W_K"], rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(got_q, want_q, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(got_bq, want_bq, rtol=1e-4, atol=1e-7)

@@ -43,8 +43,12 @@ def rmsnorm(x, w, eps=1e-5):
     return w * x / np.sqrt(np.mean(x * x) + eps)
 
 
-def forward_tokens(cfg, W, tokens):
-    """Logits [len(tokens), vocab] computed one position at a time, as run.c does."""
+def forward_tokens(cfg, W, tokens, record=None):
+    """Logits [len(tokens), vocab] computed one position at a time, as run.c does.
+
+    With a dict ``record``: ``record["q"][layer]`` [pos, dim] and ``record["k"][layer]``
+    [pos, n_kv * hs] after RoPE, ``record["scores"][layer][pos]`` [n_heads, pos + 1]
+    (q·k / sqrt(hs), before the softmax)."""
     L, nh, nkv, hs, dim = cfg["n_layers"], cfg["n_heads"], cfg["n_kv"], cfg["hs"], cfg["dim"]
     kc = np.zeros((L, len(tokens), nkv * hs))
     vc = np.zeros((L, len(tokens), nkv * hs))
@@ -63,12 +67,18 @@ def forward_tokens(cfg, W, tokens):
                 if i < nkv * hs:
                     k[i], k[i + 1] = k[i] * c - k[i + 1] * s, k[i] * s + k[i + 1] * c
             kc[layer, pos], vc[layer, pos] = k, v
+            if record is not None:
+                record.setdefault("q", {}).setdefault(layer, []).append(q.copy())
+                record.setdefault("k", {}).setdefault(layer, []).append(k.copy())
+                record.setdefault("scores", {}).setdefault(layer, []).append(np.zeros((nh, pos + 1)))
             att_out = np.zeros(dim)
             for h in range(nh):
                 kvh = h // (nh // nkv)
                 qh = q[h * hs:(h + 1) * hs]
                 keys = kc[layer, : pos + 1, kvh * hs:(kvh + 1) * hs]
                 scores = keys @ qh / np.sqrt(hs)
+                if record is not None:
+                    record["scores"][layer][pos][h] = scores
                 a = np.exp(scores - scores.max())
                 a /= a.sum()
                 att_out[h * hs:(h + 1) * hs] = a @ vc[layer, : pos + 1, kvh * hs:(kvh + 1) * hs]

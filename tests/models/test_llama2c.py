@@ -55,6 +55,62 @@ def test_greedy_continuation_from_bos_matches_reference(stories):
 
 
 @needs_stories
+def test_score_and_rotated_qk_hooks_match_the_reference(stories):
+    """The hooks backend names carry run.c's pre-softmax scores and RoPE'd q/k (on TL 4
+    posinterp's attention fires them; TL-native's would carry the pattern)."""
+    from posinterp.models.backend import rotated_qk_hooks, scores_hook
+
+    model, _, cfg, weights = stories
+    toks = [1, *np.random.default_rng(1).integers(3, 512, 11).tolist()]
+    rec: dict = {}
+    ref.forward_tokens(cfg, weights, toks, record=rec)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(torch.tensor([toks]))
+    n, hs = len(toks), cfg["hs"]
+    for layer in range(cfg["n_layers"]):
+        scores = cache[scores_hook(model, layer)][0].double().numpy()  # [head, q, k]
+        for pos in range(n):
+            np.testing.assert_allclose(scores[:, pos, : pos + 1], rec["scores"][layer][pos], atol=1e-4)
+            assert np.isneginf(scores[:, pos, pos + 1:]).all()
+        q_name, k_name = rotated_qk_hooks(model, layer)
+        q = cache[q_name][0].double().numpy().reshape(n, -1)  # [pos, head * d_head]
+        k = cache[k_name][0].double().numpy().reshape(n, -1)
+        np.testing.assert_allclose(q, np.stack(rec["q"][layer]), atol=1e-4)
+        np.testing.assert_allclose(k, np.stack(rec["k"][layer]), atol=1e-4)
+        assert k.shape[1] == cfg["n_kv"] * hs
+
+
+@needs_stories
+def test_editing_the_scores_hook_changes_the_output(stories):
+    from posinterp.models.backend import scores_hook
+
+    model = stories[0]
+    toks = torch.tensor([[1, 40, 50, 60, 70]])
+
+    def flatten(scores, hook):
+        return torch.where(torch.isinf(scores), scores, torch.zeros_like(scores))
+
+    with torch.no_grad():
+        plain = model(toks)
+        edited = model.run_with_hooks(toks, fwd_hooks=[(scores_hook(model, 0), flatten)])
+    assert (plain - edited).abs().max() > 1e-3
+
+
+@needs_stories
+def test_processed_load_computes_the_same_distribution(stories):
+    """fold_ln, center_writing_weights, center_unembed, fold_value_biases preserve
+    log-probabilities (TL 3.9's processing; TL 4 runs TL's own ProcessWeights)."""
+    raw = stories[0]
+    folded, info = load_model(STORIES, fold_ln=True, center_writing_weights=True,
+                              center_unembed=True, fold_value_biases=True)
+    assert info.qk_convention["norm_gain"] == "folded by the loader"
+    toks = torch.tensor([[1, *np.random.default_rng(2).integers(3, 512, 15).tolist()]])
+    with torch.no_grad():
+        a, b = raw(toks).log_softmax(-1), folded(toks).log_softmax(-1)
+    assert (a - b).abs().max() < 1e-4
+
+
+@needs_stories
 def test_truncated_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "truncated.bin"
     bad.write_bytes(STORIES.read_bytes()[:100_000])

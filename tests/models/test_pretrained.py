@@ -115,7 +115,15 @@ def test_scheme_registry():
         scheme_for_architecture("MambaForCausalLM")
 
 
+SITES = ("hook_pattern", "hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out",
+         "hook_resid_post", "hook_normalized_resid_post")
+
+
 def test_minilm_encoder_matches_hf_offline(no_network):
+    """all-MiniLM-L6-v2 on either line: attention patterns, the residual stream at every
+    hook posinterp reads (TL 3.9 ``HookedEncoder`` meanings, which on TL 4 backend.run_cached
+    maps to the bridge's hooks) and the effective QK weights' norm, against HF to 1e-5."""
+    from posinterp.models.backend import attention_input_norm_module, run_cached
     from posinterp.models.encoder import minilm_path
 
     try:
@@ -129,15 +137,34 @@ def test_minilm_encoder_matches_hf_offline(no_network):
                                                 attn_implementation="eager").eval()
     enc = model.tokenizer(["the cat sat on the mat", "hello"], return_tensors="pt", padding=True)
     with torch.no_grad():
-        out = hf(**enc, output_attentions=True)
-        _, cache = model.run_with_cache(enc["input_ids"],
-                                        one_zero_attention_mask=enc["attention_mask"])
+        out = hf(**enc, output_attentions=True, output_hidden_states=True)
+        cache = run_cached(model, enc["input_ids"], enc["attention_mask"],
+                           lambda n: n.split(".")[-1] in SITES)
     real = enc["attention_mask"].bool()
-    last = f"blocks.{model.cfg.n_layers - 1}.hook_normalized_resid_post"
-    assert (cache[last] - out.last_hidden_state)[real].abs().max() < 1e-4
-    for layer in range(model.cfg.n_layers):
-        diff = cache[f"blocks.{layer}.attn.hook_pattern"] - out.attentions[layer]
-        assert diff.abs().max() < 1e-4
+    L = model.cfg.n_layers
+    for layer in range(L):
+        p = f"blocks.{layer}."
+        diff = cache[p + "attn.hook_pattern"] - out.attentions[layer]
+        assert diff.abs().max() < 1e-5
+        # HookedEncoder's meanings: resid_pre is the block input, resid_mid = resid_pre +
+        # attn_out (before ln1), resid_post = ln1(resid_mid) + mlp_out (before ln2),
+        # normalized_resid_post the block output
+        assert (cache[p + "hook_resid_pre"] - out.hidden_states[layer])[real].abs().max() < 1e-5
+        mid = cache[p + "hook_resid_pre"] + cache[p + "hook_attn_out"]
+        assert (cache[p + "hook_resid_mid"] - mid)[real].abs().max() < 1e-5
+        ln1 = hf.encoder.layer[layer].attention.output.LayerNorm
+        post = ln1(cache[p + "hook_resid_mid"]) + cache[p + "hook_mlp_out"]
+        assert (cache[p + "hook_resid_post"] - post)[real].abs().max() < 1e-5
+        hf_out = out.hidden_states[layer + 1]
+        assert (cache[p + "hook_normalized_resid_post"] - hf_out)[real].abs().max() < 1e-5
+        ln2 = hf.encoder.layer[layer].output.LayerNorm
+        assert (ln2(cache[p + "hook_resid_post"]) - hf_out)[real].abs().max() < 1e-5
+    # the attention of layer l reads the norm HF applies last before it
+    norm, where = attention_input_norm_module(model, 1)
+    assert where == "blocks.0.ln2"
+    torch.testing.assert_close(norm.w.detach(), hf.encoder.layer[0].output.LayerNorm.weight.detach())
+    norm0, _ = attention_input_norm_module(model, 0)
+    torch.testing.assert_close(norm0.w.detach(), hf.embeddings.LayerNorm.weight.detach())
 
 
 def test_empty_spec():
