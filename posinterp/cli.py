@@ -166,7 +166,7 @@ def _inspect(args: argparse.Namespace) -> int:
     res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
                       batch=args.batch, ablate=args.ablate, seed=args.seed,
                       max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
-                      device=args.device)
+                      device=args.device, input_kind=args.input)
     from .analysis.inspect import head_wide
 
     wide = head_wide(res.table)
@@ -269,15 +269,20 @@ def build_parser() -> argparse.ArgumentParser:
                 "the head or one of its spectral channels is removed. Writes inspect.html, "
                 "heads.csv (tidy) and run.json.", _inspect, "")
     i.add_argument("spec", help="a model: toy/zoo spec (zoo:rotary), HF checkpoint folder, "
-                   "llama2.c .bin file or hub name (hub names need the network)")
+                   "GGUF file (its tokenizer included), llama2.c .bin file or hub name (hub "
+                   "names need the network)")
     src = i.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, metavar="FILE",
                      help="UTF-8 text, one sequence per paragraph (blank-line separated), "
                      "tokenized by the model's tokenizer with its own attention mask")
     src.add_argument("--tokens", type=_int_at_least(3), default=64, metavar="N",
                      help="random-token sequences of N tokens (default 64; used without --text)")
+    i.add_argument("--input", choices=["random", "sampled"], default="random",
+                   help="without --text: uniform random token ids (default), or the model's "
+                   "own seeded samples from its BOS (natural text for a model without a "
+                   "tokenizer, e.g. stories260K); --tokens and --batch set their size")
     i.add_argument("--batch", type=pos1, default=8,
-                   help="number of random-token sequences (default 8)")
+                   help="number of random-token or sampled sequences (default 8)")
     i.add_argument("--ablate", action="store_true",
                    help="also measure the loss change when each head or spectral channel is removed")
     i.add_argument("--seed", type=pos0, default=0, help="seed of random tokens and the null (default 0)")
@@ -400,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
     except ImportError as err:
-        if "posinterp[ray]" not in str(err):
+        if not any(f"posinterp[{x}]" in str(err) for x in ("ray", "gguf")):
             raise
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2

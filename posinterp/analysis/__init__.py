@@ -10,7 +10,7 @@ from .fingerprint import (
     model_unit,
     trajectory_correlations,
 )
-from .heads import previous_token_score, previous_token_scores, random_tokens
+from .heads import previous_token_score, previous_token_scores, random_tokens, sampled_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
 from .similarity import (
@@ -41,6 +41,6 @@ __all__ = [
     "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
     "rotational_measures", "spectral_measures", "position_variance", "variance_by_layer",
     "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
-    "previous_token_score", "previous_token_scores", "random_tokens",
+    "previous_token_score", "previous_token_scores", "random_tokens", "sampled_tokens",
     "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer", "site_hooks",
 ]

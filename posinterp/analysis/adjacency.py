@@ -25,8 +25,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ._adjacency_kernel import batch_counts, row_counts
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask
-from .similarity import SITES, similarity_by_layer, site_hooks
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
+from .similarity import SITES, cosine_self_similarity, site_hooks
 
 __all__ = ["AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score"]
 
@@ -173,7 +173,9 @@ def adjacency_by_layer(
     """Adjacency score at the embedding and, per layer, at the attention output, after the
     attention sublayer, at the MLP output and after the block.
 
-    One forward pass caching only the hooks of :func:`~posinterp.analysis.site_hooks`.
+    One forward pass; each hook of :func:`~posinterp.analysis.site_hooks` is scored as the
+    pass reaches it and its similarity matrix dropped, so peak memory is a few
+    ``[batch, pos, pos]`` matrices whatever the number of hooks (nothing is cached).
     ``blocks.{l}.hook_attn_out`` is the paper's measurement point (the first attention
     output is a convex mix of earlier values); ``hook_resid_mid`` adds the embedding to it,
     so its score also depends on the two norms' ratio (docs/concepts.md).
@@ -208,10 +210,20 @@ def adjacency_by_layer(
         raise ValueError(
             "adjacency needs at least 3 real tokens per sequence; "
             f"got lengths {lengths.tolist()}")
-    sims = similarity_by_layer(model, tokens, mask, hooks)
+    scores = {}
+    mask_cpu = None if mask is None else mask.cpu()
+
+    def score(name):
+        def hook(act, hook):  # scored here and dropped: no activation or matrix is kept
+            sim = cosine_self_similarity(act.detach().cpu(), mask_cpu)
+            scores[name] = adjacency_score(sim, lengths, ties)
+        return hook
+
+    with model.hooks(fwd_hooks=[(name, score(name)) for name, _ in hooks]):
+        run_cached(model, tokens, mask, lambda n: False)
     rows = []
     for hook, layer in hooks:
-        res = adjacency_score(sims[hook], lengths, ties)
+        res = scores[hook]
         rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
                          metric="adjacency_score", value=res.score, n_sequences=len(lengths)))
         if per_position:
