@@ -144,6 +144,19 @@ def _spectrum(args: argparse.Namespace) -> int:
     if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
         raise ValueError(f"--min-prev-score must be in [0, 1], got {args.min_prev_score}")
     extra = {} if args.min_prev_score is None else {"min_prev_score": args.min_prev_score}
+    if args.weights_only:
+        from .experiments.spectrum import run_weights_only
+
+        if args.dynamics or args.markdown or args.min_prev_score is not None:
+            raise ValueError("--weights-only reads no activations: it cannot be combined with "
+                             "--dynamics, --markdown or --min-prev-score")
+        heads = run_weights_only(args.specs, args.out, progress=not args.no_progress,
+                                 command=" ".join(["posinterp", *args.argv]))
+        cols = ["model", "layer", "head", "rotational_mass", "rotational_mass_null_percentile"]
+        print("heads with the largest rotational mass (offset 0):")
+        print(_table(heads.sort_values("rotational_mass", ascending=False)[cols].head(10)))
+        print(f"tables: {Path(args.out).resolve()} (heads.csv, spectrum.csv, run.json)")
+        return 0
     with _executor(args) as executor:
         res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
                            progress=not args.no_progress, units=args.units,
@@ -336,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "previous-token head and is left out of the test (default 0.3)")
     sp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (tables from this run's outputs)")
+    sp.add_argument("--weights-only", action="store_true",
+                    help="read only the q/k projections and attention-norm gains (local HF "
+                    "folders with safetensors, .gguf files): no forward pass, no full model in "
+                    "memory; spectra and null percentiles, no previous-token ranking")
     _executor_options(sp, "--executor process: models analysed at once (default: one per core)")
     _no_progress(sp)
 

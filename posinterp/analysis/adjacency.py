@@ -202,6 +202,29 @@ def adjacency_by_layer(
         ValueError: for tokens longer than ``n_ctx``, a malformed mask, fewer than 3 real
             tokens in a sequence, an unknown ``ties`` or an unknown site.
     """
+    tokens = check_tokens(model, tokens)
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
+    fwd_hooks, table = adjacency_hooks(model, tokens, mask, ties, per_position, sites)
+    with model.hooks(fwd_hooks=fwd_hooks):
+        run_cached(model, tokens, mask, lambda n: False)
+    return table()
+
+
+def adjacency_hooks(model, tokens, attention_mask=None, ties: Ties = "half",
+                    per_position: bool = False, sites=SITES):
+    """:func:`adjacency_by_layer` as forward hooks, to ride along another forward pass.
+
+    Each hook scores its activation as the pass reaches it and drops the similarity
+    matrix, so nothing is cached and peak memory does not grow with the number of hooks.
+
+    Returns:
+        ``(fwd_hooks, table)``: ``[(hook_name, fn)]`` for ``model.hooks(fwd_hooks=...)``
+        around one forward pass on ``tokens`` and ``attention_mask``, and a function
+        that returns :func:`adjacency_by_layer`'s DataFrame once that pass has run.
+
+    Raises:
+        ValueError: as :func:`adjacency_by_layer` (checked before any hook exists).
+    """
     hooks = site_hooks(model, sites)
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
@@ -219,8 +242,14 @@ def adjacency_by_layer(
             scores[name] = adjacency_score(sim, lengths, ties)
         return hook
 
-    with model.hooks(fwd_hooks=[(name, score(name)) for name, _ in hooks]):
-        run_cached(model, tokens, mask, lambda n: False)
+    return [(name, score(name)) for name, _ in hooks], lambda: _adjacency_table(
+        hooks, scores, lengths, per_position)
+
+
+def _adjacency_table(hooks, scores, lengths, per_position) -> pd.DataFrame:
+    missing = [h for h, _ in hooks if h not in scores]
+    if missing:
+        raise ValueError(f"hooks {missing} did not fire during the forward pass")
     rows = []
     for hook, layer in hooks:
         res = scores[hook]

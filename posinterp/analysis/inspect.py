@@ -31,7 +31,7 @@ from scipy import stats
 from torch import Tensor
 
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, next_token_pairs, run_cached
-from .adjacency import adjacency_by_layer
+from .adjacency import adjacency_hooks
 from .heads import previous_token_score
 from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
 
@@ -339,8 +339,13 @@ def inspect_heads(
     if batch < 2:
         notes.append("One sequence: intervals over sequences are not defined (shown empty).")
 
-    cache = run_cached(model, tokens, mask, lambda n: n.endswith(("hook_pattern", "hook_attn_scores",
-                                                                  "hook_attn_out")))
+    # One forward pass: patterns and scores are cached, and the adjacency hooks score each
+    # residual point as the pass reaches it (nothing of theirs is kept).
+    adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
+                                           sites=("attn_out", "resid_mid", "resid_post"))
+    with model.hooks(fwd_hooks=adj_hooks):
+        cache = run_cached(model, tokens, mask, lambda n: n.endswith(("hook_pattern",
+                                                                      "hook_attn_scores")))
     frames, patterns = [], {}
     first_len = int(lengths[0])
     shown = min(first_len, max_pattern_tokens)
@@ -382,8 +387,7 @@ def inspect_heads(
                                 metric=metric, value=scale * q))
 
     # Per layer: adjacency at the residual points and at the attention output.
-    adj = adjacency_by_layer(model, tokens, mask, sites=("attn_out", "resid_mid", "resid_post"))
-    frames.append(adj.drop(columns="position"))
+    frames.append(adj_table().drop(columns="position"))
 
     clean_loss = None
     if ablate:

@@ -63,3 +63,24 @@ def test_other_architectures_are_refused_by_name(tmp_path):
         read_qk_weights(tmp_path / "g")
     with pytest.raises(FileNotFoundError, match="no such folder or file"):
         read_qk_weights(tmp_path / "absent")
+
+
+def test_cli_weights_only_writes_the_same_spectrum(tmp_path, capsys):
+    import json
+
+    from posinterp.cli import main
+
+    folder = tmp_path / "llama-gqa"
+    _checkpoint("llama-gqa", folder)
+    out = tmp_path / "out"
+    assert main(["spectrum", str(folder), "--weights-only", "--out", str(out), "--no-progress"]) == 0
+    got = pd.read_csv(out / "spectrum.csv")
+    want = qk_spectrum(load_model(folder, device="cpu")[0])
+    _same(want, got.astype({"offset": "Int64"}), ["layer", "head", "offset", "rank"], ["real", "imag"])
+    heads = pd.read_csv(out / "heads.csv")
+    assert {"rotational_mass", "rotational_mass_null_percentile"} <= set(heads.columns)
+    assert "previous_token_score" not in heads.columns
+    assert json.loads((out / "run.json").read_text())["weights_only"] is True
+    assert main(["spectrum", str(folder), "--weights-only", "--dynamics", "--out",
+                 str(tmp_path / "o2")]) == 2
+    assert "--weights-only reads no activations" in capsys.readouterr().err
