@@ -10,7 +10,7 @@ one torch thread:
 1. ``inspect_heads(ablate=False)`` / one ``run_with_cache`` of the same batch (target <= 3);
 2. the ablations of ``inspect_heads(ablate=True)`` (270 heads x zero-head + 3 spectral
    channels) / the same ``run_with_cache`` (target <= 30): measured on the first
-   ``--ablation-layers`` layers and scaled to all 30 (``--full-ablation``: every layer);
+   ``--ablation-layers`` layers (default 1) and scaled to all 30 (``--full-ablation``: every layer);
 3. ``qk_spectrum`` over all 270 heads (offsets 0 and -1), from the loaded model and from
    the q/k weights alone (``read_qk_weights``), in seconds (target <= 1 s);
 4. ``adjacency_by_layer`` on one sequence of 2048 tokens: peak resident memory above
@@ -81,9 +81,9 @@ def _reset_hwm() -> bool:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("path", nargs="?", default=str(SMOL))
-    p.add_argument("--ablation-layers", type=int, default=2)
+    p.add_argument("--ablation-layers", type=int, default=1)
     p.add_argument("--full-ablation", action="store_true")
-    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3, help="best of this many runs of the cheap steps")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -96,9 +96,9 @@ def main(argv=None) -> int:
     print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}; {cpu}, "
           f"{os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}; python "
           f"{platform.python_version()}, torch {torch.__version__}")
-    import transformer_lens
+    from importlib.metadata import version
 
-    print(f"# TransformerLens {getattr(transformer_lens, '__version__', '?')}; torch threads "
+    print(f"# TransformerLens {version('transformer-lens')}; torch threads "
           f"{torch.get_num_threads()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     t = time.perf_counter()
     model, info = load_model(args.path, device="cpu")
@@ -110,20 +110,9 @@ def main(argv=None) -> int:
     with torch.no_grad():
         model.run_with_cache(tokens)  # warm-up
         fwd = _best(lambda: model.run_with_cache(tokens), args.repeat)
-    print(f"run_with_cache, 8 x 128 tokens (every hook cached): {fwd:.2f} s")
-
-    inspect_heads(model, tokens, max_pattern_tokens=8)  # warm-up (numba kernel, null)
-    t_ins = _best(lambda: inspect_heads(model, tokens, max_pattern_tokens=8), args.repeat)
-    print(f"inspect_heads(ablate=False): {t_ins:.2f} s; ratio to run_with_cache = {t_ins / fwd:.1f}"
-          "  (target <= 3)")
-
-    layers = list(range(model.cfg.n_layers if args.full_ablation else args.ablation_layers))
-    t = time.perf_counter()
-    _ablation_rows(model, tokens, None, layers)
-    t_abl = (time.perf_counter() - t) * model.cfg.n_layers / len(layers)
-    how = "all layers" if args.full_ablation else f"{len(layers)} layers, scaled to {model.cfg.n_layers}"
-    print(f"ablations, {n_heads} heads x (zero-head + 3 spectral channels) ({how}): {t_abl:.1f} s; "
-          f"ratio to run_with_cache = {t_abl / fwd:.0f}  (target <= 30)")
+        plain = _best(lambda: model(tokens), args.repeat)
+    print(f"run_with_cache, 8 x 128 tokens (every hook cached): {fwd:.2f} s; "
+          f"a forward pass without cache {plain:.2f} s")
 
     qk_spectrum(model, layers=[0])  # warm-up
     t_qk = _best(lambda: qk_spectrum(model), args.repeat)
@@ -146,6 +135,19 @@ def main(argv=None) -> int:
         peak = _rss_hwm_mb() - base if ok else float("nan")
         print(f"adjacency_by_layer, 1 x 2048 tokens, {len(df)} hooks: {dt:.1f} s; peak memory above "
               f"the loaded model {peak:.0f} MB = {peak / MATRIX_MB:.1f} [2048, 2048] float64 matrices")
+    inspect_heads(model, tokens[:2, :16], max_pattern_tokens=8)  # warm-up (numba kernel)
+    t_ins = _best(lambda: inspect_heads(model, tokens, max_pattern_tokens=8), 1)
+    print(f"inspect_heads(ablate=False): {t_ins:.2f} s; ratio to run_with_cache = {t_ins / fwd:.1f}"
+          "  (target <= 3)")
+
+    layers = list(range(model.cfg.n_layers if args.full_ablation else args.ablation_layers))
+    t = time.perf_counter()
+    _ablation_rows(model, tokens, None, layers)
+    t_abl = (time.perf_counter() - t) * model.cfg.n_layers / len(layers)
+    how = "all layers" if args.full_ablation else f"{len(layers)} layers, scaled to {model.cfg.n_layers}"
+    print(f"ablations, {n_heads} heads x (zero-head + 3 spectral channels) ({how}): {t_abl:.1f} s; "
+          f"ratio to run_with_cache = {t_abl / fwd:.0f}  (target <= 30)")
+
     return 0
 
 

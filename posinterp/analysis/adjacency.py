@@ -162,6 +162,7 @@ def adjacency_score(
     )
 
 
+@torch.no_grad()
 def adjacency_by_layer(
     model,
     tokens: Int[Tensor, "batch pos"],

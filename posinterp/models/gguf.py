@@ -76,6 +76,11 @@ def read_gguf_header(path: str | os.PathLike) -> dict:
         ValueError: a file that is not GGUF, or is truncated or corrupt (naming the file,
             and the tensor whose data runs past its end when that is what is wrong).
     """
+    return _open(path)[1]
+
+
+def _open(path) -> tuple:
+    """``(GGUFReader, header)``: :func:`read_gguf_header`, keeping the reader's memory map."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such GGUF file: {path}")
@@ -110,9 +115,9 @@ def read_gguf_header(path: str | os.PathLike) -> dict:
     except ValueError:
         file_type = str(file_type)
     types = collections.Counter(t.tensor_type.name for t in reader.tensors)
-    return {"architecture": str(arch), "name": field("general.name"), "file_type": file_type,
-            "tensor_types": dict(sorted(types.items())), "n_tensors": len(reader.tensors),
-            "bytes": size}
+    return reader, {"architecture": str(arch), "name": field("general.name"), "file_type": file_type,
+                    "tensor_types": dict(sorted(types.items())), "n_tensors": len(reader.tensors),
+                    "bytes": size}
 
 
 def _hf_architecture(path: Path, header: dict) -> str:

@@ -50,7 +50,7 @@ class ModelInfo:
 
     Attributes:
         spec: what the user asked for (hub name, path, ``zoo:...``).
-        source: ``hub``, ``local-hf``, ``llama2c``, ``toy`` or ``zoo``.
+        source: ``hub``, ``local-hf``, ``gguf``, ``llama2c``, ``toy`` or ``zoo``.
         architecture: HF architecture name (or ``posinterp-toy``, ``llama2c``).
         pe: ``nope``, ``absolute``, ``rotary`` or ``alibi``.
         causal: False for bidirectional encoders (BERT).
@@ -66,7 +66,9 @@ class ModelInfo:
             every loader: the norm gain folded in, LayerNorm's centering applied; says
             whether the loader or posinterp.spectral folds it), from
             :func:`posinterp.analysis.spectral.qk_convention`.
-        weights: where the weights came from (path or hub id) and, for files, sha256.
+        weights: where the weights came from (path or hub id) and, for files, sha256;
+            for GGUF files also ``file_type`` (e.g. ``MOSTLY_Q4_1``), ``tensor_types``,
+            ``dequantized: True`` and the cache ``folder`` (:mod:`posinterp.models.gguf`).
     """
 
     spec: str

@@ -139,17 +139,18 @@ def _read_gguf(path: Path) -> QKWeights:
     import transformers
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    from .gguf import _hf_architecture, read_gguf_header
+    from .gguf import _hf_architecture, _open
     from .pretrained import _offline
 
-    header = read_gguf_header(path)  # truncated/corrupt files and unknown families, by name
+    # a memory map: only the tensors read below are touched; truncated or corrupt files
+    # and unknown families are refused by name first
+    reader, header = _open(path)
     with _offline():
         architecture = _hf_architecture(path, header)
         _check_architecture(path, architecture)
         hf_config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     import gguf
 
-    reader = gguf.GGUFReader(str(path))  # a memory map: only the tensors read below are touched
     tensors = {t.name: t for t in reader.tensors}
     proc = TENSOR_PROCESSORS.get(header["architecture"], TensorProcessor)(config={
         "num_attention_heads": hf_config.num_attention_heads,

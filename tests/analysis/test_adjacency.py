@@ -305,3 +305,18 @@ def test_by_layer_equals_the_pure_functions_at_every_hook_with_padding():
     lengths = mask.sum(-1)
     for hook, value in zip(df.hook, df.value, strict=True):
         assert value == adjacency_score(sims[hook], lengths).score, hook
+
+
+def test_analysis_forward_passes_build_no_autograd_graph():
+    """Every analysis forward goes through backend.run_cached, which reads activations and
+    never differentiates them: with a graph, peak memory held every layer's intermediates."""
+    from posinterp.analysis._checks import run_cached
+
+    model = tiny_model("rotary", n_layers=2)
+    toks = random_tokens(model, 2, 12)
+    seen = []
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post",
+                                 lambda act, hook: seen.append(torch.is_grad_enabled()))]):
+        logits, _ = run_cached(model, toks, None, lambda n: False, return_logits=True)
+        adjacency_by_layer(model, toks)
+    assert seen == [False, False] and not logits.requires_grad
