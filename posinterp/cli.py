@@ -144,6 +144,19 @@ def _spectrum(args: argparse.Namespace) -> int:
     if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
         raise ValueError(f"--min-prev-score must be in [0, 1], got {args.min_prev_score}")
     extra = {} if args.min_prev_score is None else {"min_prev_score": args.min_prev_score}
+    if args.weights_only:
+        from .experiments.spectrum import run_weights_only
+
+        if args.dynamics or args.markdown or args.min_prev_score is not None:
+            raise ValueError("--weights-only reads no activations: it cannot be combined with "
+                             "--dynamics, --markdown or --min-prev-score")
+        heads = run_weights_only(args.specs, args.out, progress=not args.no_progress,
+                                 command=" ".join(["posinterp", *args.argv]))
+        cols = ["model", "layer", "head", "rotational_mass", "rotational_mass_null_percentile"]
+        print("heads with the largest rotational mass (offset 0):")
+        print(_table(heads.sort_values("rotational_mass", ascending=False)[cols].head(10)))
+        print(f"tables: {Path(args.out).resolve()} (heads.csv, spectrum.csv, run.json)")
+        return 0
     with _executor(args) as executor:
         res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
                            progress=not args.no_progress, units=args.units,
@@ -166,7 +179,7 @@ def _inspect(args: argparse.Namespace) -> int:
     res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
                       batch=args.batch, ablate=args.ablate, seed=args.seed,
                       max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
-                      device=args.device)
+                      device=args.device, input_kind=args.input)
     from .analysis.inspect import head_wide
 
     wide = head_wide(res.table)
@@ -269,16 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
                 "the head or one of its spectral channels is removed. Writes inspect.html, "
                 "heads.csv (tidy) and run.json.", _inspect, "")
     i.add_argument("spec", help="a model: toy/zoo spec (zoo:rotary), HF checkpoint folder, "
-                   "llama2.c .bin file or hub name (from the Hugging Face cache; the network "
-                   "only to fill it)")
+                   "GGUF file (its tokenizer included), llama2.c .bin file or hub name (from "
+                   "the Hugging Face cache; the network only to fill it)")
     src = i.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, metavar="FILE",
                      help="UTF-8 text, one sequence per paragraph (blank-line separated), "
                      "tokenized by the model's tokenizer with its own attention mask")
     src.add_argument("--tokens", type=_int_at_least(3), default=64, metavar="N",
                      help="random-token sequences of N tokens (default 64; used without --text)")
+    i.add_argument("--input", choices=["random", "sampled"], default="random",
+                   help="without --text: uniform random token ids (default), or the model's "
+                   "own seeded samples from its BOS (natural text for a model without a "
+                   "tokenizer, e.g. stories260K); --tokens and --batch set their size")
     i.add_argument("--batch", type=pos1, default=8,
-                   help="number of random-token sequences (default 8)")
+                   help="number of random-token or sampled sequences (default 8)")
     i.add_argument("--ablate", action="store_true",
                    help="also measure the loss change when each head or spectral channel is removed")
     i.add_argument("--seed", type=pos0, default=0, help="seed of random tokens and the null (default 0)")
@@ -332,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "previous-token head and is left out of the test (default 0.3)")
     sp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (tables from this run's outputs)")
+    sp.add_argument("--weights-only", action="store_true",
+                    help="read only the q/k projections and attention-norm gains (local HF "
+                    "folders with safetensors, .gguf files): no forward pass, no full model in "
+                    "memory; spectra and null percentiles, no previous-token ranking")
     _executor_options(sp, "--executor process: models analysed at once (default: one per core)")
     _no_progress(sp)
 
@@ -405,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
     except ImportError as err:
-        if "posinterp[ray]" not in str(err):
+        if not any(f"posinterp[{x}]" in str(err) for x in ("ray", "gguf")):
             raise
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from .frequencies import (
     positional_symbolic_score,
     rope_frequency_profile,
 )
-from .heads import previous_token_score, previous_token_scores, random_tokens
+from .heads import previous_token_score, previous_token_scores, random_tokens, sampled_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
 from .similarity import (
@@ -52,6 +52,6 @@ __all__ = [
     "pair_energy_shares", "positional_symbolic_from_qk", "positional_symbolic_score",
     "rope_frequency_profile", "position_variance", "variance_by_layer",
     "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
-    "previous_token_score", "previous_token_scores", "random_tokens",
+    "previous_token_score", "previous_token_scores", "random_tokens", "sampled_tokens",
     "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer", "site_hooks",
 ]

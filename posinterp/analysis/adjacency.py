@@ -25,8 +25,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ._adjacency_kernel import batch_counts, row_counts
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask
-from .similarity import SITES, similarity_by_layer, site_hooks
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
+from .similarity import SITES, cosine_self_similarity, site_hooks
 
 __all__ = ["AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score"]
 
@@ -162,6 +162,7 @@ def adjacency_score(
     )
 
 
+@torch.no_grad()
 def adjacency_by_layer(
     model,
     tokens: Int[Tensor, "batch pos"],
@@ -173,7 +174,9 @@ def adjacency_by_layer(
     """Adjacency score at the embedding and, per layer, at the attention output, after the
     attention sublayer, at the MLP output and after the block.
 
-    One forward pass caching only the hooks of :func:`~posinterp.analysis.site_hooks`.
+    One forward pass; each hook of :func:`~posinterp.analysis.site_hooks` is scored as the
+    pass reaches it and its similarity matrix dropped, so peak memory is a few
+    ``[batch, pos, pos]`` matrices whatever the number of hooks (nothing is cached).
     ``blocks.{l}.hook_attn_out`` is the paper's measurement point (the first attention
     output is a convex mix of earlier values); ``hook_resid_mid`` adds the embedding to it,
     so its score also depends on the two norms' ratio (docs/concepts.md).
@@ -200,6 +203,29 @@ def adjacency_by_layer(
         ValueError: for tokens longer than ``n_ctx``, a malformed mask, fewer than 3 real
             tokens in a sequence, an unknown ``ties`` or an unknown site.
     """
+    tokens = check_tokens(model, tokens)
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
+    fwd_hooks, table = adjacency_hooks(model, tokens, mask, ties, per_position, sites)
+    with model.hooks(fwd_hooks=fwd_hooks):
+        run_cached(model, tokens, mask, lambda n: False)
+    return table()
+
+
+def adjacency_hooks(model, tokens, attention_mask=None, ties: Ties = "half",
+                    per_position: bool = False, sites=SITES):
+    """:func:`adjacency_by_layer` as forward hooks, to ride along another forward pass.
+
+    Each hook scores its activation as the pass reaches it and drops the similarity
+    matrix, so nothing is cached and peak memory does not grow with the number of hooks.
+
+    Returns:
+        ``(fwd_hooks, table)``: ``[(hook_name, fn)]`` for ``model.hooks(fwd_hooks=...)``
+        around one forward pass on ``tokens`` and ``attention_mask``, and a function
+        that returns :func:`adjacency_by_layer`'s DataFrame once that pass has run.
+
+    Raises:
+        ValueError: as :func:`adjacency_by_layer` (checked before any hook exists).
+    """
     hooks = site_hooks(model, sites)
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
@@ -208,10 +234,26 @@ def adjacency_by_layer(
         raise ValueError(
             "adjacency needs at least 3 real tokens per sequence; "
             f"got lengths {lengths.tolist()}")
-    sims = similarity_by_layer(model, tokens, mask, hooks)
+    scores = {}
+    mask_cpu = None if mask is None else mask.cpu()
+
+    def score(name):
+        def hook(act, hook):  # scored here and dropped: no activation or matrix is kept
+            sim = cosine_self_similarity(act.detach().cpu(), mask_cpu)
+            scores[name] = adjacency_score(sim, lengths, ties)
+        return hook
+
+    return [(name, score(name)) for name, _ in hooks], lambda: _adjacency_table(
+        hooks, scores, lengths, per_position)
+
+
+def _adjacency_table(hooks, scores, lengths, per_position) -> pd.DataFrame:
+    missing = [h for h, _ in hooks if h not in scores]
+    if missing:
+        raise ValueError(f"hooks {missing} did not fire during the forward pass")
     rows = []
     for hook, layer in hooks:
-        res = adjacency_score(sims[hook], lengths, ties)
+        res = scores[hook]
         rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
                          metric="adjacency_score", value=res.score, n_sequences=len(lengths)))
         if per_position:

@@ -15,7 +15,7 @@ from torch import Tensor
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
 from .similarity import compact_real_tokens
 
-__all__ = ["previous_token_score", "previous_token_scores", "random_tokens"]
+__all__ = ["previous_token_score", "previous_token_scores", "random_tokens", "sampled_tokens"]
 
 
 def previous_token_score(
@@ -87,6 +87,52 @@ def random_tokens(model, batch: int, pos: int, seed: int = 0, bos: bool = True,
             raise ValueError("bos=True but the model has no tokenizer with a bos_token_id; "
                              "pass bos=False")
         toks[:, 0] = bos_id
+    return toks
+
+
+@torch.no_grad()
+def sampled_tokens(model, batch: int, pos: int, bos_id: int, seed: int = 0,
+                   temperature: float = 1.0) -> Int[Tensor, "batch pos"]:
+    """The model's own text: ``batch`` seeded samples of ``pos`` tokens, each from a BOS.
+
+    For a model without a tokenizer (llama2.c's stories260K) this is natural input: its
+    heads are seen on the distribution they were trained on, where uniform random ids
+    make every head look alike. Token t+1 is drawn from softmax(logits_t / temperature)
+    (float64, CPU generator seeded by ``seed``), recomputing the whole prefix each step
+    (no KV cache: O(pos) forward passes of a growing batch; fine at a few hundred tokens).
+
+    Args:
+        model: a causal TransformerLens model.
+        batch, pos: output shape; ``pos <= n_ctx`` (position 0 is ``bos_id``).
+        bos_id: the BOS token id (llama2.c: 1; else ``tokenizer.bos_token_id``).
+        seed: sampling seed; the same seed gives the same tokens on the same model.
+        temperature: > 0; 1 samples the model's own distribution.
+
+    Returns:
+        ``[batch, pos]`` int64 token ids on CPU.
+
+    Raises:
+        ValueError: ``batch``/``pos`` not positive integers, ``pos > n_ctx``, ``bos_id``
+            outside ``[0, d_vocab)``, or ``temperature <= 0``.
+    """
+    from ..devices import model_device
+
+    for name, v in (("batch", batch), ("pos", pos)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if pos > model.cfg.n_ctx:
+        raise ValueError(f"pos={pos} exceeds the model's n_ctx={model.cfg.n_ctx}")
+    if isinstance(bos_id, bool) or not isinstance(bos_id, int) or not 0 <= bos_id < model.cfg.d_vocab:
+        raise ValueError(f"bos_id must be a token id in [0, {model.cfg.d_vocab}), got {bos_id!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    gen = torch.Generator().manual_seed(seed)
+    device = model_device(model)
+    toks = torch.full((batch, 1), bos_id, dtype=torch.long)
+    for _ in range(pos - 1):
+        logits = model(toks.to(device))[:, -1].detach().cpu().double()
+        probs = (logits / temperature).softmax(-1)
+        toks = torch.cat([toks, torch.multinomial(probs, 1, generator=gen)], 1)
     return toks
 
 

@@ -39,7 +39,7 @@ from ._checks import (
     next_token_pairs,
     run_cached,
 )
-from .adjacency import adjacency_by_layer
+from .adjacency import adjacency_hooks
 from .heads import previous_token_score
 from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
 
@@ -377,7 +377,12 @@ def inspect_heads(
         except MissingFeatureError as err:
             notes.append(f"Layer {layer}: no pre-softmax score kernel ({err}).")
     wanted = {f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)} | set(score_hooks.values())
-    cache = run_cached(model, tokens, mask, lambda n: n in wanted or n.endswith("hook_attn_out"))
+    # One forward pass: patterns and scores are cached, and the adjacency hooks score each
+    # residual point as the pass reaches it (nothing of theirs is kept).
+    adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
+                                           sites=("attn_out", "resid_mid", "resid_post"))
+    with model.hooks(fwd_hooks=adj_hooks):
+        cache = run_cached(model, tokens, mask, lambda n: n in wanted)
     frames, patterns = [], {}
     first_len = int(lengths[0])
     shown = min(first_len, max_pattern_tokens)
@@ -420,8 +425,7 @@ def inspect_heads(
                                 metric=metric, value=scale * q))
 
     # Per layer: adjacency at the residual points and at the attention output.
-    adj = adjacency_by_layer(model, tokens, mask, sites=("attn_out", "resid_mid", "resid_post"))
-    frames.append(adj.drop(columns="position"))
+    frames.append(adj_table().drop(columns="position"))
 
     clean_loss = None
     if ablate:

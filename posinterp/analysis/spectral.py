@@ -433,8 +433,40 @@ def _offsets(model, offset) -> list[int | None]:
     return [0, -1] if is_rotary(model) else [None]
 
 
+def _selected_qk_only(qk, layers, heads, offset, weights):
+    """:func:`_selected_weights` for :class:`~posinterp.models.qk_only.QKWeights` (no model)."""
+    if offset is not None and qk.pe != "rotary":
+        raise ValueError(f"offset applies only to rotary heads; this model's positional scheme "
+                         f"is {qk.pe!r}")
+    offsets = [int(offset)] if offset is not None else ([0, -1] if qk.pe == "rotary" else [None])
+    layer_ids = _select("layers", layers, qk.n_layers)
+    head_ids = _select("heads", heads, qk.n_heads)
+    for off in offsets:
+        for layer in layer_ids:
+            W_Q, W_K = qk.W_Q[layer], qk.W_K[layer]
+            if weights == "effective":
+                W_Q = effective_weights(W_Q, qk.gain[layer], qk.center)
+                W_K = effective_weights(W_K, qk.gain[layer], qk.center)
+            if off:
+                R = rotary_matrix(qk.d_head, qk.rotary_dim, -off, adjacent_pairs=qk.adjacent_pairs,
+                                  inv_freq=qk.inv_freq)
+                W_K = W_K @ R.T
+            yield off, layer, head_ids, W_Q[head_ids], W_K[head_ids]
+
+
 def _selected_weights(model, layers, heads, offset, weights="effective"):
-    """Yield ``(offset, layer, head_ids, W_Q, W_K')`` for every offset and selected layer."""
+    """Yield ``(offset, layer, head_ids, W_Q, W_K')`` for every offset and selected layer.
+
+    ``model`` may also be a :class:`~posinterp.models.qk_only.QKWeights` (weights read
+    alone, no model built): the same weights give the same rows.
+    """
+    from ..models.qk_only import QKWeights
+
+    if isinstance(model, QKWeights):
+        if weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+        yield from _selected_qk_only(model, layers, heads, offset, weights)
+        return
     _check_model(model)
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
@@ -451,6 +483,8 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
                 weights: str = "effective") -> pd.DataFrame:
     """Eigenvalues of every selected head's QK circuit, one row per eigenvalue.
 
+    ``model`` is a TransformerLens model or the weights alone
+    (:func:`posinterp.models.qk_only.read_qk_weights`: no forward pass, no full model).
     ``weights``: ``"effective"`` (default: the norm gain folded, :data:`QK_CONVENTION`)
     or ``"stored"`` (see :func:`qk_weights`).
 
@@ -486,6 +520,7 @@ def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
                       weights: str = "effective") -> pd.DataFrame:
     """Rotational mass, phase and antisymmetric energy of every selected head.
 
+    ``model``: as in :func:`qk_spectrum` (a model or :class:`~posinterp.models.qk_only.QKWeights`).
     ``weights`` as in :func:`qk_weights` (default: the effective, norm-folded form).
 
     Returns:

@@ -119,10 +119,23 @@ def _added_special(tok, text: str, ids: list[int]) -> str:
     return " and ".join(parts)
 
 
+def _bos_id(model, info) -> int:
+    """The BOS id sampling starts from: the tokenizer's, else llama2.c's (run.c uses 1)."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is not None and getattr(tok, "bos_token_id", None) is not None:
+        return int(tok.bos_token_id)
+    if info.source == "llama2c":
+        from ..models.llama2c import BOS_ID
+
+        return BOS_ID
+    raise ValueError("--input sampled needs a BOS token id, and this model has no tokenizer with "
+                     "a bos_token_id; use --input random or --text")
+
+
 def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = None,
                 n_tokens: int = 64, batch: int = 8, ablate: bool = False, seed: int = 0,
                 max_pattern_tokens: int = 96, progress: bool = True,
-                device=None) -> InspectResult:
+                device=None, input_kind: str = "random") -> InspectResult:
     """Inspect every head of the model ``spec`` and write the page to ``out_dir``.
 
     Args:
@@ -135,6 +148,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
         batch: number of random-token sequences (intervals are over sequences).
         ablate: also measure loss changes when heads or spectral channels are removed.
         seed: seed of the random tokens and the random-head null.
+        input_kind: without ``text``: ``"random"`` (uniform ids) or ``"sampled"``, the
+            model's own seeded samples from its BOS (:func:`posinterp.analysis.sampled_tokens`;
+            natural text for a model without a tokenizer, e.g. llama2.c's stories260K).
         device: where the model runs (:func:`posinterp.devices.resolve_device`; None:
             CUDA when available, else CPU); the scores are computed on CPU.
 
@@ -147,6 +163,10 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
                                                                   max_pattern_tokens)):
         if v < (3 if name == "--tokens" else 1):
             raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
+    if input_kind not in ("random", "sampled"):
+        raise ValueError(f"--input must be 'random' or 'sampled', got {input_kind!r}")
+    if text is not None and input_kind != "random":
+        raise ValueError("--input sampled and --text are alternatives; give one of them")
     if text is not None and not Path(text).is_file():
         raise FileNotFoundError(f"--text: no such file: {text}")
     from ..devices import resolve_device
@@ -154,7 +174,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     device = resolve_device(device, "--device")
     out = check_out_dir(out_dir, create=False)  # created once the model and input are good
     from ..analysis.fingerprint import _has_bos
-    from ..analysis.heads import random_tokens
+    from ..analysis.heads import random_tokens, sampled_tokens
     from ..analysis.inspect import inspect_heads
     from ..models import load_model
     from ..viz.inspect import save_inspect_page
@@ -171,10 +191,17 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     else:
         if n_tokens > model.cfg.n_ctx:
             raise ValueError(f"--tokens must be <= the model's n_ctx = {model.cfg.n_ctx}, got {n_tokens}")
-        tokens = random_tokens(model, batch, n_tokens, seed=seed, bos=_has_bos(model))
         mask, notes = None, []
-        source = (f"{batch} random-token sequences of {n_tokens} tokens (seed {seed}"
-                  f"{', BOS first' if _has_bos(model) else ''})")
+        if input_kind == "sampled":
+            bos = _bos_id(model, info)
+            log(f"[posinterp] sampling {batch} x {n_tokens} tokens from the model (seed {seed})")
+            tokens = sampled_tokens(model, batch, n_tokens, bos, seed=seed)
+            source = (f"{batch} samples of {n_tokens} tokens from the model itself (from BOS id "
+                      f"{bos}, temperature 1, seed {seed})")
+        else:
+            tokens = random_tokens(model, batch, n_tokens, seed=seed, bos=_has_bos(model))
+            source = (f"{batch} random-token sequences of {n_tokens} tokens (seed {seed}"
+                      f"{', BOS first' if _has_bos(model) else ''})")
     log(f"[posinterp] inspecting {model.cfg.n_layers} layers x {model.cfg.n_heads} heads on {source}"
         + (" with ablations" if ablate else ""))
     res = inspect_heads(model, tokens, mask, ablate=ablate, seed=seed, model_name=str(spec),

@@ -30,7 +30,7 @@ from ..models import load_model
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
 
-__all__ = ["SpectrumResult", "render_markdown", "run_spectrum"]
+__all__ = ["SpectrumResult", "render_markdown", "run_spectrum", "run_weights_only"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,57 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
     return result
+
+
+def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, progress: bool = True,
+                     command: str | None = None) -> pd.DataFrame:
+    """QK spectra from the q/k weights alone: no forward pass, no full model in memory.
+
+    Each spec (a local HF folder with safetensors, or a ``.gguf`` file) is read with
+    :func:`posinterp.models.qk_only.read_qk_weights` (only its q/k projections and
+    attention-norm gains), so a study over many large checkpoints costs their q/k bytes.
+    The numbers equal those of the fully loaded model (tests/models/test_qk_only.py).
+    Previous-token scores need a forward pass, so there is no head ranking and no
+    fingerprint test here. Writes ``spectrum.csv`` (every eigenvalue, offsets 0 and -1 for
+    rotary heads), ``heads.csv`` (rotational measures at offset 0 and their
+    product-Ginibre null percentiles, as ``posinterp spectrum`` without the
+    previous-token score) and ``run.json`` (what was read from each file).
+
+    Raises:
+        FileNotFoundError, ValueError: from ``read_qk_weights`` (missing path, an
+            unsupported architecture, a truncated file), before anything is written.
+    """
+    from ..analysis.fingerprint import _null
+    from ..analysis.spectral import NULL_HEADS, null_percentiles
+    from ..models.qk_only import read_qk_weights
+
+    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    out = check_out_dir(out_dir, "out_dir", create=False)
+    t0 = time.time()
+    heads, spectra, sources = [], [], {}
+    for spec in specs:
+        log(f"[posinterp] reading q/k weights of {spec}")
+        qk = read_qk_weights(spec)
+        spectra.append(qk_spectrum(qk).assign(model=spec))
+        offset = 0 if qk.pe == "rotary" else None
+        meas = spectral_measures(qk, offset=offset)
+        null = _null(qk.d_model, qk.d_head, NULL_HEADS, 0.02, None, seed)
+        long = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
+        wide = long.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
+        wide.columns.name = None
+        heads.append(wide.assign(offset=pd.array([offset] * len(wide), dtype="Int64"), model=spec))
+        sources[spec] = {"architecture": qk.architecture, "pe": qk.pe, "n_layers": qk.n_layers,
+                         "n_heads": qk.n_heads, "n_kv_heads": qk.n_kv_heads, "d_head": qk.d_head,
+                         **qk.source}
+    out.mkdir(parents=True, exist_ok=True)
+    head_df = pd.concat(heads, ignore_index=True)
+    _write_csv(head_df, out / "heads.csv")
+    _write_csv(pd.concat(spectra, ignore_index=True), out / "spectrum.csv")
+    atomic_write_json(out / "run.json", {"specs": specs, "weights_only": True, "seed": seed,
+                                         "command": command, "models": sources,
+                                         "versions": versions(),
+                                         "seconds": round(time.time() - t0, 1)})
+    return head_df
 
 
 def _model_tables(spec: str, seed: int, dynamics: bool, device=None) -> dict:

@@ -50,7 +50,7 @@ class ModelInfo:
 
     Attributes:
         spec: what the user asked for (hub name, path, ``zoo:...``).
-        source: ``hub``, ``local-hf``, ``llama2c``, ``toy`` or ``zoo``.
+        source: ``hub``, ``local-hf``, ``gguf``, ``llama2c``, ``toy`` or ``zoo``.
         architecture: HF architecture name (or ``posinterp-toy``, ``llama2c``).
         pe: ``nope``, ``absolute``, ``rotary`` or ``alibi``.
         causal: False for bidirectional encoders (BERT).
@@ -67,7 +67,9 @@ class ModelInfo:
             whether the loader or posinterp.spectral folds it), from
             :func:`posinterp.analysis.spectral.qk_convention`.
         weights: where the weights came from (path or hub id and revision, every weight
-            file read; for llama2.c files, sha256).
+            file read; for llama2.c files, sha256); for GGUF files also ``file_type``
+            (e.g. ``MOSTLY_Q4_1``), ``tensor_types``, ``dequantized: True`` and the cache
+            ``folder`` (:mod:`posinterp.models.gguf`).
         hf_check: for HF checkpoints, the load-time comparison with HF's own model on a
             probe batch: ``dtype``, ``max_abs_logprob_diff`` and ``tolerance`` (nats),
             ``hf_half_vs_float32`` (HF's own half-precision vs float32 difference, which

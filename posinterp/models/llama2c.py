@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["Llama2cHeader", "load_llama2c", "read_llama2c"]
+__all__ = ["BOS_ID", "Llama2cHeader", "load_llama2c", "read_llama2c"]
 
 HEADER_INTS = 7
+BOS_ID = 1  # run.c starts every sequence with token 1 (its tokenizer is not in the .bin)
 
 
 @dataclass(frozen=True)

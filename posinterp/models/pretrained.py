@@ -610,6 +610,10 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
     processing = {**defaults, **chosen}
     if is_llama2c:
         return _load_llama2c(path, processing)
+    if path.suffix.lower() == ".gguf" and not path.is_dir():  # posinterp/models/gguf.py
+        from .gguf import load_gguf
+
+        return load_gguf(path.expanduser(), processing, dtype)
     if path.is_dir():
         if _is_toy_checkpoint(path):
             return _load_toy(path)

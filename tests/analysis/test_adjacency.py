@@ -263,3 +263,60 @@ def test_repeated_tokens_at_the_embedding_tie_exactly():
         tie = sum(int(toks[0, i]) == int(toks[0, j]) for i, j in pairs)
         assert half[k].item() == (conc + tie / 2) / len(pairs)
         assert strict[k].item() == conc / len(pairs)
+
+
+def test_by_layer_holds_one_similarity_matrix_at_a_time(monkeypatch):
+    """Peak memory does not grow with the number of hooks: each [batch, pos, pos] matrix is
+    scored and dropped before the next exists (it held all of them before)."""
+    import weakref
+
+    from posinterp.analysis import adjacency as adj
+    from posinterp.analysis import similarity as simmod
+
+    live, peak = set(), [0]
+    real = simmod.cosine_self_similarity
+
+    def tracked(*args, **kwargs):
+        out = real(*args, **kwargs)
+        live.add(id(out))
+        weakref.finalize(out, live.discard, id(out))
+        peak[0] = max(peak[0], len(live))
+        return out
+
+    monkeypatch.setattr(simmod, "cosine_self_similarity", tracked)
+    if hasattr(adj, "cosine_self_similarity"):
+        monkeypatch.setattr(adj, "cosine_self_similarity", tracked)
+    for n_layers in (1, 4):
+        model = tiny_model("rotary", n_layers=n_layers)
+        toks = random_tokens(model, 2, 12)
+        df = adjacency_by_layer(model, toks)
+        assert len(df) == 1 + 4 * n_layers
+    assert peak[0] == 1
+
+
+def test_by_layer_equals_the_pure_functions_at_every_hook_with_padding():
+    model = tiny_model("rotary", n_layers=2)
+    toks = random_tokens(model, 3, 12)
+    mask = torch.ones_like(toks)
+    mask[0, :4] = 0  # left padding
+    mask[1, -3:] = 0  # right padding
+    df = adjacency_by_layer(model, toks, attention_mask=mask)
+    sims = similarity_by_layer(model, toks, mask, hooks=list(zip(df.hook, df.layer, strict=True)))
+    lengths = mask.sum(-1)
+    for hook, value in zip(df.hook, df.value, strict=True):
+        assert value == adjacency_score(sims[hook], lengths).score, hook
+
+
+def test_analysis_forward_passes_build_no_autograd_graph():
+    """Every analysis forward goes through backend.run_cached, which reads activations and
+    never differentiates them: with a graph, peak memory held every layer's intermediates."""
+    from posinterp.analysis._checks import run_cached
+
+    model = tiny_model("rotary", n_layers=2)
+    toks = random_tokens(model, 2, 12)
+    seen = []
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post",
+                                 lambda act, hook: seen.append(torch.is_grad_enabled()))]):
+        logits, _ = run_cached(model, toks, None, lambda n: False, return_logits=True)
+        adjacency_by_layer(model, toks)
+    assert seen == [False, False] and not logits.requires_grad

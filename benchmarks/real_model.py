@@ -1,0 +1,155 @@
+"""Speed at real scale: SmolLM2-135M, 8 x 128 tokens of real text (issue 26; docs/performance.md).
+
+Run alone, from the repository root, with the gguf extra and the shared model file::
+
+    OMP_NUM_THREADS=1 python benchmarks/real_model.py [PATH.gguf] [--full-ablation]
+
+Prints, with the machine, the load average and the date, ratios measured in this run at
+one torch thread:
+
+1. ``inspect_heads(ablate=False)`` / one ``run_with_cache`` of the same batch (target <= 3);
+2. the ablations of ``inspect_heads(ablate=True)`` (270 heads x zero-head + 3 spectral
+   channels) / the same ``run_with_cache`` (target <= 30): measured on the first
+   ``--ablation-layers`` layers (default 1) and scaled to all 30 (``--full-ablation``: every layer);
+3. ``qk_spectrum`` over all 270 heads (offsets 0 and -1), from the loaded model and from
+   the q/k weights alone (``read_qk_weights``), in seconds (target <= 1 s);
+4. ``adjacency_by_layer`` on one sequence of 2048 tokens: peak resident memory above
+   the loaded model, in [1, 2048, 2048] float64 matrices (33.5 MB), with the attention
+   output only (31 hooks) and with every site (121 hooks) (target: a few, and the same).
+
+The text is this repository's own documentation (README.md and docs/*.md), tokenized
+by the model's tokenizer and cut into 8 windows of 128 tokens. Weights are the
+dequantized Q4_1 file, an approximation of the released float weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOL = ROOT.parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+MATRIX_MB = 2048 * 2048 * 8 / 2**20
+
+
+def _best(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def _text_tokens(tokenizer, batch: int, pos: int) -> torch.Tensor:
+    text = "\n\n".join(p.read_text(encoding="utf-8")
+                       for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < batch * pos:
+        raise SystemExit(f"only {len(ids)} tokens of text; need {batch * pos}")
+    return torch.tensor(ids[: batch * pos]).reshape(batch, pos)
+
+
+def _rss_hwm_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _reset_hwm() -> bool:
+    try:  # Linux: "5" resets the peak resident set size to the current one
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("path", nargs="?", default=str(SMOL))
+    p.add_argument("--ablation-layers", type=int, default=1)
+    p.add_argument("--full-ablation", action="store_true")
+    p.add_argument("--repeat", type=int, default=3, help="best of this many runs of the cheap steps")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+
+    from posinterp.analysis import adjacency_by_layer, qk_spectrum
+    from posinterp.analysis.inspect import _ablation_rows, inspect_heads
+    from posinterp.models import load_model
+    from posinterp.models.qk_only import read_qk_weights
+
+    cpu = platform.processor() or platform.machine()
+    print(f"# {datetime.datetime.now().isoformat(timespec='seconds')}; {cpu}, "
+          f"{os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}; python "
+          f"{platform.python_version()}, torch {torch.__version__}")
+    from importlib.metadata import version
+
+    print(f"# TransformerLens {version('transformer-lens')}; torch threads "
+          f"{torch.get_num_threads()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    t = time.perf_counter()
+    model, info = load_model(args.path, device="cpu")
+    print(f"load_model({Path(args.path).name}): {time.perf_counter() - t:.1f} s "
+          f"({type(model).__name__}, {info.weights.get('file_type')} dequantized)")
+    tokens = _text_tokens(model.tokenizer, 8, 128)
+    n_heads = model.cfg.n_layers * model.cfg.n_heads
+
+    with torch.no_grad():
+        model.run_with_cache(tokens)  # warm-up
+        fwd = _best(lambda: model.run_with_cache(tokens), args.repeat)
+        plain = _best(lambda: model(tokens), args.repeat)
+    print(f"run_with_cache, 8 x 128 tokens (every hook cached): {fwd:.2f} s; "
+          f"a forward pass without cache {plain:.2f} s")
+
+    qk_spectrum(model, layers=[0])  # warm-up
+    t_qk = _best(lambda: qk_spectrum(model), args.repeat)
+    qk = read_qk_weights(args.path)
+    t_qk_w = _best(lambda: qk_spectrum(qk), args.repeat)
+    t = time.perf_counter()
+    read_qk_weights(args.path)
+    t_read = time.perf_counter() - t
+    print(f"qk_spectrum, {n_heads} heads x offsets 0 and -1: {t_qk:.2f} s from the model, "
+          f"{t_qk_w:.2f} s from the weights alone (reading them: {t_read:.1f} s, "
+          f"{qk.source['bytes'] / 2**20:.1f} MiB of the file)  (target <= 1 s)")
+
+    long = _text_tokens(model.tokenizer, 1, 2048)
+    base = _rss_mb()
+    for sites in (("attn_out",), ("attn_out", "resid_mid", "mlp_out", "resid_post")):
+        ok = _reset_hwm()
+        t = time.perf_counter()
+        df = adjacency_by_layer(model, long, sites=sites)
+        dt = time.perf_counter() - t
+        peak = _rss_hwm_mb() - base if ok else float("nan")
+        print(f"adjacency_by_layer, 1 x 2048 tokens, {len(df)} hooks: {dt:.1f} s; peak memory above "
+              f"the loaded model {peak:.0f} MB = {peak / MATRIX_MB:.1f} [2048, 2048] float64 matrices")
+    inspect_heads(model, tokens[:2, :16], max_pattern_tokens=8)  # warm-up (numba kernel)
+    t_ins = _best(lambda: inspect_heads(model, tokens, max_pattern_tokens=8), 1)
+    print(f"inspect_heads(ablate=False): {t_ins:.2f} s; ratio to run_with_cache = {t_ins / fwd:.1f}"
+          "  (target <= 3)")
+
+    layers = list(range(model.cfg.n_layers if args.full_ablation else args.ablation_layers))
+    t = time.perf_counter()
+    _ablation_rows(model, tokens, None, layers)
+    t_abl = (time.perf_counter() - t) * model.cfg.n_layers / len(layers)
+    how = "all layers" if args.full_ablation else f"{len(layers)} layers, scaled to {model.cfg.n_layers}"
+    print(f"ablations, {n_heads} heads x (zero-head + 3 spectral channels) ({how}): {t_abl:.1f} s; "
+          f"ratio to run_with_cache = {t_abl / fwd:.0f}  (target <= 30)")
+
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

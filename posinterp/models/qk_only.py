@@ -1,0 +1,202 @@
+"""The q/k projections and attention-norm gains of a checkpoint, read alone (no model built).
+
+A study of QK spectra over many large checkpoints needs only W_Q, W_K and the gain of the
+norm that feeds attention: a few percent of the bytes. :func:`read_qk_weights` reads just
+those tensors, lazily, from a local HF folder's safetensors files (``safetensors.safe_open``)
+or from a GGUF file (``gguf.GGUFReader``'s memory map, each tensor dequantized by the gguf
+package and un-permuted by transformers' own GGUF tensor processor), and returns them in
+TransformerLens's per-head layout. No forward pass is run, no full model is in memory;
+:func:`posinterp.analysis.spectral.qk_spectrum_from_weights` turns them into the same table
+:func:`~posinterp.analysis.spectral.qk_spectrum` gives for the fully loaded model.
+
+Supported: the Llama family layout (``LlamaForCausalLM``, ``MistralForCausalLM``,
+``Qwen2ForCausalLM``: ``model.layers.{l}.self_attn.{q,k}_proj`` and
+``input_layernorm``, RMSNorm, RoPE on split halves). Others are refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["QK_ONLY_ARCHITECTURES", "QKWeights", "read_qk_weights"]
+
+QK_ONLY_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class QKWeights:
+    """W_Q, W_K (stored, float64) and attention-norm gains of every layer.
+
+    Attributes:
+        W_Q, W_K: per layer ``[n_heads, d_model, d_head]``; W_K already expanded over
+            grouped-query heads (query head h reads KV head h // (n_heads / n_kv_heads),
+            as HF's ``repeat_kv``).
+        gain: per layer ``[d_model]``, the gain of the RMSNorm feeding attention.
+        center: False (RMSNorm does not centre).
+        pe, rotary_dim, adjacent_pairs, inv_freq: the RoPE the model applies
+            (``inv_freq`` ``[rotary_dim / 2]``, HF's frequencies).
+        source: what was read (path, format, tensor count, bytes of those tensors).
+    """
+
+    spec: str
+    architecture: str
+    pe: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    W_Q: tuple[Tensor, ...]
+    W_K: tuple[Tensor, ...]
+    gain: tuple[Tensor, ...]
+    center: bool
+    rotary_dim: int | None
+    adjacent_pairs: bool | None
+    inv_freq: Tensor | None
+    source: dict = field(default_factory=dict)
+
+
+def _per_head(w: Tensor, n: int, d_head: int) -> Tensor:
+    """HF ``[n * d_head, d_model]`` (out, in) -> TL ``[n, d_model, d_head]``."""
+    return w.double().reshape(n, d_head, -1).transpose(1, 2).contiguous()
+
+
+def _assemble(spec, architecture, hf_config, q, k, g, source) -> QKWeights:
+    from .hf_config import hf_rotary_inv_freq
+    from .info import scheme_for_architecture
+
+    n_heads = hf_config.num_attention_heads
+    n_kv = hf_config.num_key_value_heads or n_heads
+    d_model = hf_config.hidden_size
+    d_head = getattr(hf_config, "head_dim", None) or d_model // n_heads
+    inv_freq = hf_rotary_inv_freq(architecture, hf_config)  # refuses unsupported RoPE settings
+    W_Q = tuple(_per_head(w, n_heads, d_head) for w in q)
+    W_K = tuple(_per_head(w, n_kv, d_head).repeat_interleave(n_heads // n_kv, dim=0) for w in k)
+    return QKWeights(spec=str(spec), architecture=architecture, pe=scheme_for_architecture(architecture),
+                     n_layers=len(q), n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head,
+                     W_Q=W_Q, W_K=W_K, gain=tuple(x.double() for x in g), center=False,
+                     rotary_dim=2 * inv_freq.numel(), adjacent_pairs=False,
+                     inv_freq=inv_freq.double(), source=source)
+
+
+def _check_architecture(spec, architecture: str) -> None:
+    if architecture not in QK_ONLY_ARCHITECTURES:
+        raise ValueError(f"{spec}: weights-only spectra support {list(QK_ONLY_ARCHITECTURES)}, "
+                         f"not {architecture}; load the whole model instead (without --weights-only)")
+
+
+def _read_folder(folder: Path) -> QKWeights:
+    import transformers
+    from safetensors import safe_open
+
+    from .pretrained import _read_config
+
+    raw = _read_config(folder)
+    architecture = raw["architectures"][0]
+    _check_architecture(folder, architecture)
+    hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+    elif (folder / "model.safetensors").is_file():
+        weight_map = None
+    else:
+        raise FileNotFoundError(f"{folder}: weights-only reading needs safetensors files "
+                                "(model.safetensors or model.safetensors.index.json)")
+    n_layers = hf_config.num_hidden_layers
+    names = {kind: [f"model.layers.{i}.{part}.weight" for i in range(n_layers)]
+             for kind, part in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"),
+                                ("g", "input_layernorm"))}
+    out, nbytes, handles = {}, 0, {}
+    try:
+        for kind, keys in names.items():
+            out[kind] = []
+            for key in keys:
+                file = folder / (weight_map[key] if weight_map else "model.safetensors")
+                if file not in handles:
+                    handles[file] = safe_open(str(file), framework="pt")
+                try:
+                    t = handles[file].get_tensor(key)
+                except Exception as err:  # safetensors raises its own error types
+                    raise ValueError(f"{file}: cannot read tensor {key} "
+                                     f"({type(err).__name__}: {err})") from None
+                nbytes += t.numel() * t.element_size()
+                out[kind].append(t)
+    finally:
+        handles.clear()
+    return _assemble(folder, architecture, hf_config, out["q"], out["k"], out["g"],
+                     {"path": str(folder.resolve()), "format": "safetensors",
+                      "tensors": 3 * n_layers, "bytes": nbytes})
+
+
+def _read_gguf(path: Path) -> QKWeights:
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    from .gguf import _hf_architecture, _open
+    from .pretrained import _offline
+
+    # a memory map: only the tensors read below are touched; truncated or corrupt files
+    # and unknown families are refused by name first
+    reader, header = _open(path)
+    with _offline():
+        architecture = _hf_architecture(path, header)
+        _check_architecture(path, architecture)
+        hf_config = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    import gguf
+
+    tensors = {t.name: t for t in reader.tensors}
+    proc = TENSOR_PROCESSORS.get(header["architecture"], TensorProcessor)(config={
+        "num_attention_heads": hf_config.num_attention_heads,
+        "num_key_value_heads": hf_config.num_key_value_heads})
+    out, nbytes = {"q": [], "k": [], "g": []}, 0
+    for i in range(hf_config.num_hidden_layers):
+        for kind, name in (("q", f"blk.{i}.attn_q.weight"), ("k", f"blk.{i}.attn_k.weight"),
+                           ("g", f"blk.{i}.attn_norm.weight")):
+            if name not in tensors:
+                raise ValueError(f"{path}: tensor {name} is missing")
+            t = tensors[name]
+            w = gguf.dequantize(t.data, t.tensor_type)
+            # llama.cpp permutes q/k rows; transformers' processor undoes it (as from_pretrained)
+            w = proc.process(weights=w, name=name).weights
+            nbytes += int(t.n_bytes)
+            out[kind].append(torch.from_numpy(w.copy()).float())
+    return _assemble(path, architecture, hf_config, out["q"], out["k"], out["g"],
+                     {"path": str(path.resolve()), "format": "gguf", "file_type": header["file_type"],
+                      "dequantized": True, "tensors": 3 * hf_config.num_hidden_layers,
+                      "bytes": nbytes})
+
+
+def read_qk_weights(spec: str | os.PathLike) -> QKWeights:
+    """W_Q, W_K and attention-norm gains of a local checkpoint, without loading the model.
+
+    Args:
+        spec: a local HF folder with safetensors weights, or a ``.gguf`` file.
+
+    Returns:
+        :class:`QKWeights` (float64; GGUF weights dequantized, an approximation of the
+        released float weights).
+
+    Raises:
+        FileNotFoundError: a missing path, or a folder without safetensors files.
+        ValueError: an architecture outside :data:`QK_ONLY_ARCHITECTURES` (named), a
+            truncated/corrupt file, or a missing tensor.
+        ImportError: a GGUF file without the ``gguf`` package (naming ``posinterp[gguf]``).
+        posinterp.models.hf_config.UnsupportedConfigError: a RoPE setting posinterp does
+            not reproduce.
+    """
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        if not path.is_file():
+            raise FileNotFoundError(f"no such GGUF file: {path}")
+        return _read_gguf(path)
+    if path.is_dir():
+        return _read_folder(path)
+    raise FileNotFoundError(f"weights-only spectra need a local HF folder or a .gguf file; "
+                            f"no such folder or file: {spec}")

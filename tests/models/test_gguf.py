@@ -1,0 +1,179 @@
+"""GGUF files: SmolLM2-135M (a real Q4_1 checkpoint) against transformers' own reading of it,
+and the refusals (truncated file, unsupported architecture, missing gguf package) on tiny files
+written with the gguf package's own writer."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from posinterp.models import load_model
+
+SMOL = (Path(__file__).resolve().parents[2].parent / "shared" / "models"
+        / "SmolLM2-135M-Instruct.Q4_1.gguf")
+needs_smol = pytest.mark.skipif(
+    not SMOL.is_file(), reason=f"{SMOL} not present (the shared test models are only on the "
+    "developers' machines)")
+PROMPT = "Once upon a time, there was a little girl named Lily. One day, she"
+
+
+@pytest.fixture(scope="module")
+def gguf_cache(request):
+    """The converted folder lives in pytest's own cache (.pytest_cache, git-ignored): a
+    conversion costs about a minute, so reruns and both TL lines share it; never $HOME."""
+    return request.config.cache.mkdir("posinterp-gguf")
+
+
+@pytest.fixture(scope="module")
+def smol(gguf_cache):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POSINTERP_HOME", str(gguf_cache))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        model, info = load_model(SMOL, device="cpu")
+    return model, info
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' own model and tokenizer, read from the same file (independent of posinterp)."""
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(SMOL.parent), gguf_file=SMOL.name, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(SMOL.parent), gguf_file=SMOL.name)
+    return hf, tok
+
+
+@needs_smol
+def test_info_records_the_file_and_its_quantization(smol):
+    model, info = smol
+    assert info.source == "gguf" and info.pe == "rotary" and info.architecture == "LlamaForCausalLM"
+    assert (model.cfg.n_layers, info.n_heads, info.n_kv_heads, info.d_head) == (30, 9, 3, 64)
+    assert info.rotary_base == 100000.0 and info.rotary_adjacent_pairs is False
+    w = info.weights
+    assert w["path"] == str(SMOL.resolve()) and w["format"] == "gguf" and w["dequantized"] is True
+    assert w["file_type"] == "MOSTLY_Q4_1" and w["tensor_types"]["Q4_1"] > 0
+    assert w["sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+@needs_smol
+def test_greedy_continuation_and_log_probs_match_transformers(smol, reference):
+    model, _ = smol
+    hf, tok = reference
+    prompt = tok(PROMPT, return_tensors="pt")["input_ids"]
+    # The tokenizer came with the model: it tokenizes text exactly as transformers' does
+    # (TransformerLens may make it prepend a BOS; that is its convention, not the text).
+    plain = dict(add_special_tokens=False)
+    assert model.tokenizer(PROMPT, **plain)["input_ids"] == tok(PROMPT, **plain)["input_ids"]
+    n_new = 16
+    with torch.no_grad():
+        want = hf.generate(prompt, max_new_tokens=n_new, do_sample=False)[0].tolist()
+        toks = prompt
+        for _ in range(len(want) - prompt.shape[1]):
+            toks = torch.cat([toks, model(toks)[:, -1].argmax(-1, keepdim=True)], 1)
+        assert toks[0].tolist() == want
+        got = model(toks).double().log_softmax(-1)
+        ref = hf(toks).logits.double().log_softmax(-1)
+    assert (got - ref).abs().max() < 1e-4
+    assert len(tok.decode(want[prompt.shape[1]:]).split()) >= 5  # fluent text, not pads
+
+
+@needs_smol
+def test_converted_folder_is_reused(smol, gguf_cache, monkeypatch):
+    from posinterp.models import gguf as g
+
+    _, info = smol
+    monkeypatch.setattr(g, "_convert", lambda *a: pytest.fail("converted again"))
+    folder, meta = g.gguf_folder(SMOL, gguf_cache / "gguf")
+    assert str(folder) == info.weights["folder"] and meta["sha256"] == info.weights["sha256"]
+    assert (folder / "tokenizer.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+@needs_smol
+def test_text_input_uses_the_files_tokenizer(smol, reference):
+    from posinterp.experiments.inspect import text_batch
+
+    model, _ = smol
+    _, tok = reference
+    text = f"{PROMPT}\n\nThe sun was warm and the birds sang in the tall trees."
+    tokens, mask, _ = text_batch(model, text)
+    special = set(tok.all_special_ids)
+    real = [t for t, m in zip(tokens[0].tolist(), mask[0].tolist(), strict=True) if m and t not in special]
+    assert real == tok(PROMPT, add_special_tokens=False)["input_ids"]
+
+
+# --- refusals, on tiny files written with gguf's own writer (no shared file needed) ----------
+
+def _tiny_gguf(path: Path, arch: str) -> Path:
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tensor("token_embd.weight", np.ones((8, 4), dtype=np.float32))
+    w.add_tensor("output_norm.weight", np.ones((64,), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_truncated_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSINTERP_HOME", str(tmp_path / "home"))
+    whole = _tiny_gguf(tmp_path / "whole.gguf", "llama").read_bytes()
+    for keep in (len(whole) - 40, 200, 40):  # inside the last tensor, the first, the header
+        bad = tmp_path / f"cut{keep}.gguf"
+        bad.write_bytes(whole[:keep])
+        with pytest.raises(ValueError, match=r"cut\d+\.gguf.*(truncated|corrupt)"):
+            load_model(bad, device="cpu")
+    assert not (tmp_path / "home" / "gguf").exists() or not any((tmp_path / "home" / "gguf").iterdir())
+
+
+def test_not_a_gguf_file_is_named(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(ValueError, match="model.gguf is not a GGUF file"):
+        load_model(bad, device="cpu")
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such GGUF file"):
+        load_model(tmp_path / "absent.gguf", device="cpu")
+
+
+def test_unsupported_architecture_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("POSINTERP_HOME", str(tmp_path / "home"))
+    path = _tiny_gguf(tmp_path / "odd.gguf", "posinterp-test-arch")
+    with pytest.raises(ValueError, match="architecture 'posinterp-test-arch' is not supported"):
+        load_model(path, device="cpu")
+
+
+def test_missing_gguf_package_names_the_extra(tmp_path, monkeypatch, capsys):
+    from posinterp.cli import main
+
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + bytes(100))
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf raises ImportError
+    with pytest.raises(ImportError, match=r'pip install "posinterp\[gguf\]"'):
+        load_model(path, device="cpu")
+    assert main(["inspect", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert 'pip install "posinterp[gguf]"' in capsys.readouterr().err
+
+
+@needs_smol
+def test_weights_only_spectrum_equals_the_full_load(smol):
+    from posinterp.analysis import qk_spectrum
+    from posinterp.models.qk_only import read_qk_weights
+
+    model, _ = smol
+    qk = read_qk_weights(SMOL)  # q/k/attn_norm tensors only, from the GGUF memory map
+    assert qk.source["format"] == "gguf" and qk.source["bytes"] < SMOL.stat().st_size / 5
+    layers = [0, 29]
+    full, alone = qk_spectrum(model, layers=layers), qk_spectrum(qk, layers=layers)
+    m = full.merge(alone, on=["layer", "head", "offset", "rank"], suffixes=("_full", "_weights"))
+    assert len(m) == len(full) == len(alone) == 2 * 9 * 64 * 2
+    scale = full["abs"].max()
+    for c in ("real", "imag"):
+        assert np.allclose(m[f"{c}_full"], m[f"{c}_weights"], rtol=1e-5, atol=1e-5 * scale), c
