@@ -39,28 +39,35 @@ class Derived(int):
 
     ``dataclasses.replace`` passes every field back to ``__init__``, derived ones too, so
     a plain int would freeze a value computed for the old inputs
-    (``replace(preset("small"), d_model=384)`` kept ``d_head=32``). Marked with this type,
-    :func:`derive` recomputes it from the new inputs; a value the caller sets (a plain int)
-    is kept. It is an ``int`` everywhere else (arithmetic, JSON, ``torch`` shapes).
+    (``replace(preset("small"), d_model=384)`` kept ``d_head=32``). Marked with this type
+    and the field it was derived for, :func:`derive` recomputes it from the new inputs; a
+    value the caller sets (a plain int, or a value derived for another field or another
+    config class, such as ``TaskConfig(min_digits=demo.digits)``) is kept. It is an
+    ``int`` everywhere else (arithmetic, JSON, ``torch`` shapes). To pin a value copied
+    from a config of the same class and field, pass ``int(value)``.
     """
 
-    __slots__ = ()
+    def __new__(cls, value: int, key: tuple[str, str]):
+        obj = super().__new__(cls, value)
+        obj.key = key
+        return obj
 
     def __repr__(self) -> str:
         return int.__repr__(self)
 
     def __reduce__(self):
-        return (Derived, (int(self),))
+        return (Derived, (int(self), self.key))
 
 
 def derive(obj, name: str, compute) -> None:
     """Set frozen ``obj.name`` to ``compute()`` unless the caller gave it.
 
-    Call from ``__post_init__``: a field still None, or carrying a :class:`Derived` value
-    from an earlier derivation (``dataclasses.replace``), is derived again; ``compute`` may
-    return None ("unset"), which stays None.
+    Call from ``__post_init__``: a field still None, or carrying the :class:`Derived` value
+    this class derived for this field (``dataclasses.replace`` passes it back), is derived
+    again; ``compute`` may return None ("unset"), which stays None.
     """
+    key = (type(obj).__qualname__, name)
     value = getattr(obj, name)
-    if value is None or isinstance(value, Derived):
+    if value is None or (isinstance(value, Derived) and value.key == key):
         new = compute()
-        object.__setattr__(obj, name, None if new is None else Derived(new))
+        object.__setattr__(obj, name, None if new is None else Derived(new, key))

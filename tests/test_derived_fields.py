@@ -75,3 +75,14 @@ def test_demo_settings_follow_quick():
     back = dataclasses.replace(full, quick=True)
     assert (back.digits, back.max_steps, back.n_test) == (6, 600, 5000)
     assert dataclasses.replace(DemoConfig(quick=True, digits=7), quick=False).digits == 7
+
+
+def test_a_value_derived_elsewhere_is_the_callers_choice():
+    """A derived value passed to another config (or another field) is an explicit value
+    there: TaskConfig(min_digits=demo.digits) keeps the demo's length."""
+    demo = DemoConfig(quick=True)
+    task = TaskConfig("reversal", min_digits=demo.digits, max_digits=demo.digits)
+    assert (task.min_digits, task.max_digits) == (6, 6)
+    assert dataclasses.replace(task, seed=1).min_digits == 6
+    cfg = ToyModelConfig(d_model=192, n_heads=6, d_mlp=preset("small").d_head)  # another field
+    assert dataclasses.replace(cfg, d_model=384).d_mlp == 32

@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from .._validate import Derived, derive, require_at_least
+from .._validate import derive, require_at_least
 from ..tasks.tokenizer import BYTE_VOCAB_SIZE, CHAR_VOCAB
 from .positions import alibi_slopes, install_alibi
 
@@ -92,7 +92,8 @@ class ToyModelConfig:
             raise ValueError(
                 f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         require_at_least(self, ("n_layers", "d_model", "n_heads", "n_ctx", "d_vocab"))
-        if (self.d_head is None or isinstance(self.d_head, Derived)) and self.d_model % self.n_heads:
+        if (self.d_head is None or getattr(self.d_head, "key", None) == (type(self).__qualname__, "d_head")) \
+                and self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                 "choose n_heads among its divisors or give d_head explicitly")
