@@ -10,12 +10,12 @@ Run once per version on the same checkpoint folder, then compare::
 Models: a toy model of each scheme (weights from ``toy_state_dict``, the same under
 either version) and tiny local HF checkpoints of GPT-2, Llama with grouped-query
 attention, BLOOM (12 heads, so ALiBi slopes interleave), OPT and GPT-Neo (local
-attention layers), written once by whichever run comes first. Quantities: adjacency score per residual hook, QK eigenvalues
-(offsets 0 and -1 for RoPE), spectral measures, previous-token scores, and ablation
-effects (loss, previous-token score, adjacency) of a channel removal, a top-k
-projection and symmetrization, and symmetrization / antisymmetrization of every layer
-(loss, previous-token score, adjacency). ``compare`` prints the largest absolute difference per
-quantity and model (docs/tl4.md holds the table).
+attention layers), written once by whichever run comes first. Quantities: adjacency
+score per residual hook, QK eigenvalues (offsets 0 and -1 for RoPE), spectral
+measures, previous-token scores, ablation effects (loss, previous-token score,
+adjacency) of a channel removal, a top-k projection and symmetrization, and
+symmetrization / antisymmetrization of every layer. ``compare`` prints the largest
+absolute difference per quantity and model (docs/tl4.md holds the table).
 """
 
 from __future__ import annotations

@@ -160,15 +160,17 @@ def test_inspect_score_kernel_is_never_a_pattern(kind, folders):
         assert kernel.value.abs().max() > 1.0 or (kernel.value < 0).any()
 
 
-def test_verdict_is_cached_on_the_model_object():
-    model = tiny_model("nope")
+def test_verdict_is_cached_on_the_model_object(folders):
+    model = _model("gpt2", folders).train()  # HF's dropout (TL 4) would make any edit "take effect"
     calls = []
     model.add_hook("blocks.0.attn.hook_pattern", lambda x, hook: calls.append(1))
     first = backend.hook_meaning(model, 0)
+    assert model.training  # the caller's mode is restored
+    assert first.scores is not None and first.query_qk is not None
     assert backend.hook_meaning(model, 0) is first
     assert not calls  # the probe hides the user's hooks and never fires them
     assert "posinterp_hook_meaning" in model.__dict__
-    other = tiny_model("nope")
+    other = _model("gpt2", folders)
     assert "posinterp_hook_meaning" not in other.__dict__  # no module-level state
     model.reset_hooks()
 
