@@ -58,7 +58,8 @@ from ..models.backend import (
 )
 from .channels import channel_projectors, top_k_projector
 
-__all__ = ["KINDS", "QKIntervention", "check_intervention", "intervene", "intervention_hooks"]
+__all__ = ["KINDS", "QKIntervention", "check_intervention", "intervene", "intervention_hooks",
+           "reweight_pattern"]
 
 PROJECTION_KINDS = ("remove_positive_real", "remove_negative_real", "remove_complex",
                     "remove_all", "keep_top_k")

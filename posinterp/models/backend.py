@@ -441,8 +441,13 @@ def hook_meaning(model, layer: int) -> HookMeaning:
         raise ValueError(f"layer must be in [0, {model.cfg.n_layers - 1}], got {layer}")
     verdicts = model.__dict__.get(_VERDICTS)
     if verdicts is None:
-        with eager(model), torch.no_grad(), _without_lens_hooks(model):
-            verdicts = _probe(model)
+        was_training = model.training
+        model.eval()  # dropout moves the pattern and makes every edit look effective
+        try:
+            with eager(model), torch.no_grad(), _without_lens_hooks(model):
+                verdicts = _probe(model)
+        finally:
+            model.train(was_training)
         object.__setattr__(model, _VERDICTS, verdicts)
     return verdicts[layer]
 

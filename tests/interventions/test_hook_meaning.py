@@ -160,15 +160,17 @@ def test_inspect_score_kernel_is_never_a_pattern(kind, folders):
         assert kernel.value.abs().max() > 1.0 or (kernel.value < 0).any()
 
 
-def test_verdict_is_cached_on_the_model_object():
-    model = tiny_model("nope")
+def test_verdict_is_cached_on_the_model_object(folders):
+    model = _model("gpt2", folders).train()  # HF's dropout (TL 4) would make any edit "take effect"
     calls = []
     model.add_hook("blocks.0.attn.hook_pattern", lambda x, hook: calls.append(1))
     first = backend.hook_meaning(model, 0)
+    assert model.training  # the caller's mode is restored
+    assert first.scores is not None and first.query_qk is not None
     assert backend.hook_meaning(model, 0) is first
     assert not calls  # the probe hides the user's hooks and never fires them
     assert "posinterp_hook_meaning" in model.__dict__
-    other = tiny_model("nope")
+    other = _model("gpt2", folders)
     assert "posinterp_hook_meaning" not in other.__dict__  # no module-level state
     model.reset_hooks()
 
@@ -272,3 +274,25 @@ def test_content_symmetrization_on_gpt_neox_uses_the_calls_rotation(tmp_path):
     live = torch.ones(n, n, dtype=torch.bool).tril()[None] & mask.bool()[:, None, :] & mask.bool()[:, :, None]
     live = live[:, None].expand_as(c)
     torch.testing.assert_close(seen["s"].double()[live], (0.5 * (c + c.mT))[live], rtol=1e-4, atol=1e-4)
+
+
+def test_symmetrization_uses_gpt2_inverse_layer_scaling(tmp_path):
+    """GPT-2's scale_attn_by_inverse_layer_idx divides layer l's scores by l + 1 as well;
+    the content term used to be divided by sqrt(d_head) only. Closed form from HF's own
+    scaling: c = q·k / (sqrt(d_head) (l + 1))."""
+    arch, make, _ = parity_cases()["gpt2-inverse-layer-scale"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "gpt2-inv")
+    model = pi.load_model(tmp_path / "gpt2-inv")[0]
+    layer, n = 1, 9
+    toks = random_tokens(model, 2, n, seed=8)
+    _, clean = model.run_with_cache(toks)
+    q = clean[f"blocks.{layer}.attn.hook_q"].double()
+    k = clean[f"blocks.{layer}.attn.hook_k"].double()
+    c = torch.einsum("bihd,bjhd->bhij", q, k) / (model.cfg.d_head ** 0.5 * (layer + 1))
+    seen = {}
+    name = backend.scores_hook(model, layer)
+    model.run_with_hooks(toks, fwd_hooks=intervention_hooks(model, QKIntervention("symmetric", layer)) + [
+        (name, lambda x, hook: seen.setdefault("s", x))])
+    live = torch.ones(n, n, dtype=torch.bool).tril()
+    torch.testing.assert_close(seen["s"].double()[..., live], (0.5 * (c + c.mT))[..., live],
+                               rtol=1e-4, atol=1e-4)
