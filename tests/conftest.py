@@ -39,7 +39,8 @@ _TL3_ONLY = {
     "tests/models/test_parity.py::test_parity_with_hf[gptj": "GPT-J's RoPE is not read on TL 4",
     "tests/models/test_parity.py::test_parity_with_hf[gpt2-no-attn-scale": "TL 4.3's bridge "
     "ignores scale_attn_weights; posinterp refuses the load (tests/test_tl4.py)",
-    "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "uses GPT-NeoX",
+    "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "TL 4.3's bridged "
+    "GPT-NeoX never fires hook_rot_k, which the test reads (issue 21, item 5)",
     "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",
     "tests/models/test_pretrained.py::test_minilm_encoder": "BERT encoders are TL 3.9 only "
     "(tests/test_tl4.py checks the refusal)",
