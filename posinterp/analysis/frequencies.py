@@ -57,6 +57,7 @@ __all__ = ["FREQUENCY_METRICS", "pair_energy_shares", "pair_indices", "positiona
 
 FREQUENCY_METRICS = ("W_Q", "W_K", "qk")
 SCORE_METRICS = ("positional_score", "positional_residual", "symbolic_residual")
+CHUNK_VALUES = 2 ** 25  # float64: 256 MB for the permuted keys of a chunk of heads
 
 
 # --- pure functions over weights and activations --------------------------------------------
@@ -208,8 +209,12 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     q_rot = rotate(q, pos[None], first, second, inv_freq)  # [H, n, d]
     k = k.double()
     logits = torch.einsum("hid,hjd->hij", q_rot, rotate(k, pos[None], first, second, inv_freq)) / scale
-    k_moved = rotate(k[:, sigma], pos[None, None, :], first, second, inv_freq)  # [H, i, j, d]
-    l_perm = torch.einsum("hid,hijd->hij", q_rot, k_moved) / scale
+    # [heads, query, key, d_head] a chunk of heads at a time, at most CHUNK_VALUES values.
+    step = max(1, CHUNK_VALUES // (n * n * q.shape[-1]))
+    l_perm = torch.cat([
+        torch.einsum("hid,hijd->hij", q_rot[h:h + step],
+                     rotate(k[h:h + step, sigma], pos[None, None, :], first, second, inv_freq))
+        for h in range(0, H, step)]) / scale
     l_follow = logits.gather(-1, sigma.expand(H, n, n))
     keep = (window & rows[:, None]).expand(H, n, n)
     count = keep[0].sum()
