@@ -4,9 +4,10 @@ head behaves positionally or symbolically (docs/frequencies.md).
 **Frequency profile.** RoPE rotates pair p of the first ``rotary_dim`` dims of every
 query and key by an angle t·θ_p at position t (θ_p radians per token, period 2π/θ_p
 tokens); the other ``d_head - rotary_dim`` dims are not rotated. With row vectors
-(DESIGN.md §2), q_i R(i) · k_j R(j) = q_i R(i - j) k_j^T, so the head's bilinear form at
-key offset Δ = j - i is M(Δ) = W_Q R(-Δ) W_K^T (as in :mod:`.spectral`). R is block
-diagonal, so the form splits exactly into one term per pair plus the unrotated block:
+(docs/concepts.md, "QK circuit of head h"), q_i R(i) · k_j R(j) = q_i R(i - j) k_j^T,
+so the head's bilinear form at key offset Δ = j - i is M(Δ) = W_Q R(-Δ) W_K^T (as in
+:mod:`.spectral`). R is block diagonal, so the form splits exactly into one term per
+pair plus the unrotated block:
 
     M(Δ) = Σ_p M_p(Δ) + M_u,   M_p(Δ) = Q_p R_p(-Δ θ_p) K_p^T,   M_u = Q_u K_u^T,
 
@@ -259,7 +260,7 @@ def rope_frequency_profile(model, layers: int | Sequence[int] | None = None,
     :func:`posinterp.models.backend.rotary_spec` per layer, so HF RoPE scaling and
     partial rotary are the model's own. The ``"qk"`` shares are reported at each key
     offset Δ in ``offsets`` (default 0, the raw W_Q W_K^T, and -1, the previous token).
-    Biases are not part of the form (DESIGN.md §2: opt-in); the positional score
+    Biases are not part of the form (opt-in, docs/concepts.md); the positional score
     (:func:`positional_symbolic_score`) reads q and k with their biases.
 
     Returns:
