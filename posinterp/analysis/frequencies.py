@@ -4,9 +4,10 @@ head behaves positionally or symbolically (docs/frequencies.md).
 **Frequency profile.** RoPE rotates pair p of the first ``rotary_dim`` dims of every
 query and key by an angle t·θ_p at position t (θ_p radians per token, period 2π/θ_p
 tokens); the other ``d_head - rotary_dim`` dims are not rotated. With row vectors
-(DESIGN.md §2), q_i R(i) · k_j R(j) = q_i R(i - j) k_j^T, so the head's bilinear form at
-key offset Δ = j - i is M(Δ) = W_Q R(-Δ) W_K^T (as in :mod:`.spectral`). R is block
-diagonal, so the form splits exactly into one term per pair plus the unrotated block:
+(docs/concepts.md, "QK circuit of head h"), q_i R(i) · k_j R(j) = q_i R(i - j) k_j^T,
+so the head's bilinear form at key offset Δ = j - i is M(Δ) = W_Q R(-Δ) W_K^T (as in
+:mod:`.spectral`). R is block diagonal, so the form splits exactly into one term per
+pair plus the unrotated block:
 
     M(Δ) = Σ_p M_p(Δ) + M_u,   M_p(Δ) = Q_p R_p(-Δ θ_p) K_p^T,   M_u = Q_u K_u^T,
 
@@ -57,6 +58,7 @@ __all__ = ["FREQUENCY_METRICS", "pair_energy_shares", "pair_indices", "positiona
 
 FREQUENCY_METRICS = ("W_Q", "W_K", "qk")
 SCORE_METRICS = ("positional_score", "positional_residual", "symbolic_residual")
+CHUNK_VALUES = 2 ** 25  # float64: 256 MB for the permuted keys of a chunk of heads
 
 
 # --- pure functions over weights and activations --------------------------------------------
@@ -208,8 +210,12 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     q_rot = rotate(q, pos[None], first, second, inv_freq)  # [H, n, d]
     k = k.double()
     logits = torch.einsum("hid,hjd->hij", q_rot, rotate(k, pos[None], first, second, inv_freq)) / scale
-    k_moved = rotate(k[:, sigma], pos[None, None, :], first, second, inv_freq)  # [H, i, j, d]
-    l_perm = torch.einsum("hid,hijd->hij", q_rot, k_moved) / scale
+    # [heads, query, key, d_head] a chunk of heads at a time, at most CHUNK_VALUES values.
+    step = max(1, CHUNK_VALUES // (n * n * q.shape[-1]))
+    l_perm = torch.cat([
+        torch.einsum("hid,hijd->hij", q_rot[h:h + step],
+                     rotate(k[h:h + step, sigma], pos[None, None, :], first, second, inv_freq))
+        for h in range(0, H, step)]) / scale
     l_follow = logits.gather(-1, sigma.expand(H, n, n))
     keep = (window & rows[:, None]).expand(H, n, n)
     count = keep[0].sum()
@@ -254,7 +260,7 @@ def rope_frequency_profile(model, layers: int | Sequence[int] | None = None,
     :func:`posinterp.models.backend.rotary_spec` per layer, so HF RoPE scaling and
     partial rotary are the model's own. The ``"qk"`` shares are reported at each key
     offset Δ in ``offsets`` (default 0, the raw W_Q W_K^T, and -1, the previous token).
-    Biases are not part of the form (DESIGN.md §2: opt-in); the positional score
+    Biases are not part of the form (opt-in, docs/concepts.md); the positional score
     (:func:`positional_symbolic_score`) reads q and k with their biases.
 
     Returns:
