@@ -97,10 +97,11 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, metric, value, clean, intervened,
-        kind, heads, k, rope_variant`` where ``value = intervened - clean``: one column
+        kind, heads, k, rope_variant, band`` where ``value = intervened - clean``: one column
         per field of the intervention, so no two different interventions give rows that
         read alike. ``head`` is NA for multi-head interventions, ``heads`` lists them
-        ("0,1,2"); ``k`` is NA unless ``keep_top_k``; ``rope_variant`` is NA where it
+        ("0,1,2"); ``k`` is NA unless ``keep_top_k``; ``band`` lists the rotary pairs of a
+        band kind ("0,1"), NA otherwise; ``rope_variant`` is NA where it
         changes nothing (anything but symmetrization of a rotary model).
 
     Raises:
@@ -137,9 +138,10 @@ def ablation_effect(model, tokens: Int[Tensor, "batch pos"], interventions,
                              head=heads[0] if len(heads) == 1 else pd.NA, position=pd.NA,
                              metric=metric, value=a - c, clean=c, intervened=a, kind=iv.kind,
                              heads=",".join(map(str, heads)), k=iv.k,
-                             rope_variant=iv.rope_variant if _has_variant(model, iv) else pd.NA))
+                             rope_variant=iv.rope_variant if _has_variant(model, iv) else pd.NA,
+                             band=",".join(map(str, iv.band)) if iv.band else pd.NA))
     return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64", "k": "Int64",
-                                      "rope_variant": "string"})
+                                      "rope_variant": "string", "band": "string"})
 
 
 def _has_variant(model, iv: QKIntervention) -> bool:

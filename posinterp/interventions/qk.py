@@ -12,6 +12,14 @@ Kinds (docs/concepts.md):
   (where B is singular a nilpotent part of M still scores, so removing only the three
   channels would leave it). The bias and ALiBi parts of the score remain.
 * ``keep_top_k``: q Π_top-k instead.
+* ``remove_band`` / ``keep_band`` (RoPE heads): zero the query's components in the
+  rotary pairs listed in ``band`` (or in every other rotary pair and the unrotated dims)
+  at ``hook_q``, before the rotation. RoPE rotates each pair within its own plane, so the
+  removed pairs contribute exactly 0 to every score, at every offset (Su et al. 2021,
+  RoFormer eq. 34; issue 28). Pair p is dims (2p, 2p+1) or (p, p + rotary_dim/2), as the
+  layer applies it (:func:`posinterp.models.backend.rotary_spec`); its frequency is
+  ``inv_freq[p]`` radians per token (:func:`posinterp.analysis.rope_frequency_profile`
+  lists them).
 * ``symmetric`` / ``antisymmetric``: the content score c_ij = q_i · k_j / attn_scale is
   replaced by (c_ij ± c_ji) / 2, recomputed from the captured q and k
   (``hook_rot_q``/``hook_rot_k`` for RoPE: the *content-symmetric* variant, in which
@@ -54,15 +62,17 @@ from ..models.backend import (
     pattern_edit,
     positional_type,
     query_hooks,
+    rotary_spec,
     scores_hook,
 )
 from .channels import channel_projectors, top_k_projector
 
-__all__ = ["KINDS", "QKIntervention", "check_intervention", "intervene", "intervention_hooks",
-           "reweight_pattern"]
+__all__ = ["BAND_KINDS", "KINDS", "QKIntervention", "band_dims", "check_intervention", "intervene",
+           "intervention_hooks", "reweight_pattern"]
 
 PROJECTION_KINDS = ("remove_positive_real", "remove_negative_real", "remove_complex",
-                    "remove_all", "keep_top_k")
+                    "remove_all", "keep_top_k", "remove_band", "keep_band")
+BAND_KINDS = ("remove_band", "keep_band")
 SCORE_KINDS = ("symmetric", "antisymmetric")
 KINDS = PROJECTION_KINDS + SCORE_KINDS
 
@@ -71,10 +81,14 @@ KINDS = PROJECTION_KINDS + SCORE_KINDS
 class QKIntervention:
     """One intervention on some heads of one layer.
 
+    ``band``: the rotary pair indices of ``remove_band`` / ``keep_band`` (and only those).
+
     Raises:
         ValueError: for an unknown ``kind`` or ``rope_variant``, ``keep_top_k``
-            without ``k >= 1``, a non-int or negative ``layer``, or non-int ``heads``.
-            Ranges against a model are checked by :func:`check_intervention`.
+            without ``k >= 1``, a band kind without a non-empty ``band`` of distinct
+            non-negative ints (or ``band`` with another kind), a non-int or negative
+            ``layer``, or non-int ``heads``. Ranges against a model are checked by
+            :func:`check_intervention`.
     """
 
     kind: str
@@ -82,6 +96,7 @@ class QKIntervention:
     heads: tuple[int, ...] | None = None  # None: every head
     k: int | None = None
     rope_variant: str = "content"
+    band: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -96,6 +111,14 @@ class QKIntervention:
             raise ValueError(f"layer must be >= 0, got {self.layer}")
         if self.k is not None and self.kind != "keep_top_k":
             raise ValueError(f"k applies only to kind='keep_top_k', got kind={self.kind!r}")
+        if self.kind in BAND_KINDS:
+            band = (self.band,) if is_int(self.band) else tuple(self.band or ())
+            if not band or not all(is_int(p) and p >= 0 for p in band) or len(set(band)) < len(band):
+                raise ValueError(f"{self.kind} needs band: a non-empty tuple of distinct rotary "
+                                 f"pair indices >= 0, got band={self.band!r}")
+            object.__setattr__(self, "band", tuple(int(p) for p in band))
+        elif self.band is not None:
+            raise ValueError(f"band applies only to kind in {BAND_KINDS}, got kind={self.kind!r}")
         if is_int(self.heads):
             object.__setattr__(self, "heads", (self.heads,))
         if self.heads is not None:
@@ -123,14 +146,38 @@ def check_intervention(model, iv: QKIntervention) -> list[int]:
     bad = [h for h in heads if not 0 <= h < model.cfg.n_heads]
     if bad:
         raise ValueError(f"heads must be in [0, {model.cfg.n_heads - 1}], got {bad}")
+    if iv.kind in BAND_KINDS:
+        if positional_type(model) != "rotary":
+            raise ValueError(f"{iv.kind} needs a RoPE model; this model's positional scheme is "
+                             f"{positional_type(model)!r}")
+        n_pairs = rotary_spec(model, iv.layer).rotary_dim // 2
+        bad = [p for p in iv.band if p >= n_pairs]
+        if bad:
+            raise ValueError(f"band must hold rotary pair indices in [0, {n_pairs - 1}], got {bad}")
     if iv.kind == "keep_top_k" and iv.k > model.cfg.d_head:
         raise ValueError(f"k must be <= d_head = {model.cfg.d_head} (B has that many eigenvalues), "
                          f"got {iv.k}")
     return heads
 
 
+def band_dims(model, layer: int, band) -> list[int]:
+    """The d_head dims of rotary pairs ``band`` in ``layer``, as the layer pairs them."""
+    spec = rotary_spec(model, layer)
+    half = spec.rotary_dim // 2
+    return sorted(d for p in band for d in ((2 * p, 2 * p + 1) if spec.adjacent_pairs else (p, p + half)))
+
+
 def _query_projector(model, iv: QKIntervention) -> dict[int, Float[Tensor, "d_head d_head"]]:
     heads = check_intervention(model, iv)
+    if iv.kind in BAND_KINDS:
+        keep = torch.ones(model.cfg.d_head, dtype=torch.float64)
+        dims = band_dims(model, iv.layer, iv.band)
+        if iv.kind == "remove_band":
+            keep[dims] = 0.0
+        else:
+            keep = torch.zeros_like(keep)
+            keep[dims] = 1.0
+        return {h: torch.diag(keep) for h in heads}
     W_Q, W_K = qk_weights(model, iv.layer)
     out = {}
     for h in heads:
