@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "MissingFeatureError", "RotarySpec", "attention_weights",
-           "attn_scale", "eval_mode", "is_bridge", "site_module", "n_kv_heads", "positional_type", "rotary_spec",
-           "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias"]
+           "attn_scale", "eval_mode", "is_bridge", "n_kv_heads", "positional_type", "rotary_spec",
+           "rotated_qk_hooks", "run_cached", "scores_hook", "scores_include_bias", "site_module"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])

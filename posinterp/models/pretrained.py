@@ -1,6 +1,7 @@
 """One loader for pretrained models: hub names, local HF checkpoints, llama2.c files.
 
-``load_model(spec)`` returns ``(HookedTransformer, ModelInfo)``.
+``load_model(spec)`` returns ``(model, ModelInfo)``: a ``HookedTransformer`` under
+TransformerLens 3.9, a ``TransformerBridge`` under 4.x.
 
 * A **hub name** ("gpt2", "EleutherAI/pythia-70m", "bigscience/bloom-560m") is handed to
   ``HookedTransformer.from_pretrained``; this needs the network.
@@ -399,7 +400,7 @@ def _load_zoo(spec: str):
 def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
                center_writing_weights: bool | None = None, center_unembed: bool | None = None,
                fold_value_biases: bool | None = None, dtype=None, device=None, **hub_kwargs):
-    """Load a pretrained model as a ``HookedTransformer`` and describe its positions.
+    """Load a pretrained model as a TransformerLens model and describe its positions.
 
     Every model is read, converted and checked against HF on CPU (so the load-time checks
     give the same numbers everywhere), then moved to ``device`` (docs/scale.md).
@@ -424,7 +425,9 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
         hub_kwargs: passed to ``HookedTransformer.from_pretrained`` for hub names.
 
     Returns:
-        ``(model, info)``: a ``HookedTransformer`` and a :class:`ModelInfo`.
+        ``(model, info)``: the model (a ``HookedTransformer`` under TransformerLens 3.9, a
+        ``TransformerBridge`` under 4.x, a ``HookedEncoder`` for all-MiniLM-L6-v2) and a
+        :class:`ModelInfo`.
 
     Raises:
         FileNotFoundError: a local path that does not exist or lacks config/weights
