@@ -1,6 +1,7 @@
 """posinterp: how transformers represent token position (a TransformerLens plugin).
 
-Every command runs offline, on a CPU or (--device) a GPU; see docs/cli.md and docs/scale.md.
+Every command runs offline, on a CPU or (--device) a GPU, except for hub model names,
+which need the network or a local Hugging Face cache; see docs/cli.md and docs/scale.md.
 """
 
 # Imports stay inside the command functions: ``posinterp --help`` must not load torch.
@@ -415,11 +416,33 @@ def _interrupted(err: KeyboardInterrupt, args: argparse.Namespace) -> str:
     return "posinterp: interrupted; no partial output was written"
 
 
+def _input_errors(args: argparse.Namespace) -> list[str]:
+    """Every spec, path and range the command was given that cannot work, one message
+    each, found before torch is imported or any cell starts (posinterp.specs)."""
+    from .specs import spec_errors
+
+    errors = []
+    if args.command == "inspect":
+        errors += spec_errors([args.spec])
+        if args.text is not None and not Path(args.text).is_file():
+            errors.append(f"--text: no such file: {args.text}")
+    elif args.command == "spectrum":
+        errors += spec_errors(args.specs)
+        if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
+            errors.append(f"--min-prev-score must be in [0, 1], got {args.min_prev_score}")
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posinterp`` command; returns the exit status (2 on bad input)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # the command line, recorded with results
+    errors = _input_errors(args)
+    if errors:
+        for line in errors:
+            print(f"posinterp: error: {line}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as err:

@@ -17,7 +17,6 @@ Layout under ``$POSINTERP_HOME/zoo`` (default ``~/.cache/posinterp/zoo``)::
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,15 +30,12 @@ from ..devices import model_device
 from ..executors import Cell, Executor, LocalExecutor, gpus_for, run_cells
 from ..io import check_out_dir, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
+from ..specs import zoo_home
+from ..specs import zoo_model_dir as _model_dir
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
 from ..training import TrainConfig, fit, latest_checkpoint, load_weights
 
 __all__ = ["ZooConfig", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
-
-
-def zoo_home() -> Path:
-    """``$POSINTERP_HOME/zoo``, default ``~/.cache/posinterp/zoo``."""
-    return Path(os.environ.get("POSINTERP_HOME", Path.home() / ".cache" / "posinterp")) / "zoo"
 
 
 @dataclass(frozen=True)
@@ -112,10 +108,6 @@ def _strongest_previous_token_heads(model, corpus: ByteCorpus, cfg: ZooConfig) -
         out[name] = {"layer": int(top.layer), "head": int(top["head"]), "score": float(top.value)}
     out["bos"] = "no BOS: windows of a byte stream; every query i >= 1 counts"
     return out
-
-
-def _model_dir(home: Path, pe: str, seed: int) -> Path:
-    return home / f"{pe}-seed{seed}"
 
 
 def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path | None = None,

@@ -1,6 +1,7 @@
 """One loader for pretrained models: hub names, local HF checkpoints, llama2.c files.
 
-``load_model(spec)`` returns ``(model, ModelInfo)``.
+``load_model(spec)`` returns ``(model, ModelInfo)``: a ``HookedTransformer`` under
+TransformerLens 3.9, a ``TransformerBridge`` under 4.x.
 
 * A **local HF checkpoint folder** (``config.json`` + one weight file or shards with their
   index, safetensors or ``.bin``) is loaded without any network call. Its config is read
