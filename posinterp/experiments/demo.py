@@ -19,7 +19,7 @@ import torch
 from .._validate import derive
 from ..analysis import adjacency_by_layer, similarity_by_layer
 from ..devices import resolve_device
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, folder_lock, versions
 from ..models import build_model, preset
 from ..models.backend import run_cached
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
@@ -112,7 +112,8 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
     CUDA when available, else CPU); ``run.json`` records it.
 
     Resumable: training checkpoints live in ``out_dir/checkpoints``; a rerun with the
-    same config continues from the latest one.
+    same config continues from the latest undamaged one (docs/faults.md). While it runs
+    it holds a lock on ``out_dir``.
 
     Returns:
         :class:`DemoResult` with the per-layer table (init vs trained).
@@ -121,6 +122,8 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
         ValueError: for invalid config values, an ``out_dir`` that is a file, or an
             ``out_dir`` holding a run with other settings (checked before any work; the
             message names the options that differ). Nothing is created on bad input.
+        posinterp.io.FolderInUse: (a ValueError) if another run is writing ``out_dir``.
+        OSError: if a file cannot be written (full disk, read-only folder), naming it.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(config.threads)
@@ -141,67 +144,69 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=No
     _check_resumable(Path(out_dir), {"model": model_cfg.to_dict(), "task": task_cfg.to_dict(),
                                      "train": train_cfg.to_dict()}, config.threads)
     out = check_out_dir(out_dir, "out_dir")
-    # The thread count changes the numbers (summation order) but is not a training config:
-    # record it before training, so a resume with another count is refused by name.
-    atomic_write_json(out / "threads.json", {"threads": config.threads})
-    t0 = time.time()
-    data = make_task_data(task_cfg)
+    # One run per folder: a second one into it is refused (io.FolderInUse), not raced.
+    with folder_lock(out):
+        # The thread count changes the numbers (summation order) but is not a training config:
+        # record it before training, so a resume with another count is refused by name.
+        atomic_write_json(out / "threads.json", {"threads": config.threads})
+        t0 = time.time()
+        data = make_task_data(task_cfg)
 
-    test = data.test
-    n = min(config.n_analysis, len(test))
-    inputs = {
-        "random tokens": (_random_tokens(n, data.max_len, seed=10_000 + config.seed), None),
-        "task samples": (test.tokens[:n], test.attention_mask[:n]),
-    }
-    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
-    log(f"[posinterp] adjacency at init ({model_cfg.n_layers} layers, d_model "
-        f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
-    model = build_model(model_cfg, device=device)
-    frames = [_adjacency(model, inputs, "init", config.seed)]
-    # The embedding score depends on the tokens and W_E: average init seeds too (docs/concepts.md).
-    for s in range(1, config.init_seeds):
-        m = build_model(preset(config.preset, pe="nope", seed=config.seed + s), device=device,
-                        tokenizer=model.tokenizer)  # building a tokenizer costs ~0.3 s
-        frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
-                                 config.seed + s))
-    sample_toks = test.tokens[:1, : int(test.attention_mask[0].sum())]
-    init_sims = similarity_by_layer(model, sample_toks)
+        test = data.test
+        n = min(config.n_analysis, len(test))
+        inputs = {
+            "random tokens": (_random_tokens(n, data.max_len, seed=10_000 + config.seed), None),
+            "task samples": (test.tokens[:n], test.attention_mask[:n]),
+        }
+        log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+        log(f"[posinterp] adjacency at init ({model_cfg.n_layers} layers, d_model "
+            f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
+        model = build_model(model_cfg, device=device)
+        frames = [_adjacency(model, inputs, "init", config.seed)]
+        # The embedding score depends on the tokens and W_E: average init seeds too (docs/concepts.md).
+        for s in range(1, config.init_seeds):
+            m = build_model(preset(config.preset, pe="nope", seed=config.seed + s), device=device,
+                            tokenizer=model.tokenizer)  # building a tokenizer costs ~0.3 s
+            frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
+                                     config.seed + s))
+        sample_toks = test.tokens[:1, : int(test.attention_mask[0].sum())]
+        init_sims = similarity_by_layer(model, sample_toks)
 
-    log(f"[posinterp] training on {d}-digit reversal until {config.target_accuracy:.0%} "
-        f"exact match (at most {config.max_steps} steps)")
-    try:
-        result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
-                       progress=progress, model=model)
-    except ValueError as err:
-        if "different" not in str(err):
-            raise
-        raise ValueError(f"{out} holds a demo run with other settings (e.g. --quick vs the "
-                         "default); choose another --out folder or delete this one") from None
-    model = result.model
-    n_test = len(test) if config.n_test is None else min(config.n_test, len(test))
-    final = evaluate(model, test, n_test)  # not the training-time subset
-    frames.append(_adjacency(model, inputs, "trained", config.seed))
-    adjacency = pd.concat(frames, ignore_index=True).assign(model=f"{config.preset}-nope")
-    trained_sims = similarity_by_layer(model, sample_toks)
+        log(f"[posinterp] training on {d}-digit reversal until {config.target_accuracy:.0%} "
+            f"exact match (at most {config.max_steps} steps)")
+        try:
+            result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
+                           progress=progress, model=model)
+        except ValueError as err:
+            if "different" not in str(err):
+                raise
+            raise ValueError(f"{out} holds a demo run with other settings (e.g. --quick vs the "
+                             "default); choose another --out folder or delete this one") from None
+        model = result.model
+        n_test = len(test) if config.n_test is None else min(config.n_test, len(test))
+        final = evaluate(model, test, n_test)  # not the training-time subset
+        frames.append(_adjacency(model, inputs, "trained", config.seed))
+        adjacency = pd.concat(frames, ignore_index=True).assign(model=f"{config.preset}-nope")
+        trained_sims = similarity_by_layer(model, sample_toks)
 
-    table = _table(adjacency, config.seed)
-    with atomic_path(out / "adjacency.csv") as tmp:
-        adjacency.to_csv(tmp, index=False)
-    with atomic_path(out / "history.csv") as tmp:
-        result.history.to_csv(tmp, index=False)
-    meta = {"demo": asdict(config), "model": model_cfg.to_dict(), "task": data.config.to_dict(),
-            "train": train_cfg.to_dict(), "steps": result.steps,
-            "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
-            "n_test": n_test, "threads": config.threads, "device": str(device),
-            "versions": versions(),
-            "seconds": round(time.time() - t0, 1)}
-    atomic_write_json(out / "run.json", meta)
+        table = _table(adjacency, config.seed)
+        with atomic_path(out / "adjacency.csv") as tmp:
+            adjacency.to_csv(tmp, index=False)
+        with atomic_path(out / "history.csv") as tmp:
+            result.history.to_csv(tmp, index=False)
+        meta = {"demo": asdict(config), "model": model_cfg.to_dict(), "task": data.config.to_dict(),
+                "train": train_cfg.to_dict(), "steps": result.steps,
+                "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
+                "n_test": n_test, "threads": config.threads, "device": str(device),
+                "versions": versions(),
+                "seconds": round(time.time() - t0, 1)}
+        atomic_write_json(out / "run.json", meta)
 
-    report = _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
-                     init_sims, trained_sims, n_test, len(test), out / "figures")
-    path = report.save(out / "report.html")
-    return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
-                      result.reached_target)
+        report = _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
+                         init_sims, trained_sims, n_test, len(test), out / "figures")
+        path = report.save(out / "report.html")
+        return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
+                          result.reached_target)
 
 
 # Which command-line option sets a config field, to name it when a rerun differs.

@@ -58,7 +58,7 @@ from ..devices import model_device, resolve_device, to_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..interventions.channels import CHANNELS
 from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, folder_lock, versions
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..training import TrainConfig, fit
 
@@ -507,7 +507,8 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
 
     Raises:
         ValueError: if ``out_dir`` holds cells from a different grid (resuming them
-            would mix budgets).
+            would mix budgets); :class:`posinterp.io.FolderInUse` (a ValueError) if another
+            run is writing ``out_dir``.
         posinterp.executors.CellsFailed: after the other cells finished, if some raised.
 
     Source:
@@ -518,6 +519,12 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         device = str(resolve_device(device))  # a string travels to spawned workers
     out = Path(out_dir)
     check_out_dir(out, "out_dir")
+    # run.json is read, extended and written again: one run per folder (io.FolderInUse).
+    with folder_lock(out):
+        return _run_locked(grid, out, progress, markdown, command, executor, device)
+
+
+def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.DataFrame:
     (out / "cells").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     ceiling = induction_ceiling(*induction_batch(torch.Generator().manual_seed(10_000), 256,
