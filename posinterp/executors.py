@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .io import atomic_path, atomic_write_json, clean_temporaries, folder_lock, set_aside
+from .io import (
+    atomic_path,
+    atomic_write_json,
+    clean_temporaries,
+    folder_lock,
+    read_json_record,
+    set_aside,
+)
 
 __all__ = ["EXECUTORS", "Cell", "CellsFailed", "Executor", "LocalExecutor", "ProcessExecutor",
            "RayExecutor", "gpus_for", "make_executor", "run_cells"]
@@ -502,7 +509,7 @@ def _sigterm_interrupts():
 def _add_seconds(path: Path, name: str, seconds: float) -> None:
     # Each cell's compute time, kept across resumed runs: a report can sum them, and a
     # rerun that only reads cells back cannot pass its seconds off as the run's cost.
-    table = json.loads(path.read_text()) if path.exists() else {}
+    table = read_json_record(path) or {}
     table[name] = round(seconds, 1)
     atomic_write_json(path, table)
 

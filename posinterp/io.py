@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["FolderInUse", "atomic_path", "atomic_write_text", "atomic_write_json", "atomic_dir",
-           "check_out_dir", "clean_temporaries", "describe_os_error", "folder_lock", "set_aside",
+           "check_out_dir", "clean_temporaries", "describe_os_error", "folder_lock", "read_json_record",
+           "set_aside",
            "sha256_file", "versions"]
 
 
@@ -115,6 +116,30 @@ def set_aside(path: str | os.PathLike, prefix: str = "broken-") -> Path:
         aside = path.with_name(f"{prefix}{path.name}-{n}")
     os.replace(path, aside)
     return aside
+
+
+def read_json_record(path: str | os.PathLike) -> dict | None:
+    """The JSON object in ``path`` (a bookkeeping file a run extends, e.g. ``run.json``),
+    or None when it is missing or damaged; a damaged one is moved aside to ``broken-*``
+    with a warning, so every later run does not trip over it. Raises nothing else than
+    the ``OSError`` of a failed rename.
+    """
+    import warnings
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        obj = json.loads(path.read_text())
+        if isinstance(obj, dict):
+            return obj
+        problem = f"a JSON {type(obj).__name__}, not an object"
+    except (OSError, ValueError) as err:
+        problem = f"{type(err).__name__}: {err}"
+    aside = set_aside(path)
+    warnings.warn(f"{path} is damaged ({problem}); moved it to {aside} and starting it anew",
+                  stacklevel=2)
+    return None
 
 
 def clean_temporaries(folder: str | os.PathLike) -> list[Path]:

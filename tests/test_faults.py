@@ -304,9 +304,10 @@ def test_a_signal_to_the_pool_driver_cancels_pending_cells_and_ends_its_workers(
               "from tests._signal_cells import slow_cell\n"
               "cells = [Cell(f'c{i}', slow_cell, dict(i=i, marks=sys.argv[2])) for i in range(8)]\n"
               "run_cells(cells, sys.argv[1], ProcessExecutor(2), progress=False)\n")
+    # stderr to a file, not a pipe: workers left behind would hold a pipe open forever
+    log = open(tmp_path / "driver.err", "w")  # noqa: SIM115 - closed below
     driver = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "out"), str(marks)],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stderr=subprocess.PIPE, text=True)
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=log)
     try:
         deadline = time.monotonic() + 180  # two spawned workers import torch
         while len(list(marks.iterdir())) < 2:
@@ -318,7 +319,8 @@ def test_a_signal_to_the_pool_driver_cancels_pending_cells_and_ends_its_workers(
         stopped_in = time.monotonic() - t0
     finally:
         driver.kill()
-        driver.communicate()
+        driver.wait()
+        log.close()
     started = list(marks.iterdir())
     workers = {int(p.name.split("-")[1]) for p in started}
     deadline = time.monotonic() + 20
@@ -355,3 +357,23 @@ def test_a_lost_ray_node_is_reported():
     with pytest.warns(UserWarning, match=r"Ray node bbbbbbbbbbbb \(10\.0\.0\.2\) was lost"):
         now = _report_lost_nodes(Cluster, before)
     assert now == {"a" * 56: "10.0.0.1"}
+
+
+def test_damaged_bookkeeping_files_of_a_grid_are_set_aside_not_fatal(tmp_path):
+    """A zero-byte run.json, cells/_seconds.json or cell result: the rerun warns, redoes only
+    the damaged cell and writes the same tables."""
+    from posinterp.executors import LocalExecutor
+    from posinterp.experiments.qk_constraints import run_qk_constraints
+    from tests.test_executors import _tiny_grid
+
+    run_qk_constraints(_tiny_grid(), tmp_path, progress=False, executor=LocalExecutor())
+    runs = (tmp_path / "runs.csv").read_bytes()
+    for name in ("run.json", "cells/_seconds.json", "cells/absolute-none-seed0.json"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.warns(UserWarning, match="absolute-none-seed0.json of cell"):
+        run_qk_constraints(_tiny_grid(), tmp_path, progress=False, executor=LocalExecutor())
+    assert (tmp_path / "runs.csv").read_bytes() == runs
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["calls"][-1]["cells_run"] == 1 and (tmp_path / "broken-run.json").exists()
+    seconds = json.loads((tmp_path / "cells" / "_seconds.json").read_text())
+    assert list(seconds) == ["absolute-none-seed0"]  # the rest were lost with the damaged table

@@ -8,6 +8,7 @@ self-contained HTML report (Zuo et al. 2024, arXiv 2501.00073; docs/concepts.md,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -128,12 +129,14 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
     before = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _run_demo(config, out_dir, progress, device)
+        with contextlib.ExitStack() as held:  # the folder's lock, once it is checked
+            return _run_demo(config, out_dir, progress, device, held)
     finally:
         torch.set_num_threads(before)
 
 
-def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=None) -> DemoResult:
+def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=None,
+              held: contextlib.ExitStack | None = None) -> DemoResult:
     device = resolve_device(device)
     d = config.digits
     task_cfg = TaskConfig("reversal", min_digits=d, max_digits=d, seed=config.seed)
@@ -144,69 +147,69 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=No
     _check_resumable(Path(out_dir), {"model": model_cfg.to_dict(), "task": task_cfg.to_dict(),
                                      "train": train_cfg.to_dict()}, config.threads)
     out = check_out_dir(out_dir, "out_dir")
-    # One run per folder: a second one into it is refused (io.FolderInUse), not raced.
-    with folder_lock(out):
-        # The thread count changes the numbers (summation order) but is not a training config:
-        # record it before training, so a resume with another count is refused by name.
-        atomic_write_json(out / "threads.json", {"threads": config.threads})
-        t0 = time.time()
-        data = make_task_data(task_cfg)
+    if held is not None:  # one run per folder: a second one is refused (io.FolderInUse)
+        held.enter_context(folder_lock(out))
+    # The thread count changes the numbers (summation order) but is not a training config:
+    # record it before training, so a resume with another count is refused by name.
+    atomic_write_json(out / "threads.json", {"threads": config.threads})
+    t0 = time.time()
+    data = make_task_data(task_cfg)
 
-        test = data.test
-        n = min(config.n_analysis, len(test))
-        inputs = {
-            "random tokens": (_random_tokens(n, data.max_len, seed=10_000 + config.seed), None),
-            "task samples": (test.tokens[:n], test.attention_mask[:n]),
-        }
-        log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
-        log(f"[posinterp] adjacency at init ({model_cfg.n_layers} layers, d_model "
-            f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
-        model = build_model(model_cfg, device=device)
-        frames = [_adjacency(model, inputs, "init", config.seed)]
-        # The embedding score depends on the tokens and W_E: average init seeds too (docs/concepts.md).
-        for s in range(1, config.init_seeds):
-            m = build_model(preset(config.preset, pe="nope", seed=config.seed + s), device=device,
-                            tokenizer=model.tokenizer)  # building a tokenizer costs ~0.3 s
-            frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
-                                     config.seed + s))
-        sample_toks = test.tokens[:1, : int(test.attention_mask[0].sum())]
-        init_sims = similarity_by_layer(model, sample_toks)
+    test = data.test
+    n = min(config.n_analysis, len(test))
+    inputs = {
+        "random tokens": (_random_tokens(n, data.max_len, seed=10_000 + config.seed), None),
+        "task samples": (test.tokens[:n], test.attention_mask[:n]),
+    }
+    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    log(f"[posinterp] adjacency at init ({model_cfg.n_layers} layers, d_model "
+        f"{model_cfg.d_model}, NoPE, N({model_cfg.init_mean}, {model_cfg.init_std}))")
+    model = build_model(model_cfg, device=device)
+    frames = [_adjacency(model, inputs, "init", config.seed)]
+    # The embedding score depends on the tokens and W_E: average init seeds too (docs/concepts.md).
+    for s in range(1, config.init_seeds):
+        m = build_model(preset(config.preset, pe="nope", seed=config.seed + s), device=device,
+                        tokenizer=model.tokenizer)  # building a tokenizer costs ~0.3 s
+        frames.append(_adjacency(m, {"random tokens": inputs["random tokens"]}, "init",
+                                 config.seed + s))
+    sample_toks = test.tokens[:1, : int(test.attention_mask[0].sum())]
+    init_sims = similarity_by_layer(model, sample_toks)
 
-        log(f"[posinterp] training on {d}-digit reversal until {config.target_accuracy:.0%} "
-            f"exact match (at most {config.max_steps} steps)")
-        try:
-            result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
-                           progress=progress, model=model)
-        except ValueError as err:
-            if "different" not in str(err):
-                raise
-            raise ValueError(f"{out} holds a demo run with other settings (e.g. --quick vs the "
-                             "default); choose another --out folder or delete this one") from None
-        model = result.model
-        n_test = len(test) if config.n_test is None else min(config.n_test, len(test))
-        final = evaluate(model, test, n_test)  # not the training-time subset
-        frames.append(_adjacency(model, inputs, "trained", config.seed))
-        adjacency = pd.concat(frames, ignore_index=True).assign(model=f"{config.preset}-nope")
-        trained_sims = similarity_by_layer(model, sample_toks)
+    log(f"[posinterp] training on {d}-digit reversal until {config.target_accuracy:.0%} "
+        f"exact match (at most {config.max_steps} steps)")
+    try:
+        result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
+                       progress=progress, model=model)
+    except ValueError as err:
+        if "different" not in str(err):
+            raise
+        raise ValueError(f"{out} holds a demo run with other settings (e.g. --quick vs the "
+                         "default); choose another --out folder or delete this one") from None
+    model = result.model
+    n_test = len(test) if config.n_test is None else min(config.n_test, len(test))
+    final = evaluate(model, test, n_test)  # not the training-time subset
+    frames.append(_adjacency(model, inputs, "trained", config.seed))
+    adjacency = pd.concat(frames, ignore_index=True).assign(model=f"{config.preset}-nope")
+    trained_sims = similarity_by_layer(model, sample_toks)
 
-        table = _table(adjacency, config.seed)
-        with atomic_path(out / "adjacency.csv") as tmp:
-            adjacency.to_csv(tmp, index=False)
-        with atomic_path(out / "history.csv") as tmp:
-            result.history.to_csv(tmp, index=False)
-        meta = {"demo": asdict(config), "model": model_cfg.to_dict(), "task": data.config.to_dict(),
-                "train": train_cfg.to_dict(), "steps": result.steps,
-                "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
-                "n_test": n_test, "threads": config.threads, "device": str(device),
-                "versions": versions(),
-                "seconds": round(time.time() - t0, 1)}
-        atomic_write_json(out / "run.json", meta)
+    table = _table(adjacency, config.seed)
+    with atomic_path(out / "adjacency.csv") as tmp:
+        adjacency.to_csv(tmp, index=False)
+    with atomic_path(out / "history.csv") as tmp:
+        result.history.to_csv(tmp, index=False)
+    meta = {"demo": asdict(config), "model": model_cfg.to_dict(), "task": data.config.to_dict(),
+            "train": train_cfg.to_dict(), "steps": result.steps,
+            "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
+            "n_test": n_test, "threads": config.threads, "device": str(device),
+            "versions": versions(),
+            "seconds": round(time.time() - t0, 1)}
+    atomic_write_json(out / "run.json", meta)
 
-        report = _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
-                         init_sims, trained_sims, n_test, len(test), out / "figures")
-        path = report.save(out / "report.html")
-        return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
-                          result.reached_target)
+    report = _report(config, model_cfg, model, table, adjacency, result, final, sample_toks,
+                     init_sims, trained_sims, n_test, len(test), out / "figures")
+    path = report.save(out / "report.html")
+    return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
+                      result.reached_target)
 
 
 # Which command-line option sets a config field, to name it when a rerun differs.

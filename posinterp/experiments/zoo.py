@@ -244,8 +244,14 @@ def list_zoo(home: str | Path | None = None) -> pd.DataFrame:
     rows = []
     for folder in sorted(home.glob("*-seed*")) if home.is_dir() else []:
         card = folder / "card.json"
-        if card.exists():
-            c = json.loads(card.read_text())
+        try:
+            c = json.loads(card.read_text()) if card.exists() else None
+        except ValueError:  # `zoo train` sets it aside and trains the model again
+            rows.append({"name": folder.name, "pe": folder.name.rsplit("-seed", 1)[0],
+                         "seed": int(folder.name.rsplit("-seed", 1)[1]), "status": "damaged",
+                         "steps": 0, "val_loss": float("nan")})
+            continue
+        if c is not None:
             rows.append({"name": folder.name, "pe": c["pe"], "seed": c["seed"], "status": "done",
                          "steps": c["steps"], "val_loss": c["val_loss"]})
         else:
