@@ -233,7 +233,8 @@ def check_checkpoint(path: str | Path, read_state: bool = False) -> tuple[dict, 
     """Read a checkpoint folder and check it whole; the one check every reader uses.
 
     Each file is read once: ``config.json`` must parse, ``model.safetensors`` must parse
-    and hold only finite floating-point weights, and each file's SHA-256 must equal the
+    and hold only finite floating-point weights (TransformerLens's constant -inf mask
+    buffers aside), and each file's SHA-256 must equal the
     one in ``manifest.json`` (written after the files, so a flipped bit anywhere is
     caught). Folders written before manifests existed are checked without hashes.
 
@@ -290,7 +291,7 @@ def check_checkpoint(path: str | Path, read_state: bool = False) -> tuple[dict, 
                               f"differs from the one in {MANIFEST})")
     check_tl_major(configs.get("versions"), f"checkpoint {folder}")
     for key, tensor in weights.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if _non_finite(tensor):
             bad = int((~torch.isfinite(tensor)).sum())
             raise damaged(f"{folder / 'model.safetensors'}: weight {key} holds {bad} non-finite "
                           "value(s) (inf/nan)")
@@ -377,9 +378,18 @@ def _write_durably(file: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _require_finite(state: dict[str, Tensor], step: int) -> None:
-    for key, tensor in state.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+def _non_finite(tensor: Tensor) -> bool:
+    """Whether a saved tensor holds inf/nan that no weight should hold. TransformerLens
+    keeps constant all -inf buffers (TL 3.9's ``attn.IGNORE`` mask value) in the state
+    dict: those are left alone."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return False
+    return not bool((tensor == float("-inf")).all())
+
+
+def _require_finite(model, step: int) -> None:
+    for key, tensor in model.named_parameters():
+        if not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"training diverged: weight {key} holds non-finite values (inf/nan) "
                              f"after step {step}; the earlier checkpoints are kept. Lower lr or "
                              "grad_clip and train again in another folder")
@@ -405,8 +415,8 @@ def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, 
             aside = set_aside(target)
             warnings.warn(f"{err}; moved it to {aside} and writing step {step} again",
                           stacklevel=3)
+    _require_finite(model, step)
     weights = _cpu_state(model)
-    _require_finite(weights, step)
     state = io.BytesIO()
     torch.save({"step": step, "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "rng": gen.get_state(),
@@ -793,7 +803,7 @@ def _weights_problem(path: Path) -> str | None:
         weights = load_safetensors(path.read_bytes())
     except Exception as err:  # safetensors raises its own SafetensorError
         return f"unreadable ({type(err).__name__}: {err})"
-    bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [k for k, t in weights.items() if _non_finite(t)]
     return f"non-finite values in {bad[0]}" if bad else None
 
 
