@@ -203,8 +203,10 @@ def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
             raise FolderInUse(
                 f"{folder} is in use by another posinterp run (process {holder}); wait for it "
                 "to finish, or give this run another output folder") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        pid = str(os.getpid()).encode()
+        if os.pread(fd, 64, 0) != pid:  # the holder, for the message; unchanged if it is us
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, pid, 0)
         yield folder
     finally:
         os.close(fd)  # closing the descriptor releases the lock
