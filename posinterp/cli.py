@@ -448,6 +448,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, NotImplementedError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk or a read-only folder: the path and the cause
+        from .io import describe_os_error
+
+        print(f"posinterp: error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
     except ImportError as err:
         if not any(f"posinterp[{x}]" in str(err) for x in ("ray", "gguf")):
             raise

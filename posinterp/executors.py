@@ -2,9 +2,12 @@
 
 A grid is a list of :class:`Cell` s (a top-level function, its keyword arguments and
 the resources it asks for). :func:`run_cells` is the driver: it skips every cell whose
-result file exists, runs the others through an executor, writes each result atomically
-*in the driver* as soon as it arrives (so a crash keeps every finished cell), and lets
-every cell finish before it reports the failed ones together (:class:`CellsFailed`).
+result file exists and reads back whole (a damaged one is moved aside and its cell run
+again), runs the others through an executor, writes each result atomically *in the
+driver* as soon as it arrives (so a crash keeps every finished cell), and lets every
+cell finish before it reports the failed ones together (:class:`CellsFailed`). It holds
+a lock on its folder, so a second run into it is refused, and treats SIGTERM like
+Ctrl-C: pending cells are cancelled and no worker process is left behind (docs/faults.md).
 
 Every executor runs a cell the same way (:func:`_call`): with ``torch`` set to
 ``int(num_cpus)`` threads for its duration, so a cell's numbers depend on its own seed
@@ -20,18 +23,29 @@ Source: DESIGN.md §4 ("Experiments are grids of independent cells"); issue 17
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import re
+import signal
+import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .io import atomic_path, atomic_write_json
+from .io import (
+    atomic_path,
+    atomic_write_json,
+    clean_temporaries,
+    folder_lock,
+    read_json_record,
+    set_aside,
+)
 
 __all__ = ["EXECUTORS", "Cell", "CellsFailed", "Executor", "LocalExecutor", "ProcessExecutor",
            "RayExecutor", "cell_done", "gpus_for", "make_executor", "run_cells"]
@@ -190,13 +204,52 @@ class ProcessExecutor(Executor):
         if not cells:
             return
         n = max(1, min(self.workers, len(cells), os.cpu_count() or 1))
-        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_init)
+        finished = False
+        try:
             futures = {pool.submit(_call, c.fn, c.kwargs, _threads(c)): c for c in cells}
             for fut in as_completed(futures):
                 try:
-                    yield (futures[fut], *fut.result())
+                    result = fut.result()
                 except Exception:  # the worker died (killed, out of memory): not the cell's own error
-                    yield futures[fut], False, traceback.format_exc(), float("nan")
+                    result = False, traceback.format_exc(), float("nan")
+                yield (futures[fut], *result)
+            finished = True
+        finally:
+            if finished:
+                pool.shutdown(wait=True)
+            else:  # interrupted (Ctrl-C, SIGTERM) or abandoned: run nothing more
+                _stop_pool(pool)
+
+
+def _worker_init() -> None:
+    """In each pool worker: leave Ctrl-C to the driver (which stops the pool), and die
+    with the driver even when it is killed outright (Linux ``PR_SET_PDEATHSIG``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(Exception):  # not Linux: the driver's own cleanup must do
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the driver died before prctl
+            os._exit(1)
+
+
+def _stop_pool(pool) -> None:
+    """Cancel every pending cell and end every worker of ``pool`` now (a running cell's
+    checkpoints are written atomically, so killing it loses at most its unsaved steps)."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown drops them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        with contextlib.suppress(Exception):
+            proc.terminate()
+    for proc in processes:
+        with contextlib.suppress(Exception):
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
 
 
 class RayExecutor(Executor):
@@ -235,10 +288,14 @@ class RayExecutor(Executor):
     def submit_all(self, cells):
         ray = self._ray
         remote = ray.remote(_call)
+        alive = _alive_nodes(ray)
         pending = {remote.options(num_cpus=c.num_cpus, num_gpus=c.num_gpus)
                    .remote(c.fn, dict(c.kwargs), _threads(c)): c for c in cells}
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=30)
+            alive = _report_lost_nodes(ray, alive)
+            if not ready:
+                continue
             cell = pending.pop(ready[0])
             try:
                 yield (cell, *ray.get(ready[0]))
@@ -249,6 +306,28 @@ class RayExecutor(Executor):
         if self._started and self._ray.is_initialized():
             self._ray.shutdown()
             self._started = False
+
+
+def _alive_nodes(ray) -> dict[str, str]:
+    """``{node id: address}`` of the cluster's live nodes ({} if Ray cannot say)."""
+    try:
+        return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in ray.nodes() if n.get("Alive")}
+    except Exception:  # a report, never a reason to stop the grid
+        return {}
+
+
+def _report_lost_nodes(ray, before: dict[str, str]) -> dict[str, str]:
+    """Warn once for each node of ``before`` that is no longer alive; return the live ones."""
+    now = _alive_nodes(ray)
+    if not now:  # no answer: keep the last known state
+        return before
+    for node, address in before.items():
+        if node not in now:
+            warnings.warn(f"Ray node {node[:12]} ({address}) was lost during the run; Ray "
+                          "retries its unfinished cells on the remaining nodes (each cell "
+                          "carries its own seed, so the results are unchanged), and a cell that "
+                          "runs out of retries is reported as failed", stacklevel=2)
+    return now
 
 
 def make_executor(name: str = "local", workers: int | None = None,
@@ -335,50 +414,74 @@ FORMATS = {"json": (".json", _save_json, _load_json), "csv": (".csv", _save_csv,
 
 def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Executor | None = None,
               fmt: str = "json", progress: bool = True, desc: str = "cells",
-              seconds_file: str | None = "_seconds.json", log=None) -> dict[str, Any]:
+              seconds_file: str | None = "_seconds.json", log=None,
+              verify: Callable[[Cell, Any], None] | None = None,
+              lock: bool = True) -> dict[str, Any]:
     """Run (or resume) a grid; return ``{name: result}`` in the order of ``cells``.
 
-    A cell whose ``<out_dir>/<name><suffix>`` exists (with an equal stored key, for a cell
-    with a ``key``: :func:`cell_done`) is not run again; one whose key changed is
-    recomputed and logged as stale. The others go
-    through ``executor`` (default :class:`LocalExecutor`); each result is written
-    atomically by this driver as it arrives (``fmt``: ``json`` for dicts, ``csv`` for
-    DataFrames, ``pickle`` for anything else) and its compute seconds are added to
-    ``<out_dir>/<seconds_file>`` (``None``: not recorded). Every result returned is read
-    back from its file, so a fresh run and a resumed one hand on the same values.
+    A cell whose ``<out_dir>/<name><suffix>`` exists, reads back (and passes ``verify``)
+    and, for a cell with a ``key``, has an equal stored key (:func:`cell_done`) is not run
+    again; one whose key changed is recomputed and logged as stale; a damaged one is moved
+    aside to ``broken-<name>`` with a warning naming both, and its cell runs again. The others go through ``executor``
+    (default :class:`LocalExecutor`); each result is written atomically by this driver as
+    it arrives (``fmt``: ``json`` for dicts, ``csv`` for DataFrames, ``pickle`` for
+    anything else) and its compute seconds are added to ``<out_dir>/<seconds_file>``
+    (``None``: not recorded). Every result returned is read back from its file, so a
+    fresh run and a resumed one hand on the same values.
+
+    While it runs, the driver holds :func:`posinterp.io.folder_lock` on ``out_dir``
+    (``lock=False``: the caller locks finer, as the zoo does per model) and, in the main
+    thread, turns SIGTERM into ``KeyboardInterrupt``: on either, pending cells are
+    cancelled and the executor's workers are ended before the interrupt goes on.
+
+    Args:
+        verify: ``(cell, result) -> None``, raising ``ValueError`` or ``OSError`` when
+            what the result stands for is damaged (e.g. the weights a zoo card points
+            to); called on every result found on disk.
 
     Raises:
         ValueError: for an unknown ``fmt`` or repeated cell names.
+        posinterp.io.FolderInUse: if another run holds ``out_dir``.
         CellsFailed: after every other cell finished and was written, naming each cell
             that raised with its traceback.
 
     Source: DESIGN.md §4 (a cell: config + seed -> a result file, skipped when done);
-    issue 17.
+    issues 17 and 23.
     """
-    from tqdm.auto import tqdm
-
     if fmt not in FORMATS:
         raise ValueError(f"fmt must be one of {tuple(FORMATS)}, got {fmt!r}")
     names = [c.name for c in cells]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"cell names must be unique, repeated: {dup}")
-    suffix, save, load = FORMATS[fmt]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with (folder_lock(out) if lock else contextlib.nullcontext()), _sigterm_interrupts():
+        return _run_cells(cells, out, executor, fmt, progress, desc, seconds_file, log, verify,
+                          lock)
+
+
+def _run_cells(cells, out, executor, fmt, progress, desc, seconds_file, log, verify, locked):
+    from tqdm.auto import tqdm
+
+    names = [c.name for c in cells]
+    suffix, save, load = FORMATS[fmt]
     path = {c.name: out / f"{c.name}{suffix}" for c in cells}
-    todo = [c for c in cells if not cell_done(c, out, fmt)]
-    if log is not None:
-        for c in todo:
-            if path[c.name].exists():
-                log(f"[posinterp] {c.name}: stale (its key changed), recomputing")
+    if locked:  # writes killed mid-way; no other writer runs while we hold the lock
+        for folder in {p.parent for p in path.values()}:
+            clean_temporaries(folder)
+    todo = [c for c in cells if not _done(c, path[c.name], load, verify, log)]
     failures: dict[str, str] = {}
+    if log is not None and todo and len(todo) < len(cells):
+        log(f"[posinterp] resuming in {out}: {len(cells) - len(todo)} of {len(cells)} cells "
+            f"are done, {len(todo)} to run")
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), disable=not progress, desc=desc)
     if todo:
         own = executor is None
         executor = executor or LocalExecutor()
+        arriving = executor.submit_all(todo)
         try:
-            for cell, ok, value, seconds in executor.submit_all(todo):
+            for cell, ok, value, seconds in arriving:
                 if ok:
                     if cell.key is not None:  # the old key goes first: never a stale pair
                         _key_path(path[cell.name]).unlink(missing_ok=True)
@@ -395,6 +498,7 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
                         + f" ({seconds:.1f} s)")
                 bar.update()
         finally:
+            arriving.close()  # an interrupt here stops the executor's pending cells now
             bar.close()
             if own:
                 executor.close()
@@ -406,10 +510,60 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
     return results
 
 
+def _done(cell: Cell, path: Path, load, verify, log=None) -> bool:
+    """Whether ``cell``'s result is on disk, current (its stored key equals the cell's)
+    and whole; a damaged one is moved aside, a stale one is recomputed."""
+    if not path.exists():
+        return False
+    if cell.key is not None:
+        stored = _key_path(path)
+        if not (stored.exists() and stored.read_text() == _key_text(cell.key)):
+            if log is not None:
+                log(f"[posinterp] {cell.name}: stale (its key changed), recomputing")
+            return False
+    try:
+        result = load(path)
+        if verify is not None:
+            verify(cell, result)
+        return True
+    except Exception as err:  # json, pandas and pickle each raise their own errors
+        problem = f"{type(err).__name__}: {err}"
+    aside = set_aside(path)
+    warnings.warn(f"result {path} of cell {cell.name} is damaged ({problem}); moved it to "
+                  f"{aside} and running the cell again", stacklevel=4)
+    return False
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (from a scheduler, ``timeout`` or ``kill``), handled as Ctrl-C is."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (elsewhere,
+    or when a non-default handler is installed, nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(f"terminated by signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _add_seconds(path: Path, name: str, seconds: float) -> None:
     # Each cell's compute time, kept across resumed runs: a report can sum them, and a
     # rerun that only reads cells back cannot pass its seconds off as the run's cost.
-    table = json.loads(path.read_text()) if path.exists() else {}
+    table = read_json_record(path) or {}
     table[name] = round(seconds, 1)
     atomic_write_json(path, table)
 

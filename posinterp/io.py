@@ -8,6 +8,8 @@ then renamed over the target (``os.replace`` is atomic on POSIX and Windows).
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import math
 import os
@@ -18,8 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_write_json", "atomic_dir", "check_out_dir",
-           "dumps_json", "json_ready", "versions"]
+__all__ = ["FolderInUse", "atomic_dir", "atomic_path", "atomic_write_json", "atomic_write_text",
+           "check_out_dir", "clean_temporaries", "describe_os_error", "dumps_json", "folder_lock",
+           "json_ready", "read_json_record", "set_aside", "sha256_file", "versions"]
 
 
 def _umask() -> int:
@@ -37,7 +40,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     ``path`` keeps its previous content.
 
     Raises:
-        OSError: if the parent folder cannot be created or the rename fails.
+        OSError: if the parent folder cannot be created, a write in the block fails or
+            the rename fails (a write's error names ``path``, e.g. on a full disk).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,9 +52,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp_path
         os.replace(tmp_path, path)
+    except OSError as err:
+        if err.filename is not None and err.filename != str(tmp_path):
+            raise
+        # Writers (pandas, write_text) raise without a path, or with the hidden one:
+        # name the file the user asked for.
+        raise type(err)(err.errno, err.strerror or str(err), str(path)) from err
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        with contextlib.suppress(OSError):  # never hide the write's own error
+            tmp_path.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -112,7 +122,136 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)  # never hide the write's own error
+
+
+def set_aside(path: str | os.PathLike, prefix: str = "broken-") -> Path:
+    """Rename a damaged file or folder to ``<prefix><name>`` beside it (``-2``, ``-3``, ...
+    when that name is taken) and return the new path.
+
+    Damaged results are the user's files: they are kept for a look, never deleted, and
+    once renamed they are neither resumed from nor counted as done.
+
+    Raises:
+        OSError: if the rename fails.
+    """
+    path = Path(path)
+    aside, n = path.with_name(f"{prefix}{path.name}"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{prefix}{path.name}-{n}")
+    os.replace(path, aside)
+    return aside
+
+
+def read_json_record(path: str | os.PathLike) -> dict | None:
+    """The JSON object in ``path`` (a bookkeeping file a run extends, e.g. ``run.json``),
+    or None when it is missing or damaged; a damaged one is moved aside to ``broken-*``
+    with a warning, so every later run does not trip over it. Raises nothing else than
+    the ``OSError`` of a failed rename.
+    """
+    import warnings
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        obj = json.loads(path.read_text())
+        if isinstance(obj, dict):
+            return obj
+        problem = f"a JSON {type(obj).__name__}, not an object"
+    except (OSError, ValueError) as err:
+        problem = f"{type(err).__name__}: {err}"
+    aside = set_aside(path)
+    warnings.warn(f"{path} is damaged ({problem}); moved it to {aside} and starting it anew",
+                  stacklevel=2)
+    return None
+
+
+def clean_temporaries(folder: str | os.PathLike) -> list[Path]:
+    """Remove the hidden ``.<name>.*.tmp`` files and folders that :func:`atomic_path` and
+    :func:`atomic_dir` leave when a process is killed mid-write; return what was removed.
+
+    Call it only while holding :func:`folder_lock` on ``folder`` (another writer's
+    temporaries would be removed under it). Raises nothing for a missing folder.
+    """
+    folder = Path(folder)
+    removed = []
+    for tmp in sorted(folder.glob(".*.tmp")) if folder.is_dir() else []:
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file's bytes (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class FolderInUse(ValueError):
+    """Another process holds the lock on an output folder (:func:`folder_lock`)."""
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive lock on ``folder`` (``flock`` on ``folder/.lock``) for the block.
+
+    Two runs writing one folder would both do all the work and race on its
+    read-modify-write files; the second is refused at once instead. The lock goes with
+    the process (a killed run leaves no stale lock). Where ``fcntl`` is missing
+    (Windows) no lock is taken.
+
+    Raises:
+        FolderInUse: naming the folder and the holder's process id, if another process
+            (or another open of the same lock in this one) holds it.
+        OSError: if the lock file cannot be created (e.g. a read-only folder).
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield Path(folder)
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise FolderInUse(
+                f"{folder} is in use by another posinterp run (process {holder}); wait for it "
+                "to finish, or give this run another output folder") from None
+        pid = str(os.getpid()).encode()
+        if os.pread(fd, 64, 0) != pid:  # the holder, for the message; unchanged if it is us
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, pid, 0)
+        yield folder
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+# What a failed write means for the user, by errno.
+_CAUSES = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded",
+           errno.EROFS: "read-only file system", errno.EACCES: "not writable (permission denied)",
+           errno.EPERM: "not writable (operation not permitted)",
+           errno.EFBIG: "file too large for this file system or the process's file-size limit"}
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line naming the path and the cause of an ``OSError``, e.g. ``run/x.json: disk
+    full (No space left on device)``. Raises nothing."""
+    cause = _CAUSES.get(err.errno or -1)
+    what = err.strerror or str(err)
+    text = what if not cause or cause.lower() in what.lower() else f"{cause} ({what})"
+    return text if err.filename is None else f"{err.filename}: {text}"
 
 
 def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool = True) -> Path:

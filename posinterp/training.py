@@ -5,17 +5,23 @@ from the model seed, batches from a generator seeded by ``TrainConfig.seed`` who
 state is checkpointed, so a resumed run continues to exactly the parameters of an
 uninterrupted one.
 
-Checkpoints are folders ``step_0000500/`` holding ``model.safetensors``, ``config.json``
-and ``trainer_state.pt`` (optimizer, scheduler, RNG, history), each written in a
-temporary folder and renamed, so a crash never leaves a half checkpoint.
+Checkpoints are folders ``step_0000500/`` holding ``model.safetensors``, ``config.json``,
+``trainer_state.pt`` (optimizer, scheduler, RNG, history) and, written last,
+``manifest.json`` (each file's SHA-256), built in a temporary folder and renamed, so a
+crash never leaves a half checkpoint. Every read of a checkpoint (resume,
+:func:`load_checkpoint`) goes through one check, :func:`check_checkpoint`: a damaged
+one is never resumed from (docs/faults.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import io
 import json
 import math
+import os
 import shutil
 import time
 import warnings
@@ -32,15 +38,18 @@ from tqdm.auto import tqdm
 
 from ._validate import require_at_least
 from .devices import model_device, move_model, to_device
-from .io import atomic_dir, atomic_path, dumps_json, versions
+from .io import atomic_dir, atomic_path, clean_temporaries, dumps_json, folder_lock, set_aside, versions
 from .models.toy import ToyModelConfig, build_model
 from .tasks.synthetic import TaskConfig, TaskData, TaskSplit
 
 __all__ = [
-    "TrainConfig", "TrainResult", "answer_loss", "clip_grad_norm", "exact_match", "fit",
-    "latest_checkpoint",
-    "TrainingInterrupted", "load_checkpoint", "load_weights", "train",
+    "CheckpointDamaged", "TrainConfig", "TrainResult", "answer_loss", "check_checkpoint",
+    "clip_grad_norm", "exact_match", "fit", "latest_checkpoint", "TrainingInterrupted",
+    "load_checkpoint", "load_weights", "train",
 ]
+
+MANIFEST = "manifest.json"
+CHECKPOINT_FILES = ("model.safetensors", "config.json", "trainer_state.pt")
 
 # Settings that change when checkpoints are written, never what is computed: a resumed run
 # may use other values than the run that wrote the checkpoint.
@@ -199,7 +208,8 @@ def _configs_dict(model_cfg: ToyModelConfig, task_cfg: TaskConfig, train_cfg: Tr
 
 
 def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    """The complete checkpoint folder with the highest step, or None."""
+    """The complete checkpoint folder with the highest step, or None (by its files'
+    presence; :func:`check_checkpoint` checks its content)."""
     d = Path(checkpoint_dir)
     if not d.is_dir():
         return None
@@ -207,10 +217,109 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
+class CheckpointDamaged(ValueError):
+    """A checkpoint folder that fails :func:`check_checkpoint`.
+
+    Attributes:
+        folder: the checkpoint folder.
+        problem: what is wrong, naming the file (missing, unreadable, changed since it
+            was written, non-finite weights, or weights of another shape).
+    """
+
+    def __init__(self, folder: Path, problem: str):
+        super().__init__(f"checkpoint {folder} is damaged: {problem}")
+        self.folder, self.problem = Path(folder), problem
+
+
+def check_checkpoint(path: str | Path, read_state: bool = False) -> tuple[dict, dict, dict | None]:
+    """Read a checkpoint folder and check it whole; the one check every reader uses.
+
+    Each file is read once: ``config.json`` must parse, ``model.safetensors`` must parse
+    and hold only finite floating-point weights (TransformerLens's constant -inf mask
+    buffers aside), and each file's SHA-256 must equal the
+    one in ``manifest.json`` (written after the files, so a flipped bit anywhere is
+    caught). Folders written before manifests existed are checked without hashes.
+
+    Args:
+        path: a ``step_*`` folder.
+        read_state: also unpickle ``trainer_state.pt`` (resuming needs it).
+
+    Returns:
+        ``(configs, weights, trainer_state)``: the dict of ``config.json``, the weights
+        (name -> CPU tensor) and the trainer state (None unless ``read_state``).
+
+    Raises:
+        CheckpointDamaged: (a ValueError) naming the folder, the file and the fault.
+    """
+    from safetensors.torch import load as load_safetensors
+
+    folder = Path(path)
+
+    def damaged(problem: str):
+        return CheckpointDamaged(folder, problem)
+
+    blobs = {}
+    for name in (*CHECKPOINT_FILES, MANIFEST):
+        try:
+            blobs[name] = (folder / name).read_bytes()
+        except FileNotFoundError:
+            if name != MANIFEST:
+                raise damaged(f"{folder / name} is missing") from None
+        except OSError as err:
+            raise damaged(f"{folder / name} is unreadable ({err.strerror or err})") from None
+    try:
+        configs = json.loads(blobs["config.json"])
+        if not isinstance(configs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as err:
+        raise damaged(f"{folder / 'config.json'} is unreadable ({type(err).__name__}: {err})"
+                      ) from None
+    try:
+        weights = load_safetensors(blobs["model.safetensors"])
+    except Exception as err:  # safetensors raises its own SafetensorError
+        raise damaged(f"{folder / 'model.safetensors'} is unreadable ({type(err).__name__}: "
+                      f"{err}); it is probably truncated") from None
+    if MANIFEST in blobs:
+        try:
+            recorded = json.loads(blobs[MANIFEST])["sha256"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise damaged(f"{folder / MANIFEST} is unreadable ({type(err).__name__}: {err})"
+                          ) from None
+        for name in CHECKPOINT_FILES:
+            if hashlib.sha256(blobs[name]).hexdigest() != recorded.get(name):
+                raise damaged(f"{folder / name} has changed since it was written (its SHA-256 "
+                              f"differs from the one in {MANIFEST})")
+    # Another TransformerLens major is not damage: load_weights converts TL 3.9 weights on
+    # TL 4 and refuses the rest by name; resuming checks it too (check_tl_major).
+    for key, tensor in weights.items():
+        if _non_finite(tensor):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise damaged(f"{folder / 'model.safetensors'}: weight {key} holds {bad} non-finite "
+                          "value(s) (inf/nan)")
+    state = None
+    if read_state:
+        try:
+            # Optimizer moments saved from CUDA load here too; AdamW's load_state_dict
+            # moves them to each parameter's device.
+            state = torch.load(io.BytesIO(blobs["trainer_state.pt"]), weights_only=False,
+                               map_location="cpu")
+            step = state["step"]
+        except Exception as err:
+            raise damaged(f"{folder / 'trainer_state.pt'} is unreadable ({type(err).__name__}: "
+                          f"{err})") from None
+        if configs.get("step", step) != step:
+            raise damaged(f"{folder / 'trainer_state.pt'} is at step {step} but "
+                          f"{folder / 'config.json'} says step {configs.get('step')}")
+    return configs, weights, state
+
+
 def load_checkpoint(path: str | Path, device=None):
     """Load a checkpoint folder written by :func:`train`, on any device (the weights are
     read to CPU and copied into a model built on ``device``;
     :func:`posinterp.devices.resolve_device`, None: CUDA when available, else CPU).
+
+    The folder is checked first (:func:`check_checkpoint`: hashes, readability, finite
+    weights), so a damaged checkpoint is never loaded.
 
     Returns:
         ``(model, configs)`` where ``configs`` is the dict of ``config.json`` (model,
@@ -218,17 +327,20 @@ def load_checkpoint(path: str | Path, device=None):
 
     Raises:
         FileNotFoundError: if ``model.safetensors`` or ``config.json`` is missing.
-        ValueError: if either file is unreadable (truncated, corrupt, or from another
-            model); the message names the file; a bad ``device``.
+        CheckpointDamaged: (a ValueError) if a file is unreadable (truncated, corrupt),
+            differs from its manifest, or holds non-finite weights; the message names
+            the file.
+        ValueError: for weights of another model or TransformerLens major version, or a
+            bad ``device``.
     """
     path = Path(path)
     for name in ("model.safetensors", "config.json"):
         if not (path / name).exists():
             raise FileNotFoundError(f"checkpoint {path} lacks {name}")
-    configs = _read_json(path / "config.json")
+    configs, weights, _ = check_checkpoint(path)
     model = build_model(ToyModelConfig.from_dict(configs["model"]), device=device)
-    load_weights(model, _read_weights(path / "model.safetensors"), configs.get("versions"),
-                 f"checkpoint {path}")
+    # TL 3.9 weights convert on TL 4; other majors are refused by name (load_weights)
+    load_weights(model, weights, configs.get("versions"), f"checkpoint {path}")
     return model, configs
 
 
@@ -307,41 +419,75 @@ def check_tl_major(saved: dict, where, resume: bool = False) -> None:
         f"train it again in another folder.")
 
 
-def _read_json(file: Path) -> dict:
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{file} is unreadable ({type(err).__name__}: {err}); delete this "
-                         "checkpoint folder") from None
+def _write_durably(file: Path, data: bytes) -> None:
+    # fsync before the folder is renamed: after a power cut a renamed checkpoint could
+    # otherwise hold zero-byte files.
+    with open(file, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def _read_weights(file: Path) -> dict:
-    from safetensors.torch import load_file
+def _non_finite(tensor: Tensor) -> bool:
+    """Whether a saved tensor holds inf/nan that no weight should hold. TransformerLens
+    keeps constant all -inf buffers (TL 3.9's ``attn.IGNORE`` mask value) in the state
+    dict: those are left alone."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return False
+    return not bool((tensor == float("-inf")).all())
 
-    try:
-        return load_file(file)
-    except Exception as err:  # safetensors raises its own SafetensorError on truncation
-        raise ValueError(f"{file} is unreadable ({type(err).__name__}: {err}); it is probably "
-                         "truncated: delete its checkpoint folder") from None
+
+def _require_finite(model, step: int) -> None:
+    for key, tensor in model.named_parameters():
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"training diverged: weight {key} holds non-finite values (inf/nan) "
+                             f"after step {step}; the earlier checkpoints are kept. Lower lr or "
+                             "grad_clip and train again in another folder")
 
 
 def _save(ckpt_dir: Path, step: int, model, optimizer, scheduler, gen, history, configs,
-          keep: int) -> Path:
-    from safetensors.torch import save_file
+          keep: int, last: Path | None = None) -> Path:
+    """Write checkpoint ``step`` (files, then its manifest, in a folder renamed into place).
+
+    Raises:
+        OSError: naming the folder and the cause (e.g. a full disk); nothing half-written
+            is left and the earlier checkpoints are kept.
+        ValueError: if a weight is non-finite (training diverged).
+    """
+    from safetensors.torch import save as save_safetensors
 
     target = ckpt_dir / f"step_{step:07d}"
     if target.exists():
-        return target
-    with atomic_dir(target) as tmp:
-        # state_dict holds NoPE's zero W_pos buffer too; safetensors wants contiguous tensors.
-        save_file(_cpu_state(model), tmp / "model.safetensors")
-        # The device is provenance, not config: a checkpoint resumes on any device.
-        (tmp / "config.json").write_text(dumps_json(
-            {**configs, "step": step, "device": str(model_device(model)), "versions": versions()},
-            indent=2))
-        torch.save({"step": step, "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "rng": gen.get_state(),
-                    "history": history}, tmp / "trainer_state.pt")
+        try:
+            check_checkpoint(target)
+            return target
+        except CheckpointDamaged as err:
+            aside = set_aside(target)
+            warnings.warn(f"{err}; moved it to {aside} and writing step {step} again",
+                          stacklevel=3)
+    _require_finite(model, step)
+    weights = _cpu_state(model)
+    state = io.BytesIO()
+    torch.save({"step": step, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": gen.get_state(),
+                "history": history}, state)
+    # The device is provenance, not config: a checkpoint resumes on any device.
+    blobs = {"model.safetensors": save_safetensors(weights),
+             "config.json": dumps_json({**configs, "step": step, "device": str(model_device(model)),
+                                        "versions": versions()}, indent=2).encode(),
+             "trainer_state.pt": state.getvalue()}
+    manifest = {"sha256": {n: hashlib.sha256(b).hexdigest() for n, b in blobs.items()},
+                "bytes": {n: len(b) for n, b in blobs.items()}}
+    try:
+        with atomic_dir(target) as tmp:
+            for name, data in blobs.items():
+                _write_durably(tmp / name, data)
+            # Last: a folder with a manifest has all its files.
+            _write_durably(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+    except OSError as err:
+        kept = f"the last checkpoint, {last.name}, is kept" if last else "no checkpoint was kept"
+        raise OSError(err.errno, f"{err.strerror or err}; checkpoint step {step} was not "
+                      f"written, {kept}", str(target)) from err
     complete = sorted(p for p in ckpt_dir.glob("step_*") if (p / "trainer_state.pt").exists())
     for old in complete[:-keep]:
         shutil.rmtree(old)
@@ -488,7 +634,9 @@ def fit(
     autocast = _autocast(mixed_precision, model_device(model))
     if mixed_precision is not None:
         configs = {**configs, "mixed_precision": mixed_precision}
-    with _deterministic_algorithms():
+    # One writer per checkpoint folder: a second run into it is refused (io.FolderInUse).
+    lock = folder_lock(checkpoint_dir) if checkpoint_dir is not None else contextlib.nullcontext()
+    with _deterministic_algorithms(), lock:
         return _fit(model, next_batch, loss_fn, evaluate_fn, config, configs, checkpoint_dir,
                     resume, progress, snapshot_steps, desc, autocast)
 
@@ -552,10 +700,23 @@ def _fit(
     step = 0
 
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    loaded = _resume_state(ckpt_dir, configs) if (ckpt_dir is not None and resume) else None
+    if ckpt_dir is not None:
+        # Writes killed mid-way (we hold the folder's lock, so none is running).
+        clean_temporaries(ckpt_dir)
+        clean_temporaries(ckpt_dir / "snapshots")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    # A snapshot is written only when training passes its step: if one is damaged or
+    # missing, resume from before it, so it is written again.
+    before = min((s for s in snapshot_steps if ckpt_dir is not None
+                  and not _snapshot_whole(ckpt_dir / "snapshots" / f"step_{s:07d}.safetensors")),
+                 default=None)
+    loaded = (_resume_state(ckpt_dir, configs, shapes, before)
+              if (ckpt_dir is not None and resume) else None)
     last_saved = None
     if loaded is not None:
         last_saved, weights, state = loaded
+        if progress:
+            tqdm.write(f"[posinterp] resuming from {last_saved} (step {state['step']})")
         model.load_state_dict(weights, strict=True)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
@@ -621,7 +782,7 @@ def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
     if ckpt_dir is not None and (step % config.checkpoint_every == 0 or due
                                  or _reached(history, config) or step == config.max_steps):
         last_saved = _save(ckpt_dir, step, model, optimizer, scheduler, gen, history, configs,
-                           config.keep_checkpoints)
+                           config.keep_checkpoints, last_saved)
         last_time = time.monotonic()
     bar.update(1)
     return step, last_saved, last_time
@@ -660,70 +821,103 @@ def _comparable(configs: dict) -> dict:
     return out
 
 
-def _resume_state(ckpt_dir: Path, configs: dict):
-    """``(folder, weights, trainer state)`` of the newest readable complete checkpoint, or None.
+def _resume_state(ckpt_dir: Path, configs: dict, shapes: dict[str, tuple],
+                  before: int | None = None):
+    """``(folder, weights, trainer state)`` of the newest undamaged checkpoint, or None.
 
-    An unreadable newest checkpoint (e.g. a truncated ``model.safetensors`` left by a
-    full disk) is reported by name with a warning, renamed ``broken-step_*`` and the
-    previous one is used.
+    Every ``step_*`` folder, newest first, goes through :func:`check_checkpoint`; a damaged
+    one (a missing, unreadable or changed file, non-finite weights, weights of another
+    shape) is moved aside to ``broken-step_*`` (kept, never deleted) and the next older
+    one is tried. One warning names each damaged folder, where it went, and the
+    checkpoint the run resumes from (or that it starts again from step 0). With
+    ``before``, only checkpoints of earlier steps are resumed from (the later ones stay:
+    training writes the same ones again).
 
     Raises:
-        ValueError: if a checkpoint was written with different configs, or every complete
-            checkpoint is unreadable (naming the files).
+        ValueError: if a checkpoint was written with different configs or under another
+            TransformerLens major version (not damage: the folder belongs to another run).
     """
-    done = sorted((p for p in ckpt_dir.glob("step_*") if (p / "trainer_state.pt").exists()),
-                  reverse=True) if ckpt_dir.is_dir() else []
-    errors = []
-    for folder in done:
+    folders = sorted((p for p in ckpt_dir.glob("step_*") if p.is_dir()
+                      and (before is None or _step_of(p) is None or _step_of(p) < before)),
+                     reverse=True) if ckpt_dir.is_dir() else []
+    damaged, found = [], None
+    for folder in folders:
         try:
-            saved = _read_json(folder / "config.json")
-        except ValueError as err:
-            errors.append(str(err))
-            continue
-        check_tl_major(saved.get("versions"), f"checkpoint {folder}", resume=True)
-        now, before = _comparable(configs), _comparable(saved)
-        # mixed_precision is absent when off (so older checkpoints compare equal): check both ways.
-        for key in [*now, *(["mixed_precision"] if "mixed_precision" in before.keys() - now.keys()
-                            else [])]:
-            if before.get(key) != now.get(key):
-                raise ValueError(
-                    f"checkpoint {folder} was written with a different {key} config; "
-                    f"use another checkpoint_dir or resume=False.\n saved: {before.get(key)}\n"
-                    f" now:   {now.get(key)}")
-        try:
-            weights = _read_weights(folder / "model.safetensors")
-            try:
-                # Optimizer moments saved from CUDA load here too; AdamW's load_state_dict
-                # moves them to each parameter's device.
-                state = torch.load(folder / "trainer_state.pt", weights_only=False,
-                                   map_location="cpu")
-            except Exception as err:
-                raise ValueError(f"{folder / 'trainer_state.pt'} is unreadable "
-                                 f"({type(err).__name__}: {err})") from None
-        except ValueError as err:
-            errors.append(str(err))
-            # Moved aside (not deleted: it is the user's file), so the resumed run can write
+            saved, weights, state = check_checkpoint(folder, read_state=True)
+            check_tl_major(saved.get("versions"), f"checkpoint {folder}", resume=True)
+            _compare_configs(folder, saved, configs)
+            got = {k: tuple(v.shape) for k, v in weights.items()}
+            if got != shapes:
+                diff = sorted(set(got.items()) ^ set(shapes.items()))[:3]
+                raise CheckpointDamaged(folder, f"{folder / 'model.safetensors'} holds weights "
+                                        f"of other names or shapes than its config's model "
+                                        f"(e.g. {diff})")
+        except CheckpointDamaged as err:
+            # Moved aside (not deleted: it is the user's file), so the resumed run writes
             # this step again and later resumes never trip over it.
-            aside = folder.with_name(f"broken-{folder.name}")
-            if not aside.exists():
-                folder.rename(aside)
-            warnings.warn(f"skipping checkpoint {folder}: {err}; moved it to {aside} and resuming "
-                          "from the previous complete checkpoint", stacklevel=3)
+            damaged.append((err, set_aside(folder)))
             continue
-        return folder, weights, state
-    if errors:
-        raise ValueError("no readable checkpoint to resume from: " + "; ".join(errors)
-                         + f". Delete the broken folders in {ckpt_dir} or pass resume=False.")
-    return None
+        found = folder, weights, state
+        break
+    if damaged:
+        then = (f"resuming from {found[0]} (step {found[2]['step']})" if found else
+                f"no undamaged checkpoint is left in {ckpt_dir}: training starts again "
+                "from step 0")
+        for err, aside in damaged:
+            warnings.warn(f"{err}; moved it to {aside}; {then}", stacklevel=4)
+    return found
+
+
+def _step_of(folder: Path) -> int | None:
+    tail = folder.name.removeprefix("step_")
+    return int(tail) if tail.isdigit() else None
+
+
+def _compare_configs(folder: Path, saved: dict, configs: dict) -> None:
+    now, before = _comparable(configs), _comparable(saved)
+    # mixed_precision is absent when off (so older checkpoints compare equal): check both ways.
+    for key in [*now, *(["mixed_precision"] if "mixed_precision" in before.keys() - now.keys()
+                        else [])]:
+        if before.get(key) != now.get(key):
+            raise ValueError(
+                f"checkpoint {folder} was written with a different {key} config; "
+                f"use another checkpoint_dir or resume=False.\n saved: {before.get(key)}\n"
+                f" now:   {now.get(key)}")
+
+
+def _weights_problem(path: Path) -> str | None:
+    """Why a weights file is damaged (unreadable or non-finite), or None when it is whole."""
+    from safetensors.torch import load as load_safetensors
+
+    try:
+        weights = load_safetensors(path.read_bytes())
+    except Exception as err:  # safetensors raises its own SafetensorError
+        return f"unreadable ({type(err).__name__}: {err})"
+    bad = [k for k, t in weights.items() if _non_finite(t)]
+    return f"non-finite values in {bad[0]}" if bad else None
+
+
+def _snapshot_whole(path: Path) -> bool:
+    """Whether snapshot ``path`` exists and is whole; a damaged one is moved aside."""
+    if not path.exists():
+        return False
+    problem = _weights_problem(path)
+    if problem is None:
+        return True
+    aside = set_aside(path)
+    warnings.warn(f"snapshot {path} is damaged ({problem}); moved it to {aside}; training "
+                  "resumes from before its step to write it again", stacklevel=4)
+    return False
 
 
 def _save_weights(path: Path, model) -> None:
-    from safetensors.torch import save_file
+    """Write a weights snapshot (atomically, durably) unless a whole one is there."""
+    from safetensors.torch import save as save_safetensors
 
-    if path.exists():
+    if path.exists() and _snapshot_whole(path):
         return
     with atomic_path(path) as tmp:
-        save_file(_cpu_state(model), tmp)
+        _write_durably(tmp, save_safetensors(_cpu_state(model)))
 
 
 def _cpu_state(model) -> dict[str, Tensor]:

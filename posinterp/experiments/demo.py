@@ -8,6 +8,7 @@ self-contained HTML report (Zuo et al. 2024, arXiv 2501.00073; docs/concepts.md,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -19,7 +20,7 @@ import torch
 from .._validate import derive
 from ..analysis import adjacency_by_layer, similarity_by_layer
 from ..devices import resolve_device
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, folder_lock, versions
 from ..models import build_model, preset
 from ..models.backend import run_cached
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
@@ -112,7 +113,8 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
     CUDA when available, else CPU); ``run.json`` records it.
 
     Resumable: training checkpoints live in ``out_dir/checkpoints``; a rerun with the
-    same config continues from the latest one.
+    same config continues from the latest undamaged one (docs/faults.md). While it runs
+    it holds a lock on ``out_dir``.
 
     Returns:
         :class:`DemoResult` with the per-layer table (init vs trained).
@@ -121,16 +123,20 @@ def run_demo(config: DemoConfig = DemoConfig(), out_dir: str | Path = "posinterp
         ValueError: for invalid config values, an ``out_dir`` that is a file, or an
             ``out_dir`` holding a run with other settings (checked before any work; the
             message names the options that differ). Nothing is created on bad input.
+        posinterp.io.FolderInUse: (a ValueError) if another run is writing ``out_dir``.
+        OSError: if a file cannot be written (full disk, read-only folder), naming it.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _run_demo(config, out_dir, progress, device)
+        with contextlib.ExitStack() as held:  # the folder's lock, once it is checked
+            return _run_demo(config, out_dir, progress, device, held)
     finally:
         torch.set_num_threads(before)
 
 
-def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=None) -> DemoResult:
+def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=None,
+              held: contextlib.ExitStack | None = None) -> DemoResult:
     device = resolve_device(device)
     d = config.digits
     task_cfg = TaskConfig("reversal", min_digits=d, max_digits=d, seed=config.seed)
@@ -141,6 +147,8 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=No
     _check_resumable(Path(out_dir), {"model": model_cfg.to_dict(), "task": task_cfg.to_dict(),
                                      "train": train_cfg.to_dict()}, config.threads)
     out = check_out_dir(out_dir, "out_dir")
+    if held is not None:  # one run per folder: a second one is refused (io.FolderInUse)
+        held.enter_context(folder_lock(out))
     # The thread count changes the numbers (summation order) but is not a training config:
     # record it before training, so a resume with another count is refused by name.
     atomic_write_json(out / "threads.json", {"threads": config.threads})

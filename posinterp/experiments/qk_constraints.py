@@ -60,7 +60,14 @@ from ..devices import model_device, resolve_device, to_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..interventions.channels import CHANNELS
 from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import (
+    atomic_path,
+    atomic_write_json,
+    check_out_dir,
+    folder_lock,
+    read_json_record,
+    versions,
+)
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..training import TrainConfig, fit
 
@@ -579,7 +586,8 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
 
     Raises:
         ValueError: if ``out_dir`` holds cells from a different grid (resuming them
-            would mix budgets).
+            would mix budgets); :class:`posinterp.io.FolderInUse` (a ValueError) if another
+            run is writing ``out_dir``.
         posinterp.executors.CellsFailed: after the other cells finished, if some raised.
 
     Source:
@@ -590,6 +598,12 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         device = str(resolve_device(device))  # a string travels to spawned workers
     out = Path(out_dir)
     check_out_dir(out, "out_dir")
+    # run.json is read, extended and written again: one run per folder (io.FolderInUse).
+    with folder_lock(out):
+        return _run_locked(grid, out, progress, markdown, command, executor, device)
+
+
+def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.DataFrame:
     (out / "cells").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     ceiling = induction_ceiling(*induction_batch(torch.Generator().manual_seed(10_000), 256,
@@ -604,8 +618,13 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     budget = {k: v for k, v in asdict(grid).items()
               if k not in ("pes", "constraints", "seeds", "workers")}
     grid_file = out / "grid.json"
-    if grid_file.exists() and json.loads(grid_file.read_text()) != budget:
-        old = json.loads(grid_file.read_text())
+    try:
+        old = json.loads(grid_file.read_text()) if grid_file.exists() else budget
+    except ValueError as err:
+        raise ValueError(f"{grid_file} is unreadable ({err}); it records the budget the cells "
+                         f"in {out / 'cells'} were trained with, so they cannot be reused "
+                         "safely: use a new out_dir") from None
+    if old != budget:
         diff = {k: (old.get(k), v) for k, v in budget.items() if old.get(k) != v}
         raise ValueError(f"out_dir {str(out)!r} holds cells from another grid budget "
                          f"(stored vs requested: {diff}); use a new out_dir")
@@ -614,7 +633,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     specs = [Cell(name, _train_cell, dict(grid=grid, pe=pe, constraint=c, seed=s, device=device),
                   num_cpus=1, num_gpus=gpus_for(device))
              for name, (pe, c, s) in zip(names, cells, strict=True)]
-    todo = [n for n in names if not (out / "cells" / f"{n}.json").exists()]
+    todo = [n for n in names if not _readable(out / "cells" / f"{n}.json")]  # damaged: rerun
     own = executor is None
     if own:
         executor = LocalExecutor() if grid.workers == 1 else ProcessExecutor(grid.workers)
@@ -640,7 +659,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         with atomic_path(out / name) as tmp:
             df.to_csv(tmp, index=False)
     run_file = out / "run.json"
-    calls = json.loads(run_file.read_text()).get("calls", []) if run_file.exists() else []
+    calls = (read_json_record(run_file) or {}).get("calls", [])
     calls.append({"seconds": round(time.time() - t0, 1), "cells_run": len(todo),
                   "executor": executor.name, "workers": getattr(executor, "workers", None),
                   "command": command})
@@ -656,6 +675,14 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     if markdown is not None:
         write_page(out, markdown)
     return summary
+
+
+def _readable(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _where(call: dict) -> str:
@@ -675,7 +702,7 @@ def _cell_seconds(cells_dir: Path, names: list[str], results: list[dict]) -> flo
     ``cell_seconds`` (cells written before the executors kept the time outside them).
     """
     path = cells_dir / "_seconds.json"
-    table = json.loads(path.read_text()) if path.exists() else {}
+    table = read_json_record(path) or {}
     seconds = [table.get(n, r.get("cell_seconds")) for n, r in zip(names, results, strict=True)]
     return None if any(v is None for v in seconds) else round(float(sum(seconds)), 1)
 

@@ -33,9 +33,16 @@ from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..specs import zoo_home
 from ..specs import zoo_model_dir as _model_dir
 from ..tasks.corpus import ByteCorpus, stdlib_corpus
-from ..training import TrainConfig, fit, latest_checkpoint, load_weights
+from ..training import (
+    TrainConfig,
+    _weights_problem,
+    check_checkpoint,
+    fit,
+    latest_checkpoint,
+    load_weights,
+)
 
-__all__ = ["ZooConfig", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
+__all__ = ["ZooConfig", "check_zoo_model", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,10 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
     unfinished one resumes from its last checkpoint. Seeds ``first_seed .. first_seed +
     seeds - 1`` are trained, so several processes can share the work (one seed range
     each). ``executor`` runs the models (default: one after another in this process);
-    each trains with ``threads`` torch threads (and asks a scheduler for that many CPUs),
+    A model counts as done only when its card, its final checkpoint and its snapshots
+    pass :func:`check_zoo_model`; a damaged one trains again from its last undamaged
+    checkpoint (:func:`posinterp.training.fit`), to the same weights.
+    Each trains with ``threads`` torch threads (and asks a scheduler for that many CPUs),
     so its weights depend on ``threads``, not on the executor. ``card.json`` is written
     by the driver once the model is trained; a model that fails is reported (with the
     others trained) by :class:`posinterp.executors.CellsFailed`.
@@ -151,8 +161,10 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
                   dict(config=config, pe=pe, seed=seed, home=home, corpus=corpus,
                        progress=progress and in_process, device=device),
                   num_cpus=threads, num_gpus=gpus_for(device)) for pe, seed in keys]
+    # Locked per model (by its training), not per home: processes share a zoo by seed range.
     cards = run_cells(cells, home, executor, progress=progress and not in_process, desc="zoo",
-                      seconds_file=None)
+                      seconds_file=None, verify=lambda cell, card: check_zoo_model(
+                          _model_dir(home, card["pe"], card["seed"]), card), lock=False)
     rows = []
     for (pe, seed), card in zip(keys, cards.values(), strict=True):
         rows.append({"pe": pe, "seed": seed, "val_loss": card["val_loss"], "steps": card["steps"],
@@ -192,14 +204,46 @@ def _train_model(config: ZooConfig, pe: str, seed: int, home: Path, corpus: Byte
     }
 
 
+def check_zoo_model(folder: Path, card: dict) -> Path:
+    """Check that a finished zoo model's weights are whole; return its final checkpoint.
+
+    The final checkpoint must pass :func:`posinterp.training.check_checkpoint` (hashes,
+    readable, finite weights) at the card's step, and every snapshot up to it must read
+    back with finite weights.
+
+    Raises:
+        ValueError: naming the folder or file that is missing or damaged.
+    """
+    folder = Path(folder)
+    last = latest_checkpoint(folder / "checkpoints")
+    if last is None:
+        raise ValueError(f"{folder} has a card but no checkpoint")
+    configs, _, _ = check_checkpoint(last)
+    if configs.get("step") != card["steps"]:
+        raise ValueError(f"{last} is at step {configs.get('step')}, the card says {card['steps']}")
+    for step in card.get("snapshot_steps", []):
+        path = folder / "checkpoints" / "snapshots" / f"step_{step:07d}.safetensors"
+        if step <= card["steps"]:
+            problem = "missing" if not path.exists() else _weights_problem(path)
+            if problem:
+                raise ValueError(f"snapshot {path} is damaged ({problem})")
+    return last
+
+
 def list_zoo(home: str | Path | None = None) -> pd.DataFrame:
     """What the zoo holds: one row per model folder, finished or not."""
     home = Path(home) if home is not None else zoo_home()
     rows = []
     for folder in sorted(home.glob("*-seed*")) if home.is_dir() else []:
         card = folder / "card.json"
-        if card.exists():
-            c = json.loads(card.read_text())
+        try:
+            c = json.loads(card.read_text()) if card.exists() else None
+        except ValueError:  # `zoo train` sets it aside and trains the model again
+            rows.append({"name": folder.name, "pe": folder.name.rsplit("-seed", 1)[0],
+                         "seed": int(folder.name.rsplit("-seed", 1)[1]), "status": "damaged",
+                         "steps": 0, "val_loss": float("nan")})
+            continue
+        if c is not None:
             rows.append({"name": folder.name, "pe": c["pe"], "seed": c["seed"], "status": "done",
                          "steps": c["steps"], "val_loss": c["val_loss"]})
         else:
@@ -219,7 +263,8 @@ def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
         ``(model, card)``.
 
     Raises:
-        ValueError: for a malformed spec or unknown scheme.
+        ValueError: for a malformed spec or unknown scheme, or damaged weights
+            (:func:`check_zoo_model`; named, with how to repair them).
         FileNotFoundError: if that model (or snapshot) has not been trained.
     """
     from safetensors.torch import load_file
@@ -238,12 +283,20 @@ def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
                                 "run `posinterp zoo train` first")
     card = json.loads(card_path.read_text())
     model = build_model(ToyModelConfig.from_dict(card["model"]), device=device)
+    repair = "rerun `posinterp zoo train` with the same options to train it again"
     if step:
         weights = folder / "checkpoints" / "snapshots" / f"step_{int(step):07d}.safetensors"
         if not weights.exists():
             raise FileNotFoundError(f"no snapshot {weights}; snapshots: {card['snapshot_steps']}")
+        problem = _weights_problem(weights)
+        if problem:
+            raise ValueError(f"snapshot {weights} is damaged ({problem}); {repair}")
     else:
-        weights = latest_checkpoint(folder / "checkpoints") / "model.safetensors"
+        try:
+            weights = check_zoo_model(folder, card) / "model.safetensors"
+        except ValueError as err:
+            raise ValueError(f"{err}; {repair}") from None
+    # TL 3.9 weights convert on TL 4; other mismatches are refused by name (load_weights)
     load_weights(model, load_file(weights), card.get("versions"), f"zoo model {folder}")
     model.eval()
     return model, {**card, "weights": str(weights)}
