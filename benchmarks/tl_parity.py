@@ -263,9 +263,21 @@ def fixture_setup(pe: str):
     return mc, data, cfg
 
 
+def fixture_qk_cell() -> dict:
+    """The ``runs.csv`` row of one qk-constraints cell (absolute, ban_complex, seed 0, 30
+    steps, no attention mask), numeric columns only."""
+    from posinterp.experiments.qk_constraints import ConstraintGrid, _train_cell
+
+    grid = ConstraintGrid(pes=("absolute",), constraints=("ban_complex",), seeds=1,
+                          max_steps=30, eval_every=10, workers=1)
+    row = _train_cell(grid, "absolute", "ban_complex", 0, device="cpu")
+    return {k: float(v) for k, v in row.items() if isinstance(v, (int, float))}
+
+
 def train_fixture(out: Path) -> None:
     """Write the weights ``posinterp.train`` reaches after FIXTURE_STEPS steps (absolute and
-    rotary, fixture_setup) under *this* line, in its own layout; run under TL 3.9 to make
+    rotary, fixture_setup) and a qk-constraints cell's runs.csv row (fixture_qk_cell) under
+    *this* line, in its own layout; run under TL 3.9 to make
     ``tests/data/tl39_training.safetensors``, which tests/test_train.py checks TL 4's
     training against (TL 3.9 weights converted with convert_tl_checkpoint)."""
     import platform
@@ -284,6 +296,7 @@ def train_fixture(out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out, metadata={"transformer_lens": TL_VERSION, "torch": torch.__version__,
                                       "machine": platform.machine(),
+                                      "qk_cell": json.dumps(fixture_qk_cell()),
                                       "command": "python benchmarks/tl_parity.py train-fixture "
                                                  "(under TransformerLens 3.9)"})
 

@@ -205,7 +205,8 @@ def test_a_tl39_checkpoint_loads_as_the_model_it_holds(tmp_path, pe):
 def test_training_reaches_tl39s_weights_bitwise():
     """The same seed trains the same model on both lines: posinterp.train's weights after
     10 AdamW steps equal those TL 3.9 reached (tests/data/tl39_training.safetensors, written
-    under TL 3.9 by ``python benchmarks/tl_parity.py train-fixture``), bit for bit on the
+    under TL 3.9 by ``python benchmarks/tl_parity.py train-fixture``), and a qk-constraints
+    cell's runs.csv row equals TL 3.9's, bit for bit (to 1e-12 in float64 summaries) on the
     torch build that wrote the fixture (another build may round its kernels differently:
     then to 1e-6). On TL 4 the fixture is converted with TL's convert_tl_checkpoint.
     Before the fix, TL 4's gradients differed in the last bit (TL 3.9 calls ln1 once per
@@ -242,6 +243,13 @@ def test_training_reaches_tl39s_weights_bitwise():
         assert set(got) == set(want)
         for name, value in want.items():
             torch.testing.assert_close(got[name], value, rtol=0, atol=atol, msg=f"{pe} {name}")
+    # a qk-constraints cell (constrain_qk's ban, no attention mask): TL 3.9's runs.csv row
+    import json
+
+    want_row, got_row = json.loads(meta["qk_cell"]), bench.fixture_qk_cell()
+    assert set(got_row) == set(want_row)
+    for key, value in want_row.items():
+        assert abs(got_row[key] - value) <= max(atol, 1e-12), key
 
 
 def test_clip_coefficient_ignores_parameter_order_and_layout():

@@ -145,6 +145,20 @@ class PosinterpBlock(nn.Module):
         return (hidden_states,)
 
 
+class TL39PositionTable(nn.Embedding):
+    """TL-native's position table computed as TL 3.9's ``PosEmbed`` computes it: without
+    a mask the first n rows repeated over the batch (so the gradient is a sum over the
+    batch, as TL 3.9's; an embedding lookup accumulates it in another order), with a mask
+    an index into the table. The same values either way; see :class:`PosinterpBlock`."""
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        b, n = position_ids.shape
+        plain = torch.arange(n, device=position_ids.device).expand(b, n)
+        if torch.equal(position_ids, plain):
+            return self.weight[:n].unsqueeze(0).expand(b, n, -1).clone()
+        return self.weight[position_ids].clone()
+
+
 _CLASS = None
 _BLOCK_CLASS = None
 
@@ -276,6 +290,8 @@ def build_native_toy(config, tokenizer=None):
         attn.register_buffer("posinterp_sin", sin, persistent=False)
         attn.posinterp_inv_freq = inv
         attn.posinterp_alibi_slopes = slopes
+    if native.pos is not None:
+        native.pos.__class__ = TL39PositionTable
     load_tl_state_dict(native, toy_state_dict(config), config.n_layers)
     if config.pe == "alibi":
         _unbounded_length(native)
