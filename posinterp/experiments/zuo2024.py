@@ -455,6 +455,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     adjacency = pd.concat([done[c.name] for c in trainings if c.name in done],
                           ignore_index=True)
     probe = pd.concat([done[c.name] for c in probes if c.name in done], ignore_index=True)
+    if len(probe):  # cells from before the label was renamed: pandas reads "null" as missing
+        probe.loc[probe.probe == "constant", "feature"] = "no_feature"
     waiting = [dict(cell=c.name, task=c.kwargs.get("label", c.kwargs["task"]),
                     seed=c.kwargs["seed"]) for c in trainings if c.name in pending]
     waiting += [dict(cell=c.name, task=f"probe {c.kwargs['dataset']}, {c.kwargs['state']}",
@@ -1098,13 +1100,13 @@ def render_markdown(out_dir) -> str:
              "beyond the mask), `variance` (Var of resid_post and attn_out at k: 2), "
              "`variance_window` (those variances at k..k-w + mask: 3w + 2), "
              "`variance_matched` (Var of resid_post at k..k-w+1 + mask: 2w, the cosine "
-             "window's count from the same activation). `null`: predicting the train mean "
+             "window's count from the same activation). `no_feature`: predicting the train mean "
              "(no feature).\n")
     p.append("**Leak flags.** A table is flagged *leaky* where a control already predicts "
              "position: *mask leak* where the mask-only probe beats the no-feature baseline "
              f"by more than {th.get('no_leak', 0.01)} NRMSE (the mask alone gives min(k, w), "
              "so every window feature starts from it: read a feature against `mask_only`, "
-             "not against `null`), *embedding leak* where at the embedding (layer -1, before "
+             "not against `no_feature`), *embedding leak* where at the embedding (layer -1, before "
              "any attention) a feature beats `mask_only` by more than that (token content or "
              "a template places tokens, so later layers' wins are not attention's).\n")
     nrmse = probes[probes.metric == "nrmse"]
@@ -1115,7 +1117,7 @@ def render_markdown(out_dir) -> str:
                f"reversal model after training ({int(rev_tr.reached_target.sum())}"
                f"/{len(rev_tr)} seeds at the accuracy target)")
         null = nrmse[(nrmse.dataset == dataset) & (nrmse.state == state)
-                     & (nrmse.feature == "null")]
+                     & (nrmse.feature == "no_feature")]
         p.append(f"### {dataset}, {who}, {family} probe: NRMSE\n")
         p.append(_leak_line(gg, null, th.get("no_leak", 0.01)) + "\n")
         wide = {}
