@@ -79,7 +79,9 @@ def test_committed_zuo_run_is_the_grid_the_page_claims():
         rows = claims[claims.claim.str.endswith(f"after training: {task}")]
         assert len(rows) == 3 and (rows.holds == "pending").all()
     probes = pd.read_csv(data / "probes.csv")
-    assert (probes.n >= 3).all()
+    for (dataset, state), g in probes.groupby(["dataset", "state"]):
+        waiting = pending.task.eq(f"probe {dataset}, {state}").sum()
+        assert (g.n + waiting == len(cfg["train_seeds"])).all()  # every seed done or pending
     assert all(-1 in set(g.layer) for _, g in probes.groupby(["dataset", "state", "probe"]))
     assert {"ridge", "mlp"} <= set(probes.probe) and "variance_matched" in set(probes.feature)
     assert "random_tokens" in set(probes.dataset)

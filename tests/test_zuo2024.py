@@ -117,10 +117,18 @@ def test_stale_cells_are_recomputed_and_unfinished_ones_pending(tmp_path, monkey
     assert not (cells / "train_addition_seed0.csv").exists()
     rows = claims[claims.claim.str.endswith("after training: addition")]
     assert len(rows) == 3 and (rows.holds == "pending").all()
-    assert "**Pending: 1 training cells are not computed yet**" in page.read_text()
+    assert "**Pending: 1 cells are not computed yet**" in page.read_text()
     assert page.read_text() == render_markdown(tmp_path / "run")
-    (cells / "probe_random_tokens_init_seed0.csv").unlink()
-    with pytest.raises(ValueError, match="probe_random_tokens_init_seed0"):
+    # unfinished probes are pending too (their claims say so); unfinished core cells are not
+    for cell in cells.glob("probe_random_tokens_trained_seed*.csv"):
+        cell.unlink()
+    claims = run_zuo2024(cfg, tmp_path / "run", progress=False, markdown=page, compute=False)
+    rows = claims[claims.claim.str.contains("trained model")]
+    assert len(rows) == 2 and (rows.holds == "pending").all()  # one per probe family
+    assert not claims.claim.str.contains("after training: probe").any()
+    assert page.read_text() == render_markdown(tmp_path / "run")
+    (cells / "train_reversal_seed0.csv").unlink()
+    with pytest.raises(ValueError, match="train_reversal_seed0"):
         run_zuo2024(cfg, tmp_path / "run", progress=False, compute=False)
 
 

@@ -363,7 +363,7 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
 
     Works on any TransformerLens model. Layer -1 is the embedding; by default every layer
     and the embedding, the baseline a layer's probe must beat. ``null``: also a row per
-    seed, ``feature="null"``, ``probe="constant"``, at the first of ``layers``, metric
+    seed, ``feature="no_feature"``, ``probe="constant"``, at the first of ``layers``, metric
     ``nrmse``: the score of predicting the train mean (:func:`null_nrmse`; it reads no
     activation, so one layer holds it).
 
@@ -403,5 +403,5 @@ def probe_positions(model, tokens: Int[Tensor, "batch pos"],
             for seed in seeds:
                 rows.append(dict(hook=hook, layer=layer, head=pd.NA, position=pd.NA,
                                  metric="nrmse", value=null_nrmse(y, groups, seed),
-                                 feature="null", seed=seed, probe="constant"))
+                                 feature="no_feature", seed=seed, probe="constant"))
     return pd.DataFrame(rows).astype({"head": "Int64", "position": "Int64"})

@@ -383,8 +383,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     :class:`posinterp.executors.Cell`): a finished cell is reused only under an equal
     key, so a run resumes and a changed configuration recomputes exactly the cells it
     changes. ``compute=False`` runs nothing: it summarizes the finished cells and lists
-    the unfinished trainings of stage 3 (deeper models, the other tasks) as pending on
-    the page.
+    the unfinished probes and trainings of stages 2-3 (deeper models, the other tasks)
+    as pending on the page.
 
     Returns:
         The claims table (``claims.csv``): ``claim, point, probe, figure, mean, ci_low,
@@ -395,7 +395,7 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
 
     Raises:
         ValueError: for invalid presets or task settings, or with ``compute=False`` when a
-            cell of stages 1-2 (init, grids, reversal, probes) is not finished.
+            cell of stage 1 (init, grids, the reversal models) is not finished.
         posinterp.executors.CellsFailed: naming each failed cell (and each probe left
             unrun because its training failed), after every other cell is written.
     """
@@ -437,8 +437,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
                                   f"{c.kwargs['seed']}, which failed")
         if not compute:
             todo = [c for c in ready if not cell_done(c, out / "cells", "csv")]
-            if todo and i < 2:
-                raise ValueError("compute=False needs every init, grid, reversal and probe cell "
+            if todo and i == 0:
+                raise ValueError("compute=False needs every init, grid and reversal cell "
                                  "finished; not finished: " + ", ".join(c.name for c in todo))
             pending += [c.name for c in todo]
             ready = [c for c in ready if c not in todo]
@@ -454,13 +454,20 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     trainings = [c for c in first + rest if c.name.startswith("train_")]
     adjacency = pd.concat([done[c.name] for c in trainings if c.name in done],
                           ignore_index=True)
-    probe = pd.concat([done[c.name] for c in probes], ignore_index=True)
+    probe = pd.concat([done[c.name] for c in probes if c.name in done], ignore_index=True)
+    if len(probe):  # cells from before the label was renamed: pandas reads "null" as missing
+        probe.loc[probe.probe == "constant", "feature"] = "no_feature"
     waiting = [dict(cell=c.name, task=c.kwargs.get("label", c.kwargs["task"]),
                     seed=c.kwargs["seed"]) for c in trainings if c.name in pending]
+    waiting += [dict(cell=c.name, task=f"probe {c.kwargs['dataset']}, {c.kwargs['state']}",
+                     seed=c.kwargs["seed"]) for c in probes if c.name in pending]
 
+    if probe.empty:  # every probe cell pending: the tables keep their columns
+        probe = pd.DataFrame(columns=["hook", "layer", "metric", "value", "feature", "seed",
+                                      "probe", "dataset", "state"])
     tables = _summaries(init, adjacency, dw, grid, probe)
-    claims = _claims(init, tables, grid, probe, pd.DataFrame(waiting, columns=["cell", "task",
-                                                                               "seed"]))
+    claims = _claims(init, tables, grid, probe, pd.DataFrame(
+        [w for w in waiting if w["cell"].startswith("train_")], columns=["cell", "task", "seed"]))
     for name, df in {**tables, "claims": claims}.items():
         with atomic_path(out / f"{name}.csv") as tmp:
             df.to_csv(tmp, index=False)
@@ -731,6 +738,13 @@ def _probe_claims(tables, probe) -> list[dict]:
     for state in ("init", "trained"):
         for family in PROBE_FAMILIES:
             q = p[(p.state == state) & (p.probe == family)]
+            if q.empty:
+                rows.append(_not_tested(
+                    f"cosine probe beats {PRIMARY_PROBE} (primary) (NRMSE difference cosine - "
+                    f"{PRIMARY_PROBE}, random tokens, {state} model, mean over layers >= 0)",
+                    "probe", "pending", "pending", "no probe cell of this model finished yet")
+                    | {"probe": family})
+                continue
             wide = q.pivot_table(index=["seed", "layer"], columns="feature", values="value")
             post = wide[wide.index.get_level_values("layer") >= 0].groupby("seed").mean()
             emb = wide[wide.index.get_level_values("layer") == -1].groupby("seed").mean()
@@ -893,7 +907,7 @@ def render_markdown(out_dir) -> str:
          _md_table(tasks) + "\n"]
     if pending:
         waiting = pd.DataFrame(pending).groupby("task", sort=False).seed.apply(list)
-        p.append(f"**Pending: {len(pending)} training cells are not computed yet** (the "
+        p.append(f"**Pending: {len(pending)} cells are not computed yet** (the "
                  "CPU budget of this run ended first): "
                  + "; ".join(f"{task} seeds {_seed_list(seeds)}" for task, seeds in
                              waiting.items())
@@ -1086,13 +1100,13 @@ def render_markdown(out_dir) -> str:
              "beyond the mask), `variance` (Var of resid_post and attn_out at k: 2), "
              "`variance_window` (those variances at k..k-w + mask: 3w + 2), "
              "`variance_matched` (Var of resid_post at k..k-w+1 + mask: 2w, the cosine "
-             "window's count from the same activation). `null`: predicting the train mean "
+             "window's count from the same activation). `no_feature`: predicting the train mean "
              "(no feature).\n")
     p.append("**Leak flags.** A table is flagged *leaky* where a control already predicts "
              "position: *mask leak* where the mask-only probe beats the no-feature baseline "
              f"by more than {th.get('no_leak', 0.01)} NRMSE (the mask alone gives min(k, w), "
              "so every window feature starts from it: read a feature against `mask_only`, "
-             "not against `null`), *embedding leak* where at the embedding (layer -1, before "
+             "not against `no_feature`), *embedding leak* where at the embedding (layer -1, before "
              "any attention) a feature beats `mask_only` by more than that (token content or "
              "a template places tokens, so later layers' wins are not attention's).\n")
     nrmse = probes[probes.metric == "nrmse"]
@@ -1103,7 +1117,7 @@ def render_markdown(out_dir) -> str:
                f"reversal model after training ({int(rev_tr.reached_target.sum())}"
                f"/{len(rev_tr)} seeds at the accuracy target)")
         null = nrmse[(nrmse.dataset == dataset) & (nrmse.state == state)
-                     & (nrmse.feature == "null")]
+                     & (nrmse.feature == "no_feature")]
         p.append(f"### {dataset}, {who}, {family} probe: NRMSE\n")
         p.append(_leak_line(gg, null, th.get("no_leak", 0.01)) + "\n")
         wide = {}

@@ -252,7 +252,7 @@ def test_probe_positions_families_and_null_rows():
                          features=("cosine",), seeds=(0,), families=("ridge", "mlp"),
                          config=ProbeConfig(hidden=8, max_epochs=5), null=True)
     assert set(df.probe) == {"ridge", "mlp", "constant"}
-    null = df[df.feature == "null"]
+    null = df[df.feature == "no_feature"]
     assert len(null) == 1 and null.layer.tolist() == [-1] and null.metric.tolist() == ["nrmse"]
     with pytest.raises(ValueError, match="families must be"):
         probe_positions(model, random_tokens(model, 9, 12), families=("svm",))
