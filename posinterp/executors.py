@@ -426,8 +426,8 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
     others go through ``executor`` (default :class:`LocalExecutor`); each result is
     written atomically by this driver as it arrives (``fmt``: ``json`` for dicts, ``csv``
     for DataFrames, ``pickle`` for anything else) and its compute seconds are added to
-    ``<out_dir>/<seconds_file>`` (``None``: not recorded). Every result returned is read back from its file, so a
-    fresh run and a resumed one hand on the same values.
+    ``<out_dir>/<seconds_file>`` (``None``: not recorded). Every result returned is read
+    back from its file, so a fresh run and a resumed one hand on the same values.
 
     While it runs, the driver holds :func:`posinterp.io.folder_lock` on ``out_dir``
     (``lock=False``: the caller locks finer, as the zoo does per model) and, in the main
