@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from ..models.backend import hooks_at_sites
 from ._adjacency_kernel import batch_counts, row_counts
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
 from .similarity import SITES, cosine_self_similarity, site_hooks
@@ -206,7 +207,7 @@ def adjacency_by_layer(
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     fwd_hooks, table = adjacency_hooks(model, tokens, mask, ties, per_position, sites)
-    with model.hooks(fwd_hooks=fwd_hooks):
+    with hooks_at_sites(model, fwd_hooks):
         run_cached(model, tokens, mask, lambda n: False)
     return table()
 

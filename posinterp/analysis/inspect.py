@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
-from ..models.backend import MissingFeatureError, eager, scores_hook, unwrap, z_hook
+from ..models.backend import MissingFeatureError, eager, hooks_at_sites, scores_hook, unwrap, z_hook
 from ._checks import (
     check_attention_mask,
     check_tokens,
@@ -381,7 +381,7 @@ def inspect_heads(
     # residual point as the pass reaches it (nothing of theirs is kept).
     adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
                                            sites=("attn_out", "resid_mid", "resid_post"))
-    with model.hooks(fwd_hooks=adj_hooks):
+    with hooks_at_sites(model, adj_hooks):
         cache = run_cached(model, tokens, mask, lambda n: n in wanted)
     frames, patterns = [], {}
     first_len = int(lengths[0])

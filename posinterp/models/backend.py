@@ -42,8 +42,8 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "Missi
            "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
            "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
-           "hook_meaning", "hub_repo_for", "install_output_edit", "is_bridge", "is_post_ln",
-           "n_kv_heads", "pattern_edit", "positional_type", "qk_slots", "query_hooks",
+           "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit", "is_bridge",
+           "is_post_ln", "n_kv_heads", "pattern_edit", "positional_type", "qk_slots", "query_hooks",
            "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
            "site_module", "unwrap", "z_hook"]
 
@@ -441,15 +441,34 @@ def hook_meaning(model, layer: int) -> HookMeaning:
         raise ValueError(f"layer must be in [0, {model.cfg.n_layers - 1}], got {layer}")
     verdicts = model.__dict__.get(_VERDICTS)
     if verdicts is None:
-        was_training = model.training
-        model.eval()  # dropout moves the pattern and makes every edit look effective
-        try:
-            with eager(model), torch.no_grad(), _without_lens_hooks(model):
-                verdicts = _probe(model)
-        finally:
-            model.train(was_training)
+        # eval mode: dropout moves the pattern and makes every edit look effective; every
+        # module's own mode comes back afterwards (eval_mode)
+        with eval_mode(model), _in_float32(model), eager(model), torch.no_grad(), \
+                _without_lens_hooks(model):
+            verdicts = _probe(model)
         object.__setattr__(model, _VERDICTS, verdicts)
     return verdicts[layer]
+
+
+@contextlib.contextmanager
+def _in_float32(model):
+    """Run the block with every floating parameter and buffer of ``model`` in float32,
+    then give each back its own dtype. A hook's meaning does not depend on the dtype, and
+    float32 lets the probe's tolerances tell meanings apart in a bf16/fp16 model too (half
+    precision rounds the pattern by ~1e-2). Half -> float32 -> half is exact, so the
+    model's weights come back bit for bit."""
+    saved = []
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for t in store.values():
+                if t is not None and t.is_floating_point() and t.dtype != torch.float32:
+                    saved.append((t, t.data))
+                    t.data = t.data.float()
+    try:
+        yield model
+    finally:
+        for t, data in saved:
+            t.data = data
 
 
 class _without_lens_hooks:  # noqa: N801
@@ -795,6 +814,39 @@ def site_module(model, name: str):
         return model.get_submodule(name)
     except AttributeError:
         return None
+
+
+@contextlib.contextmanager
+def hooks_at_sites(model, fwd_hooks):
+    """``model.hooks(fwd_hooks=...)`` for sites another plugin may have taken over.
+
+    A site still computed by its ``HookPoint`` gets a TransformerLens hook; one whose
+    module was replaced (:func:`site_module`: an SAE attached by SAELens) gets a torch
+    forward hook on that module, called as ``fn(output, hook=None)`` with what the rest of
+    the model reads there. Such hooks read, they cannot edit. Yields ``model``; every hook
+    is removed on exit.
+    """
+    from transformer_lens.hook_points import HookPoint
+
+    lens, handles = [], []
+
+    def reader(fn):
+        def hook(_module, _inputs, output):
+            fn(output[0] if isinstance(output, tuple) else output, hook=None)
+        return hook
+
+    try:
+        for name, fn in fwd_hooks:
+            mod = site_module(model, name)
+            if mod is None or isinstance(mod, HookPoint):
+                lens.append((name, fn))
+            else:
+                handles.append(mod.register_forward_hook(reader(fn)))
+        with model.hooks(fwd_hooks=lens):
+            yield model
+    finally:
+        for h in handles:
+            h.remove()
 
 
 @contextlib.contextmanager

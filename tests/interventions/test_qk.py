@@ -253,7 +253,7 @@ def test_a_users_finfo_min_knockout_stays_masked(kind, user_first, dtype):
 
 
 def _kwargs(kind):
-    return {"k": 2} if kind == "keep_top_k" else {}
+    return {"k": 2} if kind == "keep_top_k" else {"band": (0,)} if kind.endswith("_band") else {}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -267,9 +267,8 @@ def test_out_of_range_layer_or_head_is_a_value_error_for_every_kind(kind):
         intervention_hooks(model, QKIntervention(kind, 0, heads=(0, n_heads), **_kwargs(kind)))
     # A bad intervention later in a list fails before any hook is built or weight read.
     with pytest.raises(ValueError, match="layer must be in"), intervene(
-            model, [QKIntervention(kind, 0, **_kwargs(kind)), QKIntervention(kind, n_layers)]
-            if kind != "keep_top_k" else
-            [QKIntervention(kind, 0, k=2), QKIntervention(kind, n_layers, k=2)]):
+            model, [QKIntervention(kind, 0, **_kwargs(kind)),
+                    QKIntervention(kind, n_layers, **_kwargs(kind))]):
         pass
     assert not model.hook_dict["blocks.0.attn.hook_q"].fwd_hooks  # nothing left behind
 
