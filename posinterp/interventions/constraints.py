@@ -40,6 +40,12 @@ constraint                  X                                    effect on M
 ``right_half_plane``        +(L L^T + εI) + (A - A^T) / 2        every eigenvalue Re > 0
 ==========================  ===================================  ===========================
 
+**Frequency-band bans on RoPE heads** (``ban_band`` with ``band=(p, ...)``; control: the
+untied model). W_Q := W_Q° D, b_Q := b_Q° D, with D the fixed diagonal that zeroes the
+query's dims of rotary pairs p (as the layer pairs them). RoPE turns each pair within its
+own plane, so the banned pairs' terms of every score are exactly 0 at every offset and
+step (issue 28; the inference-time ``remove_band`` of :mod:`.qk` in training).
+
 (For the half-planes: B = X^T S with S = W_Q^T C G² C W_Q positive semi-definite is
 similar to S^½ X^T S^½, a definite symmetric part plus a skew part.) Rotary heads: the
 constraint holds for M(0); RoPE's phase still rotates q against k.
@@ -58,12 +64,13 @@ from torch.nn.utils import parametrize
 from .._validate import check_indices
 from .channels import channel_projector
 
-__all__ = ["BANS", "CONSTRAINTS", "TIED_CONSTRAINTS", "ChannelBan", "TiedKey", "constrain_qk",
-           "effective_x", "match_qk_norm", "qk_norms"]
+__all__ = ["BANS", "BandBan", "CONSTRAINTS", "TIED_CONSTRAINTS", "ChannelBan", "TiedKey",
+           "constrain_qk", "effective_x", "match_qk_norm", "qk_norms"]
 
 TIED_CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "left_half_plane", "right_half_plane")
 BANS = ("ban_positive_real", "ban_negative_real", "ban_complex")
 CONSTRAINTS = TIED_CONSTRAINTS + BANS
+BAND_BAN = "ban_band"
 # old names said "no <channel>" but banned a half-plane: refuse them with the reason
 _RENAMED = {"no_positive_real": "left_half_plane", "no_negative_real": "right_half_plane"}
 _EPS = 1e-3
@@ -74,8 +81,8 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"constraint {kind!r} was renamed {_RENAMED[kind]!r}: it bans a whole "
                          f"half-plane, not one channel; for a single-channel ban use "
                          f"'ban_{kind.removeprefix('no_')}'")
-    if kind not in CONSTRAINTS:
-        raise ValueError(f"constraint must be one of {CONSTRAINTS}, got {kind!r}")
+    if kind not in (*CONSTRAINTS, BAND_BAN):
+        raise ValueError(f"constraint must be one of {(*CONSTRAINTS, BAND_BAN)}, got {kind!r}")
 
 
 def effective_x(kind: str, A: torch.Tensor, L: torch.Tensor | None) -> torch.Tensor:
@@ -182,13 +189,32 @@ class ChannelBan(nn.Module):
         return out if slot is None else slot.from_tl(out)
 
 
+class BandBan(nn.Module):
+    """Parametrization W_Q := W_Q° D (or b_Q := b_Q° D): D zeroes the query dims ``dims``
+    of every head (a constant; gradients reach the other dims exactly)."""
+
+    def __init__(self, dims: list[int], d_head: int, slot=None):
+        super().__init__()
+        keep = torch.ones(d_head)
+        keep[dims] = 0.0
+        self.register_buffer("keep", keep)
+        self._slot = slot  # backend.QKSlot: the stored layout <-> TL 3.9's per-head one
+
+    def forward(self, original: torch.Tensor) -> torch.Tensor:
+        slot = self._slot
+        x = original if slot is None else slot.to_tl(original)
+        out = x * self.keep.to(x.dtype)  # W_Q [n, d_model, d_head] or b_Q [n, d_head]
+        return out if slot is None else slot.from_tl(out)
+
+
 def constrain_qk(model, kind: str, layers: list[int] | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, band=None) -> None:
     """Make every head in ``layers`` follow constraint ``kind`` (see the module docstring).
 
     Tied kinds parametrize W_K (and b_K) as W_Q X; bans parametrize W_Q (and b_Q) as
-    W_Q° (I - Π_c). Call before building the optimizer. ``generator`` seeds X's initial
-    values (tied kinds).
+    W_Q° (I - Π_c); ``ban_band`` parametrizes W_Q (and b_Q) as W_Q° D, zeroing the rotary
+    pairs ``band`` of every RoPE head. Call before building the optimizer. ``generator``
+    seeds X's initial values (tied kinds).
 
     The parametrization is registered on the parameter that stores the weight
     (:func:`posinterp.models.backend.qk_slots`): TL 3.9's ``attn.W_Q``/``W_K``, or on TL 4
@@ -204,6 +230,8 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
             any layer is changed).
         MissingFeatureError: a bridged HF model (no native q/k projections to
             reparametrize; :func:`~posinterp.models.backend.qk_slots`).
+        ValueError: ``ban_band`` on a model that is not RoPE, without a non-empty
+            ``band`` of pair indices in range, or ``band`` with another kind.
     """
     from ..analysis.spectral import attention_input_norm
     from ..devices import model_device
@@ -216,9 +244,30 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
     # Every layer is checked before any is changed: a bad one leaves the model untouched.
     layers = (list(range(model.cfg.n_layers)) if layers is None
               else check_indices("layers", layers, model.cfg.n_layers))
+    band_dims = {}
+    if kind == BAND_BAN or band is not None:
+        from .qk import QKIntervention, check_intervention
+        from .qk import band_dims as dims_of
+
+        if kind != BAND_BAN:
+            raise ValueError(f"band applies only to constraint {BAND_BAN!r}, got {kind!r}")
+        for layer in layers:  # the same checks as the inference-time remove_band
+            iv = QKIntervention("remove_band", layer, band=band)
+            check_intervention(model, iv)
+            band_dims[layer] = dims_of(model, layer, iv.band)
     slots = {layer: qk_slots(model, layer) for layer in layers}
     for layer in layers:
         q, bq, k, bk = (slots[layer][n] for n in ("W_Q", "b_Q", "W_K", "b_K"))
+        if kind == BAND_BAN:
+            d = model.cfg.d_head
+            parametrize.register_parametrization(
+                q.module, q.name, BandBan(band_dims[layer], d, slot=q).to(model_device(model)),
+                unsafe=True)
+            if bq is not None:
+                parametrize.register_parametrization(
+                    bq.module, bq.name, BandBan(band_dims[layer], d, slot=bq).to(model_device(model)),
+                    unsafe=True)
+            continue
         if kind in BANS:
             channel = kind.removeprefix("ban_")
 

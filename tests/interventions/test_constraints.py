@@ -237,3 +237,47 @@ def test_gradients_are_the_chain_rule_of_the_unconstrained_model(kind, pe):
             torch.testing.assert_close(got_k, G["W_K"], rtol=1e-4, atol=1e-7)
         torch.testing.assert_close(got_q, want_q, rtol=1e-4, atol=1e-7)
         torch.testing.assert_close(got_bq, want_bq, rtol=1e-4, atol=1e-7)
+
+
+def test_band_ban_keeps_the_banned_pairs_at_zero_through_training():
+    """ban_band: the banned rotary pairs' query dims stay exactly 0 through AdamW steps
+    (so their terms of every score are 0, issue 28), the rest trains, and removing the
+    same band at inference then changes nothing."""
+    from posinterp.interventions import QKIntervention, intervene
+    from posinterp.interventions.qk import band_dims
+    from posinterp.models import backend, build_model, preset
+
+    model = build_model(preset("tiny", pe="rotary", seed=5))
+    band = (0, 2)
+    constrain_qk(model, "ban_band", band=band)
+    dims = band_dims(model, 0, band)
+    before = backend.attention_weights(model, 1)["W_Q"].clone()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    toks = torch.randint(0, model.cfg.d_vocab, (4, 12), generator=torch.Generator().manual_seed(0))
+    for _ in range(5):
+        opt.zero_grad()
+        model(toks).pow(2).mean().backward()
+        opt.step()
+    for layer in range(model.cfg.n_layers):
+        w = backend.attention_weights(model, layer)
+        assert w["W_Q"][..., dims].abs().max() <= 1e-6 and w["b_Q"][..., dims].abs().max() <= 1e-6
+    after = backend.attention_weights(model, 1)["W_Q"]
+    assert (after - before).abs().max() > 1e-4  # the other dims trained
+    with torch.no_grad():
+        plain = model(toks)
+        with intervene(model, [QKIntervention("remove_band", layer, band=band)
+                               for layer in range(model.cfg.n_layers)]):
+            cut = model(toks)
+    torch.testing.assert_close(cut, plain)
+
+
+def test_band_ban_is_checked_like_the_inference_band():
+    from posinterp.models import build_model, preset
+
+    with pytest.raises(ValueError, match="needs a RoPE model"):
+        constrain_qk(build_model(preset("tiny", pe="absolute")), "ban_band", band=(0,))
+    rotary = build_model(preset("tiny", pe="rotary"))
+    with pytest.raises(ValueError, match="needs band"):
+        constrain_qk(rotary, "ban_band")
+    with pytest.raises(ValueError, match="band applies only"):
+        constrain_qk(rotary, "symmetric", band=(0,))
