@@ -182,6 +182,7 @@ def _tl3_checkpoint(folder, config, weights_seed: int):
     save_file({k: v.contiguous() for k, v in sd.items()}, folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(
         {"model": config.to_dict(), "step": 5, "versions": {"transformer-lens": "3.9.0"}}))
+    torch.save({"step": 5}, folder / "trainer_state.pt")  # every train() checkpoint has one
     return folder
 
 

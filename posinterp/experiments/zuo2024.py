@@ -959,8 +959,9 @@ def render_markdown(out_dir) -> str:
           "the three were compared side by side, for a reason that does not depend on the "
           "figures: the paper's argument is about the first attention output, a convex mix "
           "of earlier values; the other two add the embedding and the MLP, so their scores "
-          "also depend on norm ratios the argument does not address (docs/concepts.md, "
-          "\"Where the adjacency pattern is measured\"). The reproduction's verdicts are the "
+          "also depend on norm ratios the argument does not address "
+          "(docs/concepts.md, \"Where the adjacency pattern is measured\"). "
+          "The reproduction's verdicts are the "
           "primary column; the others show how much the choice of point matters.\n",
           "## Claims\n"]
     c = claims.assign(figure=claims.figure.fillna(""), detail=claims.detail.fillna(""),
