@@ -452,7 +452,7 @@ def hook_meaning(model, layer: int) -> HookMeaning:
 
 @contextlib.contextmanager
 def _in_float32(model):
-    """Run the block with every floating parameter and buffer of ``model`` in float32,
+    """Run the block with every half-precision parameter and buffer of ``model`` in float32,
     then give each back its own dtype. A hook's meaning does not depend on the dtype, and
     float32 lets the probe's tolerances tell meanings apart in a bf16/fp16 model too (half
     precision rounds the pattern by ~1e-2). Half -> float32 -> half is exact, so the
@@ -461,7 +461,9 @@ def _in_float32(model):
     for module in model.modules():
         for store in (module._parameters, module._buffers):
             for t in store.values():
-                if t is not None and t.is_floating_point() and t.dtype != torch.float32:
+                # half precision only: a float64 model already resolves meanings, and
+                # TL 3.9 builds some tensors in cfg.dtype, which must match its weights
+                if t is not None and t.dtype in (torch.float16, torch.bfloat16):
                     saved.append((t, t.data))
                     t.data = t.data.float()
     try:
@@ -894,6 +896,8 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
         HF BERT the cache is a dict keyed by TL 3.9 ``HookedEncoder`` names, holding the
         quantities those names mean in TL 3.9 (``_tl39_encoder_hooks``).
     """
+    if isinstance(names_filter, str):  # one hook name, as TransformerLens accepts it
+        names_filter = [names_filter]
     renamed = _tl39_encoder_hooks(model)
     if renamed is not None:  # a bridged BERT: ask for the hooks with TL 3.9's meanings
         return _run_renamed(model, tokens, mask, names_filter, return_logits, renamed)
