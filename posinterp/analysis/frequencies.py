@@ -52,6 +52,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._validate import check_indices, is_int
+from .spectral import qk_float64
 
 __all__ = ["FREQUENCY_METRICS", "pair_energy_shares", "pair_indices", "positional_symbolic_score",
            "positional_symbolic_from_qk", "rope_frequency_profile", "rotate"]
@@ -108,9 +109,7 @@ def pair_energy_shares(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tens
     Raises:
         ValueError: for mismatched shapes.
     """
-    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
-        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
-                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
+    qk_float64(W_Q, W_K)  # shapes checked, as everywhere in the spectra
     if not (len(first) == len(second) == len(inv_freq)):
         raise ValueError(f"first, second and inv_freq must have one entry per pair, got "
                          f"{len(first)}, {len(second)}, {len(inv_freq)}")

@@ -66,6 +66,18 @@ MEASURES = ("rotational_mass", "phase", "antisymmetric_energy")
 
 # --- pure functions over weights -----------------------------------------------------------
 
+def qk_float64(W_Q: Tensor, W_K: Tensor) -> tuple[Tensor, Tensor]:
+    """``W_Q``, ``W_K`` (``[..., d_model, d_head]``) as detached float64 copies.
+
+    Raises:
+        ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
+    """
+    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
+        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
+                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
+    return W_Q.detach().double(), W_K.detach().double()
+
+
 def eigenvalues(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "... d_model d_head"]
                 ) -> Complex[Tensor, "... d_head"]:
     """Eigenvalues of B = W_K^T W_Q (the nonzero spectrum of M = W_Q W_K^T), float64.
@@ -80,10 +92,7 @@ def eigenvalues(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "..
     """
     from transformer_lens import FactoredMatrix
 
-    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
-        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
-                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
-    q, k = W_Q.detach().double(), W_K.detach().double()
+    q, k = qk_float64(W_Q, W_K)
     lam = FactoredMatrix(q, k.mT).eigenvalues
     # A real pair that rounding split (a defective or nearly defective real block) is real.
     lam = torch.where(real_within_rounding(k.mT @ q, lam), lam.real.to(lam.dtype), lam)
@@ -161,10 +170,7 @@ def symmetry_score(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, 
     Raises:
         ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
     """
-    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
-        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
-                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
-    q, k = W_Q.detach().double(), W_K.detach().double()
+    q, k = qk_float64(W_Q, W_K)
     B = k.mT @ q
     tr_b2 = (B * B.mT).sum((-1, -2))
     norm2 = ((q.mT @ q) * (k.mT @ k)).sum((-1, -2))  # ||M||_F^2
@@ -189,10 +195,7 @@ def directionality_score(W_Q: Float[Tensor, "... d_model d_head"],
     Raises:
         ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
     """
-    if W_Q.shape != W_K.shape or W_Q.ndim < 2:
-        raise ValueError(f"W_Q and W_K must both be [..., d_model, d_head], got "
-                         f"{tuple(W_Q.shape)} and {tuple(W_K.shape)}")
-    q, k = W_Q.detach().double(), W_K.detach().double()
+    q, k = qk_float64(W_Q, W_K)
     rows = ((q @ (k.mT @ k)) * q).sum(-1).clamp_min(0).sqrt()  # [..., d_model]
     cols = ((k @ (q.mT @ q)) * k).sum(-1).clamp_min(0).sqrt()
 

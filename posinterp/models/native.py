@@ -265,7 +265,6 @@ def build_native_toy(config, tokenizer=None):
     Returns:
         the bridge, in eval mode, with ``model.posinterp_config = config``.
     """
-    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
     from transformer_lens.model_bridge.sources.native.model import NativeModel
 
     from .toy import toy_state_dict
@@ -298,15 +297,7 @@ def build_native_toy(config, tokenizer=None):
     if native.pos is not None and config.pe != "absolute":
         # NoPE/ALiBi: no learned positions; zero and frozen, so no optimizer moves it.
         native.pos.weight.requires_grad_(False)
-    # TL 4 "configures" a tokenizer it is given, adding a BOS token (id d_vocab, outside the
-    # vocabulary, and growing d_vocab) to the byte tokenizer: attach ours afterwards, as is.
-    bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
-                                      tokenizer=None, model_name=cfg.model_name)
-    bridge.tokenizer = tokenizer
-    for layer in range(config.n_layers):
-        hooks = bridge.blocks[layer].attn
-        # A plain attribute would register the bridge as a submodule of its own child.
-        object.__setattr__(hooks.original_component, "posinterp_hooks", hooks)
+    bridge = _bridge(native, cfg, tokenizer)
     bridge.posinterp_config = config
     bridge.eval()
     return bridge
@@ -344,7 +335,6 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
             RuntimeError: a missing or extra weight (strict ``load_state_dict``).
     """
     from transformer_lens.conversion_utils import convert_tl_checkpoint
-    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
     from transformer_lens.model_bridge.sources.native.model import NativeModel
 
     with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws; weights follow
@@ -357,15 +347,28 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
         attn.__class__ = cls
         _install_rope(attn, cfg.rotary_dim, cfg.n_ctx, cfg.rotary_base, rotary_adjacent_pairs)
         attn.posinterp_alibi_slopes = None
-    bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
-                                      tokenizer=None, model_name=cfg.model_name)
-    bridge.tokenizer = tokenizer
-    for layer in range(cfg.n_layers):
-        hooks = bridge.blocks[layer].attn
-        object.__setattr__(hooks.original_component, "posinterp_hooks", hooks)
+    bridge = _bridge(native, cfg, tokenizer)
     converted = convert_tl_checkpoint(tl_state_dict, cfg)
     # The bridge's unembedding always has a bias; TL's own legacy loader zero-fills it too.
     converted.setdefault("unembed.bias", torch.zeros(cfg.d_vocab))
     bridge.load_state_dict(converted, strict=True)
     bridge.eval()
+    return bridge
+
+
+def _bridge(native, cfg, tokenizer):
+    """A bridge around ``native`` whose posinterp attention fires the bridge's hooks.
+
+    The tokenizer is attached after bridging, as is: TL 4 "configures" a tokenizer it is
+    given (adding a BOS token outside the vocabulary).
+    """
+    from transformer_lens.model_bridge.sources._bridge_builder import build_bridge_from_module
+
+    bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
+                                      tokenizer=None, model_name=cfg.model_name)
+    bridge.tokenizer = tokenizer
+    for layer in range(cfg.n_layers):
+        hooks = bridge.blocks[layer].attn
+        # A plain attribute would register the bridge as a submodule of its own child.
+        object.__setattr__(hooks.original_component, "posinterp_hooks", hooks)
     return bridge
