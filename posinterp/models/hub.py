@@ -109,7 +109,7 @@ def _fetch_weights(download, name: str, revision: str | None, cache: Path, folde
     """Download the weight files transformers will read, in its order of preference:
     ``model.safetensors``, the shards of ``model.safetensors.index.json``, then the same
     for ``pytorch_model.bin`` (the indexes came with the config)."""
-    from .pretrained import _WEIGHT_LAYOUTS
+    from .checkpoint import _WEIGHT_LAYOUTS
 
     for single, index in _WEIGHT_LAYOUTS:
         folder = Path(download(name, revision=revision, cache_dir=cache, allow_patterns=[single]))
@@ -125,7 +125,7 @@ def _tensors(folder: Path):
     """(name, tensor) pairs of every weight file of ``folder``, as transformers would read."""
     import torch
 
-    from .pretrained import checkpoint_files
+    from .checkpoint import checkpoint_files
 
     for name in checkpoint_files(folder):
         path = folder / name

@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .checkpoint import IncompleteCheckpointError, checkpoint_files, refuse_incomplete
 from .hf_config import hf_rotary_inv_freq, tl_overrides
 from .hub import distinct_revisions, snapshot_folder, weights_sha256
 from .info import ModelInfo, scheme_for_architecture
@@ -129,48 +130,6 @@ def _read_config(folder: Path) -> dict:
     return cfg
 
 
-# (single file, index of shards) in the order transformers looks for them.
-_WEIGHT_LAYOUTS = (("model.safetensors", "model.safetensors.index.json"),
-                   ("pytorch_model.bin", "pytorch_model.bin.index.json"))
-
-
-def checkpoint_files(folder: str | os.PathLike) -> list[str]:
-    """The weight files transformers reads from an HF checkpoint folder, names relative to it.
-
-    One file (``model.safetensors``, else ``pytorch_model.bin``), or an index
-    (``model.safetensors.index.json``, else ``pytorch_model.bin.index.json``) followed by
-    every shard it names (``model-0000k-of-0000n.safetensors``,
-    ``pytorch_model-0000k-of-0000n.bin``), in transformers' order of preference.
-
-    Raises:
-        FileNotFoundError: no weights, or a shard the index names is missing (named).
-        ValueError: an index that is not valid JSON with a ``weight_map``.
-    """
-    folder = Path(folder)
-    for single, index in _WEIGHT_LAYOUTS:
-        if (folder / single).is_file():
-            return [single]
-        if (folder / index).is_file():
-            try:
-                shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-                raise ValueError(f"{folder / index} is not a valid shard index "
-                                 f"({type(err).__name__}: {err})") from None
-            missing = [s for s in shards if not (folder / s).is_file()]
-            if missing:
-                raise FileNotFoundError(
-                    f"{folder} lacks {len(missing)} of the {len(shards)} shards its {index} "
-                    f"names: {missing[:4]} (an interrupted download or copy?); fetch them again")
-            return [index, *shards]
-    raise FileNotFoundError(
-        f"{folder} has no weights: expected model.safetensors or pytorch_model.bin, or shards "
-        "with their index (model.safetensors.index.json, pytorch_model.bin.index.json)")
-
-
-class IncompleteCheckpointError(ValueError):
-    """A checkpoint whose files lack weights its architecture needs (named in the message)."""
-
-
 @contextlib.contextmanager
 def _tl_view(folder: Path, hf_config):
     """``folder`` as TL 3.9 can read it: a neutrally named copy of links, config patched.
@@ -247,16 +206,7 @@ def _hf_expected(folder: Path, architecture: str, dtype, n_ctx: int) -> tuple[_E
                              f"{type(err).__name__}: {err}") from None
     # TL 3.9 sets the transformers logger to ERROR, hiding transformers' own report of
     # these; HF fills them with random values, so an HF-based check alone cannot see them.
-    missing = sorted(loading.get("missing_keys") or ())
-    mismatched = sorted(str(k) for k in loading.get("mismatched_keys") or ())
-    if missing or mismatched:
-        what = (f"lack {len(missing)} weight(s) that {architecture} needs: {missing[:6]}"
-                f"{' ...' if len(missing) > 6 else ''}" if missing
-                else f"hold weights of the wrong shape: {mismatched[:6]}")
-        raise IncompleteCheckpointError(
-            f"the weight files in {folder} ({len(checkpoint_files(folder))} read) {what}; HF "
-            "would fill them with random values. The checkpoint is incomplete (an interrupted "
-            "download or copy?): fetch it again")
+    refuse_incomplete(folder, loading, architecture)
     reference.eval()
     tokens = _probe_tokens(reference.get_input_embeddings().num_embeddings, n_ctx)
     with torch.no_grad():

@@ -120,6 +120,64 @@ def _tiny_gguf(path: Path, arch: str) -> Path:
     return path
 
 
+def _tiny_llama_gguf(path: Path, drop: str | None = None) -> Path:
+    """A complete 2-layer llama GGUF (f32, grouped-query, a toy tokenizer), less ``drop``."""
+    gguf = pytest.importorskip("gguf")
+    V, D, F, L, H, KV = 32, 16, 32, 2, 4, 2
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_block_count(L)
+    w.add_context_length(64)
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(F)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(V)
+    w.add_rope_dimension_count(D // H)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}" for i in range(V)])
+    w.add_token_scores([0.0] * V)
+    w.add_token_types([1] * V)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    shapes = {"token_embd.weight": (V, D), "output_norm.weight": (D,), "output.weight": (V, D)}
+    for i in range(L):
+        shapes |= {f"blk.{i}.attn_norm.weight": (D,), f"blk.{i}.ffn_norm.weight": (D,),
+                   f"blk.{i}.attn_q.weight": (D, D), f"blk.{i}.attn_k.weight": (D * KV // H, D),
+                   f"blk.{i}.attn_v.weight": (D * KV // H, D),
+                   f"blk.{i}.attn_output.weight": (D, D), f"blk.{i}.ffn_gate.weight": (F, D),
+                   f"blk.{i}.ffn_up.weight": (F, D), f"blk.{i}.ffn_down.weight": (D, F)}
+    rng = np.random.default_rng(0)
+    for name, shape in shapes.items():
+        if name != drop:
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_file_missing_a_tensor_is_refused(tmp_path, monkeypatch):
+    """transformers fills a tensor the GGUF file lacks with random values; the converted
+    folder would then look complete. The conversion refuses it by name and caches nothing;
+    the same file with the tensor loads."""
+    from posinterp.models.pretrained import IncompleteCheckpointError
+
+    monkeypatch.setenv("POSINTERP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    broken = _tiny_llama_gguf(tmp_path / "broken.gguf", drop="blk.1.attn_k.weight")
+    with pytest.raises(IncompleteCheckpointError, match=r"broken\.gguf.*layers\.1\.self_attn\.k_proj"):
+        load_model(broken, device="cpu")
+    cached = tmp_path / "home" / "gguf"
+    assert not cached.exists() or not any(p.glob("config.json") for p in cached.iterdir())
+    model, info = load_model(_tiny_llama_gguf(tmp_path / "whole.gguf"), device="cpu")
+    assert info.source == "gguf" and model.cfg.n_layers == 2
+
+
 def test_truncated_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("POSINTERP_HOME", str(tmp_path / "home"))
     whole = _tiny_gguf(tmp_path / "whole.gguf", "llama").read_bytes()

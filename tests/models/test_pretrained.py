@@ -359,3 +359,30 @@ def test_processing_record_follows_what_tl_did_and_spectra_agree(tmp_path, no_ne
         assert gain is not None and (gain - 1).abs().max() > 0.1  # really unfolded
         for a, b in zip(qk_weights(skipped, 1), eff[1], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["BertModel", "BertForMaskedLM"])
+def test_bert_folder_missing_an_encoder_weight_is_refused(tmp_path, no_network, architecture):
+    """A BERT folder may lack its pre-training heads (seeded and recorded) but not a weight
+    of the encoder itself: HF would fill it with random values and every hook would carry
+    numbers of a model nobody trained. A folder lacking only its pooler still loads."""
+    from safetensors.torch import load_file, save_file
+
+    from posinterp.models.pretrained import IncompleteCheckpointError
+    from tests.helpers import _bert
+
+    torch.manual_seed(0)
+    cls = getattr(transformers, architecture)
+    cls(_bert(architectures=[architecture])).save_pretrained(tmp_path / "full")
+    full = load_file(tmp_path / "full" / "model.safetensors")
+    prefix = "bert." if architecture == "BertForMaskedLM" else ""
+    key = f"{prefix}encoder.layer.1.attention.self.key.weight"
+    assert key in full
+    for name, drop in [("broken", key), ("no_pooler", f"{prefix}pooler.dense.weight")]:
+        folder = tmp_path / name
+        cls(_bert(architectures=[architecture])).save_pretrained(folder)
+        save_file({k: v for k, v in full.items() if k != drop}, folder / "model.safetensors",
+                  metadata={"format": "pt"})
+    with pytest.raises(IncompleteCheckpointError, match=r"encoder\.layer\.1\.attention\.self\.key"):
+        load_model(tmp_path / "broken")
+    load_model(tmp_path / "no_pooler")
