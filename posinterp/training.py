@@ -886,15 +886,30 @@ def _compare_configs(folder: Path, saved: dict, configs: dict) -> None:
 
 
 def _weights_problem(path: Path) -> str | None:
-    """Why a weights file is damaged (unreadable or non-finite), or None when it is whole."""
+    """Why a weights file is damaged (unreadable, non-finite, or not the bytes its
+    ``.sha256`` sidecar recorded when it was written), or None when it is whole. Files
+    written before sidecars existed are checked without a hash."""
     from safetensors.torch import load as load_safetensors
 
     try:
-        weights = load_safetensors(path.read_bytes())
+        blob = path.read_bytes()
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    sidecar = _sidecar(path)
+    if sidecar.exists():
+        want = sidecar.read_text().strip()
+        if hashlib.sha256(blob).hexdigest() != want:
+            return f"its SHA-256 differs from the one recorded in {sidecar.name} when it was written"
+    try:
+        weights = load_safetensors(blob)
     except Exception as err:  # safetensors raises its own SafetensorError
         return f"unreadable ({type(err).__name__}: {err})"
     bad = [k for k, t in weights.items() if _non_finite(t)]
     return f"non-finite values in {bad[0]}" if bad else None
+
+
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
 
 
 def _snapshot_whole(path: Path) -> bool:
@@ -916,8 +931,13 @@ def _save_weights(path: Path, model) -> None:
 
     if path.exists() and _snapshot_whole(path):
         return
+    blob = save_safetensors(_cpu_state(model))
+    # the hash goes first: a sidecar without its snapshot is harmless (the snapshot is
+    # rewritten, and so is the sidecar); a snapshot without its sidecar is checked unhashed
+    with atomic_path(_sidecar(path)) as tmp:
+        _write_durably(tmp, hashlib.sha256(blob).hexdigest().encode())
     with atomic_path(path) as tmp:
-        _write_durably(tmp, save_safetensors(_cpu_state(model)))
+        _write_durably(tmp, blob)
 
 
 def _cpu_state(model) -> dict[str, Tensor]:

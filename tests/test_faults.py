@@ -264,8 +264,10 @@ def test_a_damaged_result_is_set_aside_and_only_its_cell_runs_again(tmp_path):
     assert (tmp_path / "out" / "broken-x1.json").exists()
 
 
-@pytest.mark.parametrize("where", ["final checkpoint", "snapshot"])
+@pytest.mark.parametrize("where", ["final checkpoint", "snapshot", "snapshot mantissa"])
 def test_a_zoo_model_with_damaged_weights_is_not_done(tmp_path, where):
+    """A flipped bit anywhere is caught, including one that leaves a snapshot readable and
+    finite (its SHA-256 sidecar, written with it, no longer matches)."""
     from posinterp.experiments.zoo import ZooConfig, load_zoo_model, train_zoo
     from posinterp.tasks.corpus import stdlib_corpus
 
@@ -283,8 +285,11 @@ def test_a_zoo_model_with_damaged_weights_is_not_done(tmp_path, where):
     before = {k: v.clone() for k, v in load_zoo_model("zoo:rotary", home=home)[0].state_dict().items()}
     if where == "final checkpoint":
         _mantissa_bit(latest_checkpoint(folder / "checkpoints"))
-    else:
+    elif where == "snapshot":
         _flip(folder / "checkpoints" / "snapshots" / "step_0000002.safetensors", 20, 0xff)
+    else:
+        snap = folder / "checkpoints" / "snapshots" / "step_0000002.safetensors"
+        _flip(snap, _largest_weight(snap)[1])
     with pytest.raises(ValueError, match="damaged"):
         load_zoo_model("zoo:rotary" if where != "snapshot" else "zoo:rotary@2", home=home)
     with pytest.warns(UserWarning, match="card.json of cell rotary-seed0/card is damaged"):

@@ -145,14 +145,18 @@ def previous_token_scores(
 ) -> pd.DataFrame:
     """Previous-token score of every head, averaged over the batch.
 
-    Runs one forward pass caching only ``hook_pattern``. Never modifies a caller's cache.
+    Runs one forward pass caching only ``hook_pattern``, whose meaning
+    :func:`posinterp.models.backend.run_cached` verifies on the loaded model first (TL 4
+    fires it after the attention module returned on some bridges). Never modifies a
+    caller's cache.
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, metric, value, n_sequences`` with
         ``metric == "previous_token_score"``, one row per (layer, head).
 
     Raises:
-        ValueError: as :func:`previous_token_score`, or tokens longer than ``n_ctx``.
+        ValueError: as :func:`previous_token_score`, tokens longer than ``n_ctx``, or a
+            ``hook_pattern`` not verified as the layer's attention (named).
     """
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +46,7 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "Missi
            "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit", "is_bridge",
            "is_post_ln", "n_kv_heads", "pattern_edit", "positional_type", "qk_slots", "query_hooks",
            "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
-           "site_module", "unwrap", "z_hook"]
+           "site_module", "unwrap", "verify_pattern_hook", "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -895,6 +896,10 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
         the cache, or ``(logits, cache)`` with ``return_logits``. For a TL 4 bridge over
         HF BERT the cache is a dict keyed by TL 3.9 ``HookedEncoder`` names, holding the
         quantities those names mean in TL 3.9 (``_tl39_encoder_hooks``).
+
+    Raises:
+        ValueError: a cached ``hook_pattern`` that :func:`verify_pattern_hook` cannot tie
+            to the layer's attention on this model.
     """
     if isinstance(names_filter, str):  # one hook name, as TransformerLens accepts it
         names_filter = [names_filter]
@@ -941,7 +946,35 @@ def _run_plain(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
         out = out.cpu() if isinstance(out, Tensor) else out
     if replaced:
         cache = {**{n: cache[n] for n in cache.keys()}, **{n: v.cpu() for n, v in captured.items()}}
+    for name in cache.keys():
+        found = _PATTERN_HOOK.fullmatch(name)
+        if found and name not in replaced:
+            verify_pattern_hook(model, int(found.group(1)))
     return (out, cache) if return_logits else cache
+
+
+_PATTERN_HOOK = re.compile(r"blocks\.(\d+)\.attn\.hook_pattern")
+
+
+def verify_pattern_hook(model, layer: int) -> str:
+    """``blocks.{layer}.attn.hook_pattern``, once :func:`hook_meaning` verified that it
+    carries the attention pattern the layer uses: softmax of an effective pre-softmax
+    scores hook, a pattern hook whose edits take effect, the pattern the attention
+    module returns with its output (output = Σ_h p_h v_h W_O,h + b_O), or the pattern
+    whose product with the values is ``hook_z``. Every analysis that reads patterns
+    through :func:`run_cached` is checked here.
+
+    Raises:
+        ValueError: the hook does not fire, or carries something none of those checks
+            could tie to the layer's attention (what the probe found is named).
+    """
+    meaning = hook_meaning(model, layer)
+    if not (meaning.scores or meaning.pattern or meaning.output_edit or meaning.z):
+        raise ValueError(
+            f"blocks.{layer}.attn.hook_pattern on this {type(unwrap(model)).__name__} could "
+            f"not be verified as the attention pattern the layer uses ({meaning.found}); "
+            "posinterp does not read a hook by its name (docs/tl4.md)")
+    return f"blocks.{layer}.attn.hook_pattern"
 
 
 @dataclass(frozen=True)

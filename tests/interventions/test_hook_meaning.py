@@ -296,3 +296,40 @@ def test_symmetrization_uses_gpt2_inverse_layer_scaling(tmp_path):
     live = torch.ones(n, n, dtype=torch.bool).tril()
     torch.testing.assert_close(seen["s"].double()[..., live], (0.5 * (c + c.mT))[..., live],
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["opt", "gptneo-local", "llama"])
+def test_patterns_read_through_run_cached_are_hf_attentions(kind, folders):
+    """Every analysis reads patterns through backend.run_cached, which verifies the hook's
+    meaning first; on OPT and GPT-Neo (TL 4.3 fires their hook_pattern after the module
+    returned) what it hands back is HF's own attention, and so is previous_token_scores'."""
+    import transformers
+
+    model = _model(kind, folders)
+    toks = random_tokens(model, 2, 8, seed=3)
+    cache = backend.run_cached(model, toks, None, lambda n: n.endswith("hook_pattern"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        folders[kind], attn_implementation="eager").eval()
+    with torch.no_grad():
+        want = hf(toks, output_attentions=True).attentions
+    for layer in range(model.cfg.n_layers):
+        got = cache[f"blocks.{layer}.attn.hook_pattern"]
+        assert (got - want[layer]).abs().max() < 1e-5
+    scores = pi.previous_token_scores(model, toks)
+    prev = want[0][..., torch.arange(1, 8), torch.arange(0, 7)].mean(dim=(0, 2))
+    row = scores[(scores.layer == 0)].sort_values("head").value.to_numpy()
+    assert abs(row - prev.numpy()).max() < 1e-5
+
+
+def test_an_unverified_pattern_hook_is_refused_by_name(monkeypatch):
+    """A hook_pattern the probe could not tie to the layer's attention is never read."""
+    model = tiny_model("rotary")
+    verdicts = {layer: backend.hook_meaning(model, layer) for layer in range(model.cfg.n_layers)}
+    blind = backend.HookMeaning(None, None, False, None, None, None, "a test's stand-in verdict")
+    model.__dict__["posinterp_hook_meaning"] = {**verdicts, 1: blind}
+    toks = random_tokens(model, 1, 6, seed=0)
+    backend.run_cached(model, toks, None, "blocks.0.attn.hook_pattern")  # layer 0 verified
+    with pytest.raises(ValueError, match=r"blocks\.1\.attn\.hook_pattern .*stand-in verdict"):
+        backend.run_cached(model, toks, None, lambda n: n.endswith("hook_pattern"))
+    with pytest.raises(ValueError, match=r"blocks\.1\.attn\.hook_pattern"):
+        pi.previous_token_scores(model, toks)
