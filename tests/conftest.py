@@ -27,6 +27,10 @@ _TL3_ONLY = {
     "tests/models/test_parity.py::test_parity_with_hf[gptj": "GPT-J's RoPE is not read on TL 4",
     "tests/models/test_parity.py::test_parity_with_hf[gpt2-no-attn-scale": "TL 4.3's bridge "
     "ignores scale_attn_weights; posinterp refuses the load (tests/test_tl4.py)",
+    "tests/models/test_parity.py::test_residual_hooks_mean_what_analyses_read[gptj": "GPT-J's "
+    "RoPE is not read on TL 4",
+    "tests/models/test_parity.py::test_residual_hooks_mean_what_analyses_read[gpt2-no-attn-scale":
+    "TL 4.3's bridge ignores scale_attn_weights; posinterp refuses the load (tests/test_tl4.py)",
     "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "TL 4.3's bridged "
     "GPT-NeoX never fires hook_rot_k, which the test reads (issue 21, item 5)",
     "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",

@@ -139,3 +139,31 @@ def test_default_lengths_fit_the_model_and_longer_ones_are_refused(tmp_path, no_
     assert sorted(table.length) == [8] and table.value.max() <= TOL
     with pytest.raises(ValueError, match=r"lengths \[64\] are past this model's n_ctx=40"):
         hf_parity(tmp_path / "short", lengths=(8, 64))
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[2] is None and "bert" not in n])
+def test_residual_hooks_mean_what_analyses_read(folders, name, no_network):
+    """The residual hooks analyses read keep TL 3.9's meanings on every listed decoder, on
+    both lines (never trusted by name): resid_mid = resid_pre + attn_out, resid_post =
+    resid_mid + mlp_out (parallel attention: resid_pre + attn_out + mlp_out, and no
+    resid_mid), and each block's resid_post is the next block's resid_pre."""
+    from posinterp.models.backend import run_cached
+    from tests.helpers import random_tokens
+
+    model, _ = load_model(folders(name))
+    sites = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
+    cache = run_cached(model, random_tokens(model, 2, 8, seed=1), None,
+                       lambda n: n.startswith("blocks.") and n.endswith(sites))
+    cache = {k: cache[k].double() for k in cache.keys()}
+    for layer in range(model.cfg.n_layers):
+        p = f"blocks.{layer}."
+        pre, attn, mlp, post = (cache[p + s] for s in ("hook_resid_pre", "hook_attn_out",
+                                                        "hook_mlp_out", "hook_resid_post"))
+        if p + "hook_resid_mid" in cache:
+            assert (pre + attn - cache[p + "hook_resid_mid"]).abs().max() < TOL
+            assert (cache[p + "hook_resid_mid"] + mlp - post).abs().max() < TOL
+        else:
+            assert getattr(model.cfg, "parallel_attn_mlp", False) or name.startswith("neox")
+        assert (pre + attn + mlp - post).abs().max() < TOL
+        if layer + 1 < model.cfg.n_layers:
+            assert torch.equal(cache[p + "hook_resid_post"], cache[f"blocks.{layer + 1}.hook_resid_pre"])
