@@ -156,3 +156,10 @@ def test_score_deltas_are_b_minus_a():
     for col in ("previous_token_score", "rotational_mass@Δ=-1"):
         pd.testing.assert_series_equal(merged[f"delta_{col}"], merged[f"{col}_B"] - merged[f"{col}_A"],
                                        check_names=False)
+
+
+def test_a_comparison_displays_its_page_inline():
+    model = tiny_model("nope")
+    cmp = compare_models(model, _perturbed(model, 1, 0), random_tokens(model, 2, 6), n_null=10)
+    html = cmp._repr_html_()
+    assert html.count("<iframe srcdoc=") == 1 and "compare-data" in html
