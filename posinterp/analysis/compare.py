@@ -42,7 +42,7 @@ import pandas as pd
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from .inspect import Inspection, head_wide, inspect_heads
+from .inspect import Inspection, inspect_heads
 
 __all__ = ["FORMATION_CRITERIA", "Comparison", "compare_inspections", "compare_models",
            "input_facts", "spectrum_distance"]
@@ -211,14 +211,14 @@ def _formation(wa: pd.DataFrame, wb: pd.DataFrame, criteria) -> pd.DataFrame:
         cols = [c for c in wa.columns if c in wb.columns
                 and (c == prefix or c.startswith(prefix + "@"))]
         for col in cols:
-            for (l, h, va), vb in zip(wa[["layer", "head", col]].itertuples(index=False, name=None),
+            for (layer, h, va), vb in zip(wa[["layer", "head", col]].itertuples(index=False, name=None),
                                       wb[col], strict=True):
                 if pd.isna(va) or pd.isna(vb):
                     continue
                 event = ("formed" if va < threshold <= vb else
                          "dissolved" if vb < threshold <= va else None)
                 if event:
-                    rows.append(dict(layer=int(l), head=int(h), criterion=col, threshold=threshold,
+                    rows.append(dict(layer=int(layer), head=int(h), criterion=col, threshold=threshold,
                                      a=float(va), b=float(vb), event=event))
     return pd.DataFrame(rows, columns=["layer", "head", "criterion", "threshold", "a", "b", "event"])
 
@@ -255,11 +255,11 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
             .groupby(["layer", "head", "metric"])["absd"].max().unstack("metric"))
     for metric in ("kernel_attention", "kernel_score"):
         col = kmax[metric] if metric in kmax else pd.Series(dtype=float)
-        heads[f"{metric}_change"] = [col.get((l, h), np.nan) for l, h in zip(heads.layer, heads["head"],
+        heads[f"{metric}_change"] = [col.get((li, h), np.nan) for li, h in zip(heads.layer, heads["head"],
                                                                            strict=True)]
     spec = _spectrum_changes(a, b)
     smax = spec.groupby(["layer", "head"])["spectrum_change"].max()
-    heads["spectrum_change"] = [smax.get((l, h), np.nan) for l, h in zip(heads.layer, heads["head"],
+    heads["spectrum_change"] = [smax.get((li, h), np.nan) for li, h in zip(heads.layer, heads["head"],
                                                                          strict=True)]
     parts = [heads["kernel_attention_change"], heads["spectrum_change"]]
     parts += [heads[c].abs() for c in heads.columns

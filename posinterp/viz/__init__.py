@@ -1,6 +1,8 @@
 """Visualizations: circuitsvis head views, static figures and offline HTML reports."""
 
 from .circuits import CircuitsView, attention_view
+from .compare import compare_page, save_compare_page
+from .export import comparison_card_figure, export_figure, head_card_figure
 from .figures import (
     adjacency_plot,
     dynamics_plot,
@@ -10,8 +12,6 @@ from .figures import (
     save_figure,
     similarity_grid,
 )
-from .compare import compare_page, save_compare_page
-from .export import comparison_card_figure, export_figure, head_card_figure
 from .inspect import inspect_page, save_inspect_page
 from .report import Report
 
