@@ -11,13 +11,15 @@ Schema (``schema_version`` 1)::
     {"schema": "posinterp.inspection", "schema_version": 1, "posinterp_version": str,
      "meta": {...}, "notes": [str], "str_tokens": [str],
      "columns": [str], "dtypes": {column: pandas dtype name}, "rows": [[value, ...]],
-     "patterns": {"<layer>": [[[float]]]}}      # [head][query][key], float32 values
+     "patterns": {"<layer>": {"shape": [head, query, key], "dtype": "float32",
+                              "base64": str}}}   # little-endian float32 bytes, row-major
 
 A loader refuses a file of another ``schema`` or of a newer ``schema_version`` by name.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from pathlib import Path
@@ -59,7 +61,10 @@ def inspection_to_dict(inspection: Inspection) -> dict:
         "str_tokens": list(inspection.str_tokens),
         "columns": [str(c) for c in t.columns], "dtypes": {str(c): str(d) for c, d in t.dtypes.items()},
         "rows": [[_cell(v) for v in row] for row in t.itertuples(index=False, name=None)],
-        "patterns": {str(layer): p.detach().float().cpu().tolist()
+        # exact float32 bytes: a quarter the size of decimal text, nothing rounded
+        "patterns": {str(layer): {"shape": list(p.shape), "dtype": "float32",
+                                  "base64": base64.b64encode(p.detach().float().cpu().numpy()
+                                                             .astype("<f4").tobytes()).decode("ascii")}
                      for layer, p in inspection.patterns.items()},
     }
 
@@ -80,8 +85,8 @@ def inspection_from_dict(data: dict) -> Inspection:
     """Rebuild an :class:`Inspection` from :func:`inspection_to_dict`'s object.
 
     Raises:
-        ValueError: not a posinterp inspection, a newer ``schema_version``, or rows that
-            do not match the columns.
+        ValueError: not a posinterp inspection, a newer ``schema_version``, rows that
+            do not match the columns, or a pattern that is not float32.
     """
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ValueError(f"not a posinterp inspection file: 'schema' must be {SCHEMA!r}, got "
@@ -102,7 +107,12 @@ def inspection_from_dict(data: dict) -> Inspection:
             table[c] = table[c].astype(object)  # pandas 2 reads pandas 3's "str" as object
         else:  # int64, Int64, string, boolean: pandas parses its own names
             table[c] = table[c].astype(d)
-    patterns = {int(k): torch.tensor(v, dtype=torch.float32) for k, v in data["patterns"].items()}
+    patterns = {}
+    for k, v in data["patterns"].items():
+        if v.get("dtype") != "float32":
+            raise ValueError(f"patterns[{k!r}]: dtype must be 'float32', got {v.get('dtype')!r}")
+        flat = np.frombuffer(base64.b64decode(v["base64"]), dtype="<f4")
+        patterns[int(k)] = torch.from_numpy(flat.astype(np.float32).reshape(v["shape"]))
     return Inspection(table, patterns, list(data["str_tokens"]), list(data["notes"]), dict(data["meta"]))
 
 
