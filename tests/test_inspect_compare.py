@@ -40,10 +40,12 @@ def test_two_checkpoints_give_one_offline_page_and_tables(steps, tmp_path, capsy
     assert external_refs(page) == []
     data = json.loads(re.search(r'<script type="application/json" id="compare-data">(.*?)</script>',
                                 page, re.S).group(1))
-    changes = pd.read_csv(out / "changes.csv")
-    assert data["heads"]["columns"] == list(changes.columns)
-    assert [r[:2] for r in data["heads"]["rows"]] == changes[["layer", "head"]].values.tolist()
-    assert list(changes.change) == sorted(changes.change, reverse=True)
+    changes = pd.read_csv(out / "changes.csv")  # long form: one row per head and metric
+    change = changes[changes.metric == "change"]
+    assert [r[:2] for r in data["heads"]["rows"]] == change[["layer", "head"]].values.tolist()
+    assert list(change.value) == sorted(change.value, reverse=True)
+    prev = changes[changes.metric == "previous_token_score"]
+    assert np.allclose(prev.value, prev.b - prev.a)
     # the saved inspections are the two models on one input
     ia, ib = (load_inspection(out / f"inspection-{w}.json") for w in "ab")
     assert ia.meta["input_digest"] == ib.meta["input_digest"]

@@ -42,7 +42,8 @@ import pandas as pd
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from .inspect import Inspection, inspect_heads
+from ._checks import check_tokens
+from .inspect import _VECTOR_METRICS, Inspection, inspect_heads
 
 __all__ = ["FORMATION_CRITERIA", "Comparison", "compare_inspections", "compare_models",
            "input_facts", "spectrum_distance"]
@@ -127,6 +128,11 @@ class Comparison:
         formed: ``layer, head, criterion, threshold, a, b, event`` (``formed`` or
             ``dissolved``), one row per crossing.
         layers: per-layer adjacency score ``layer, hook, a, b, delta``.
+        table: the long form of ``heads`` (what is saved): ``hook, layer, head, offset,
+            ablation, metric, a, b, value``; a score's rows hold A's and B's values and
+            ``value`` = B − A; the rows of ``change``, ``kernel_attention_change``,
+            ``kernel_score_change`` and ``spectrum_change`` hold the change in ``value``.
+            Heads in the order of ``heads``.
         notes: plain sentences shown on the page.
     """
 
@@ -137,6 +143,7 @@ class Comparison:
     kernels: pd.DataFrame
     formed: pd.DataFrame
     layers: pd.DataFrame
+    table: pd.DataFrame
     notes: list[str] = field(default_factory=list)
 
     def _repr_html_(self) -> str:
@@ -277,7 +284,30 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
     layers = layers.rename(columns={"value_a": "a", "value_b": "b"})
     layers["delta"] = layers["b"] - layers["a"]
     formed = _formation(wa, wb, criteria)
-    return Comparison(a, b, names, heads, kernels, formed, layers, notes)
+    return Comparison(a, b, names, heads, kernels, formed, layers, _long(a, b, heads), notes)
+
+
+_CHANGES = ("change", "kernel_attention_change", "kernel_score_change", "spectrum_change")
+
+
+def _long(a: Inspection, b: Inspection, heads: pd.DataFrame) -> pd.DataFrame:
+    """The saved long form of a comparison (DESIGN: saved results are long)."""
+    keys = ["hook", "layer", "head", "offset", "ablation", "metric"]
+
+    def scalar(t):
+        t = t[t["head"].notna() & ~t.metric.isin(_VECTOR_METRICS)]
+        return t[keys + ["value"]]
+    scores = scalar(a.table).merge(scalar(b.table), on=keys, how="outer", suffixes=("_a", "_b"))
+    scores = scores.rename(columns={"value_a": "a", "value_b": "b"})
+    scores["value"] = scores["b"] - scores["a"]
+    changes = heads.melt(id_vars=["layer", "head"], value_vars=list(_CHANGES), var_name="metric")
+    changes["hook"] = [f"blocks.{int(layer)}.attn" for layer in changes.layer]
+    order = {(int(r.layer), int(r.head)): i for i, r in enumerate(heads.itertuples())}
+    out = pd.concat([changes, scores], ignore_index=True)
+    out = out.astype({"layer": "int64", "head": "int64"})
+    out["_order"] = [order[(la, h)] for la, h in zip(out.layer, out["head"], strict=True)]
+    out = out.sort_values("_order", kind="stable", ignore_index=True).drop(columns="_order")
+    return out[keys[:5] + ["metric", "a", "b", "value"]].astype({"offset": "Int64"})
 
 
 def compare_models(model_a, model_b, tokens: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -297,8 +327,9 @@ def compare_models(model_a, model_b, tokens: torch.Tensor, attention_mask: torch
         :class:`Comparison`.
 
     Raises:
-        ValueError: as :func:`compare_inspections`, checked before either model runs;
-            and as :func:`~posinterp.analysis.inspect.inspect_heads`.
+        ValueError: as :func:`compare_inspections`, and tokens either model refuses
+            (ids >= d_vocab, more positions than n_ctx), checked before either model
+            runs; and as :func:`~posinterp.analysis.inspect.inspect_heads`.
     """
     if "model_name" in inspect_kwargs:
         raise ValueError("model_name is set from names; pass names=(name_a, name_b)")
@@ -309,6 +340,11 @@ def compare_models(model_a, model_b, tokens: torch.Tensor, attention_mask: torch
             n_layers=cfg.n_layers, n_heads=cfg.n_heads, d_head=cfg.d_head,
             **input_facts(m, tokens, attention_mask))))
     _check_comparable(*facts, names)  # refuse before any forward pass
+    for name, m in zip(names, (model_a, model_b), strict=True):
+        try:
+            check_tokens(m, tokens)  # e.g. longer than B's n_ctx: refused before A runs
+        except ValueError as err:
+            raise ValueError(f"cannot compare: {name}: {err}") from None
     a = inspect_heads(model_a, tokens, attention_mask, model_name=str(names[0]), **inspect_kwargs)
     b = inspect_heads(model_b, tokens, attention_mask, model_name=str(names[1]), **inspect_kwargs)
     return compare_inspections(a, b, names, criteria)

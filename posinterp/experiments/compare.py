@@ -1,7 +1,7 @@
 """``posinterp inspect A --compare B``: load two models, inspect both on one input, compare.
 
 Writes to the output folder (docs/inspect.md, "Comparing two models"): ``compare.html``
-(offline), ``changes.csv`` (one row per head, largest change first), ``formed.csv``,
+(offline), ``changes.csv`` (long form, heads largest change first), ``formed.csv``,
 ``kernels.csv``, the two inspections as versioned JSON (``inspection-a.json``,
 ``inspection-b.json``: :mod:`posinterp.analysis.export`) and ``run.json``.
 """
@@ -111,7 +111,7 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
                          seed=seed, max_pattern_tokens=max_pattern_tokens)
     cmp.notes[:0] = notes
     out.mkdir(parents=True, exist_ok=True)
-    _write_csv(cmp.heads, out / "changes.csv")
+    _write_csv(cmp.table, out / "changes.csv")  # long form; cmp.heads is its wide view
     _write_csv(cmp.formed, out / "formed.csv")
     _write_csv(cmp.kernels, out / "kernels.csv")
     export_inspection(cmp.a, out / "inspection-a.json")

@@ -112,6 +112,8 @@ def test_incomparable_models_and_inputs_are_refused_by_name():
         compare_models(model, tiny_model("nope", n_heads=2), tokens, n_null=N_NULL)
     with pytest.raises(ValueError, match="d_vocab"):
         compare_models(model, tiny_model("nope", tokenizer="byte"), tokens, n_null=N_NULL)
+    with pytest.raises(ValueError, match="B: tokens has 8 positions but the model's n_ctx is 6"):
+        compare_models(model, tiny_model("nope", n_ctx=6), tokens, n_null=N_NULL)
     a = inspect_heads(model, tokens, n_null=N_NULL)
     b = inspect_heads(model, random_tokens(model, 2, 8, seed=5), n_null=N_NULL)
     with pytest.raises(ValueError, match="different inputs"):
@@ -156,6 +158,15 @@ def test_score_deltas_are_b_minus_a():
     for col in ("previous_token_score", "rotational_mass@Δ=-1"):
         pd.testing.assert_series_equal(merged[f"delta_{col}"], merged[f"{col}_B"] - merged[f"{col}_A"],
                                        check_names=False)
+    # the saved long form holds the same numbers, heads in the same order
+    long = cmp.table
+    for metric, col in (("change", "change"), ("spectrum_change", "spectrum_change"),
+                        ("previous_token_score", "delta_previous_token_score")):
+        rows = long[long.metric == metric]
+        assert rows[["layer", "head"]].values.tolist() == cmp.heads[["layer", "head"]].values.tolist()
+        assert np.array_equal(rows.value.to_numpy(float), cmp.heads[col].to_numpy(float), equal_nan=True)
+    prev = long[long.metric == "previous_token_score"]
+    assert np.array_equal(prev.value.to_numpy(float), (prev.b - prev.a).to_numpy(float))
 
 
 def test_a_comparison_displays_its_page_inline():
