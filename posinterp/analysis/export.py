@@ -109,8 +109,9 @@ def inspection_from_dict(data: dict) -> Inspection:
             table[c] = table[c].astype(d)
     patterns = {}
     for k, v in data["patterns"].items():
-        if v.get("dtype") != "float32":
-            raise ValueError(f"patterns[{k!r}]: dtype must be 'float32', got {v.get('dtype')!r}")
+        if not isinstance(v, dict) or v.get("dtype") != "float32":
+            raise ValueError(f"patterns[{k!r}] must be {{'shape', 'dtype': 'float32', 'base64'}}, got "
+                             f"{type(v).__name__ if not isinstance(v, dict) else v.get('dtype')!r}")
         flat = np.frombuffer(base64.b64decode(v["base64"]), dtype="<f4")
         patterns[int(k)] = torch.from_numpy(flat.astype(np.float32).reshape(v["shape"]))
     return Inspection(table, patterns, list(data["str_tokens"]), list(data["notes"]), dict(data["meta"]))

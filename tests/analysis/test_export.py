@@ -49,7 +49,8 @@ def test_other_files_and_newer_schemas_are_refused(inspection, tmp_path):
     path = export_inspection(inspection, tmp_path / "x.json")
     data = _strict(path.read_text())
     for patch, match in (({"schema_version": SCHEMA_VERSION + 1}, "schema_version"),
-                         ({"schema": "something else"}, "not a posinterp inspection")):
+                         ({"schema": "something else"}, "not a posinterp inspection"),
+                         ({"patterns": {"0": [[[1.0]]]}}, r"patterns\['0'\] must be")):
         (tmp_path / "bad.json").write_text(json.dumps({**data, **patch}))
         with pytest.raises(ValueError, match=match):
             load_inspection(tmp_path / "bad.json")
