@@ -27,6 +27,8 @@ _EXPORTS = {
         "site_hooks",
         "spectral_measures", "variance_by_layer"), ".analysis"),
     **dict.fromkeys(("Inspection", "inspect_heads"), ".analysis.inspect"),
+    **dict.fromkeys(("Comparison", "compare_inspections", "compare_models"), ".analysis.compare"),
+    **dict.fromkeys(("export_inspection", "load_inspection"), ".analysis.export"),
     **dict.fromkeys(("PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model",
                      "load_model", "preset"), ".models"),
     **dict.fromkeys(("TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer"),
@@ -70,6 +72,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         spectral_measures,
         variance_by_layer,
     )
+    from .analysis.compare import Comparison, compare_inspections, compare_models  # noqa: F401
+    from .analysis.export import export_inspection, load_inspection  # noqa: F401
     from .analysis.inspect import Inspection, inspect_heads  # noqa: F401
     from .models import (  # noqa: F401
         PRESETS,

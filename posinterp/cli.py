@@ -174,7 +174,27 @@ def _spectrum(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .experiments.compare import run_compare
+
+    res = run_compare(args.spec, args.compare, args.out, text=args.text, n_tokens=args.tokens,
+                      batch=args.batch, ablate=args.ablate, seed=args.seed,
+                      max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
+                      device=args.device, input_kind=args.input)
+    cmp = res.comparison
+    print("heads that changed most (B - A):")
+    print(_table(cmp.heads[["layer", "head", "change", "kernel_attention_change", "spectrum_change"]
+                           + [c for c in ("delta_previous_token_score",) if c in cmp.heads]].head(5)))
+    print(f"\nformed or dissolved: {len(cmp.formed)} crossing(s)")
+    if len(cmp.formed):
+        print(_table(cmp.formed))
+    print(f"\ntook {res.seconds:.1f} s; page: {res.report_path.resolve()}")
+    return 0
+
+
 def _inspect(args: argparse.Namespace) -> int:
+    if args.compare is not None:
+        return _compare(args)
     from .experiments.inspect import run_inspect
 
     res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
@@ -280,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = _parser(sub, "inspect", "a head-by-head positional dashboard of any model (offline HTML)",
                 "For every head: positional kernel, previous-token/self/first-token scores, "
                 "QK eigenvalues against random heads and, with --ablate, the loss change when "
-                "the head or one of its spectral channels is removed. Writes inspect.html, "
+                "the head or one of its spectral channels is removed. Writes inspect.html, inspection.json, "
                 "heads.csv (tidy) and run.json.", _inspect, "")
     i.add_argument("spec", help="a model: toy/zoo spec (zoo:rotary), HF checkpoint folder, "
                    "GGUF file (its tokenizer included), llama2.c .bin file or hub name (from "
@@ -304,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pattern views show at most this many tokens (default 96)")
     i.add_argument("--out", type=_out_folder, default="posinterp-inspect",
                    help="output folder (default posinterp-inspect)")
+    i.add_argument("--compare", default=None, metavar="SPEC_B",
+                   help="compare SPEC with SPEC_B (same n_layers x n_heads and vocabulary, e.g. "
+                   "two checkpoints) on the same input: per head the change of every score, "
+                   "kernel and spectrum, and which heads formed; writes compare.html")
     _no_progress(i)
 
     z = sub.add_parser("zoo", help="small byte-level LMs identical except for positions",
@@ -423,7 +447,7 @@ def _input_errors(args: argparse.Namespace) -> list[str]:
 
     errors = []
     if args.command == "inspect":
-        errors += spec_errors([args.spec])
+        errors += spec_errors([args.spec] + ([args.compare] if args.compare is not None else []))
         if args.text is not None and not Path(args.text).is_file():
             errors.append(f"--text: no such file: {args.text}")
     elif args.command == "spectrum":

@@ -215,6 +215,12 @@ class Inspection:
         return notebook_html(inspect_page(self, title), height=900)
 
 
+def _input_facts(model, tokens, mask) -> dict:
+    from .compare import input_facts  # what makes two inspections comparable
+
+    return input_facts(model, tokens, mask)
+
+
 def score_key(metric: str, offset, ablation) -> str:
     """Column name of a scalar per-head row in the wide view (e.g. ``rotational_mass@Δ=-1``)."""
     key = metric
@@ -444,7 +450,7 @@ def inspect_heads(
     meta = dict(n_layers=n_layers, n_heads=n_heads, d_model=model.cfg.d_model, d_head=model.cfg.d_head,
                 n_ctx=model.cfg.n_ctx, pe=model.cfg.positional_embedding_type, batch=batch,
                 lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, seed=seed,
-                clean_loss=clean_loss, ablate=ablate)
+                clean_loss=clean_loss, ablate=ablate, **_input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
     return Inspection(table, patterns, str_tokens, notes, meta)

@@ -1,6 +1,7 @@
 """``posinterp inspect``: load a model, build the input, inspect every head, write the page.
 
-Writes ``inspect.html`` (offline), ``heads.csv`` (the tidy table of
+Writes ``inspect.html`` (offline), ``inspection.json`` (the whole inspection, versioned:
+:mod:`posinterp.analysis.export`), ``heads.csv`` (the tidy table of
 :func:`posinterp.analysis.inspect.inspect_heads`) and ``run.json`` (model facts,
 input, versions) to the output folder (docs/inspect.md).
 """
@@ -210,6 +211,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:
         res.table.to_csv(tmp, index=False)
+    from ..analysis.export import export_inspection
+
+    export_inspection(res, out / "inspection.json")  # versioned, loads back (docs/inspect.md)
     seconds = round(time.time() - t0, 1)
     facts = (f"{spec}: {info.pe} positions, {model.cfg.n_layers} layers x {model.cfg.n_heads} heads, "
              f"d_model {model.cfg.d_model}, d_head {model.cfg.d_head}"

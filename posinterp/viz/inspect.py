@@ -53,7 +53,9 @@ def _script() -> str:
     """The page's script, kept in ``inspect.js`` next to this module (package data)."""
     from importlib.resources import files
 
-    return files("posinterp.viz").joinpath("inspect.js").read_text(encoding="utf-8")
+    # export.js: the card's SVG/PNG download buttons (shared with the compare page)
+    return "\n".join(files("posinterp.viz").joinpath(name).read_text(encoding="utf-8")
+                     for name in ("inspect.js", "export.js"))
 
 
 

@@ -1,0 +1,127 @@
+"""``posinterp inspect A --compare B``: load two models, inspect both on one input, compare.
+
+Writes to the output folder (docs/inspect.md, "Comparing two models"): ``compare.html``
+(offline), ``changes.csv`` (long form, heads largest change first), ``formed.csv``,
+``kernels.csv``, the two inspections as versioned JSON (``inspection-a.json``,
+``inspection-b.json``: :mod:`posinterp.analysis.export`) and ``run.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+
+__all__ = ["CompareResult", "run_compare"]
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """What :func:`run_compare` wrote: the comparison, the page's path, wall seconds."""
+
+    comparison: object  # posinterp.analysis.compare.Comparison
+    report_path: Path
+    seconds: float
+
+
+def _write_csv(df, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
+
+
+def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Path | None = None,
+                n_tokens: int = 64, batch: int = 8, ablate: bool = False, seed: int = 0,
+                max_pattern_tokens: int = 96, progress: bool = True, device=None,
+                input_kind: str = "random") -> CompareResult:
+    """Inspect models ``spec_a`` and ``spec_b`` on the same input and write the comparison.
+
+    Args:
+        spec_a, spec_b: anything :func:`posinterp.load_model` takes (e.g. two checkpoint
+            folders of one run, ``zoo:rotary@200`` and ``zoo:rotary``).
+        text, n_tokens, batch, ablate, seed, max_pattern_tokens, device: as
+            :func:`posinterp.experiments.inspect.run_inspect`; the input is built once
+            (from A's tokenizer; B's must have the same vocabulary) and given to both.
+        input_kind: ``"random"`` or ``"sampled"`` (the samples are A's own).
+
+    Returns:
+        :class:`CompareResult`; the page is ``out_dir/compare.html``.
+
+    Raises:
+        ValueError: a bad argument (named); models that cannot be compared (different
+            n_layers x n_heads, d_vocab or tokenizer vocabulary: see
+            :func:`posinterp.analysis.compare.compare_inspections`), checked before
+            either model runs.
+        FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.
+    """
+    for name, v in (("--tokens", n_tokens), ("--batch", batch), ("--max-pattern-tokens",
+                                                                  max_pattern_tokens)):
+        if v < (3 if name == "--tokens" else 1):
+            raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
+    if input_kind not in ("random", "sampled"):
+        raise ValueError(f"--input must be 'random' or 'sampled', got {input_kind!r}")
+    if text is not None and input_kind != "random":
+        raise ValueError("--input sampled and --text are alternatives; give one of them")
+    if text is not None and not Path(text).is_file():
+        raise FileNotFoundError(f"--text: no such file: {text}")
+    from ..devices import resolve_device
+
+    device = resolve_device(device, "--device")
+    out = check_out_dir(out_dir, create=False)
+    from ..analysis.compare import compare_models
+    from ..analysis.export import export_inspection
+    from ..analysis.fingerprint import _has_bos
+    from ..analysis.heads import random_tokens, sampled_tokens
+    from ..models import load_model
+    from ..viz.compare import save_compare_page
+    from .inspect import _bos_id, text_batch
+
+    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    t0 = time.time()
+    models = []
+    for spec in (spec_a, spec_b):
+        log(f"[posinterp] loading {spec}")
+        model, info = load_model(spec, device=device)
+        if not info.causal:
+            raise ValueError(f"{spec} is a bidirectional encoder; inspect needs a causal model")
+        models.append((model, info))
+    (ma, ia), (mb, _) = models
+    n_ctx = min(ma.cfg.n_ctx, mb.cfg.n_ctx)
+    if text is not None:
+        tokens, mask, notes = text_batch(ma, Path(text).read_text(encoding="utf-8"), max_len=n_ctx)
+        source = f"text {Path(text).name}: {tokens.shape[0]} paragraph(s), up to {tokens.shape[1]} tokens"
+    else:
+        if n_tokens > n_ctx:
+            raise ValueError(f"--tokens must be <= both models' n_ctx ({n_ctx}), got {n_tokens}")
+        mask, notes = None, []
+        if input_kind == "sampled":
+            bos = _bos_id(ma, ia)
+            log(f"[posinterp] sampling {batch} x {n_tokens} tokens from A (seed {seed})")
+            tokens = sampled_tokens(ma, batch, n_tokens, bos, seed=seed)
+            source = (f"{batch} samples of {n_tokens} tokens from A ({spec_a}) itself (from BOS id "
+                      f"{bos}, temperature 1, seed {seed})")
+        else:
+            tokens = random_tokens(ma, batch, n_tokens, seed=seed, bos=_has_bos(ma))
+            source = (f"{batch} random-token sequences of {n_tokens} tokens (seed {seed}"
+                      f"{', BOS first' if _has_bos(ma) else ''})")
+    log(f"[posinterp] inspecting both ({ma.cfg.n_layers} layers x {ma.cfg.n_heads} heads) on {source}"
+        + (" with ablations" if ablate else ""))
+    cmp = compare_models(ma, mb, tokens, mask, names=(str(spec_a), str(spec_b)), ablate=ablate,
+                         seed=seed, max_pattern_tokens=max_pattern_tokens)
+    cmp.notes[:0] = notes
+    out.mkdir(parents=True, exist_ok=True)
+    _write_csv(cmp.table, out / "changes.csv")  # long form; cmp.heads is its wide view
+    _write_csv(cmp.formed, out / "formed.csv")
+    _write_csv(cmp.kernels, out / "kernels.csv")
+    export_inspection(cmp.a, out / "inspection-a.json")
+    export_inspection(cmp.b, out / "inspection-b.json")
+    seconds = round(time.time() - t0, 1)
+    facts = (f"A = {spec_a}, B = {spec_b}: {ia.pe} positions, {ma.cfg.n_layers} layers x "
+             f"{ma.cfg.n_heads} heads. Input (the same for both): {source}.")
+    atomic_write_json(out / "run.json", {"spec_a": str(spec_a), "spec_b": str(spec_b),
+                                         "models": [i.to_dict() for _, i in models], "input": source,
+                                         "ablate": ablate, "seed": seed, "notes": cmp.notes,
+                                         "versions": versions(), "seconds": seconds})
+    path = save_compare_page(cmp, out / "compare.html", f"posinterp compare: {spec_a} vs {spec_b}", facts)
+    return CompareResult(cmp, path, seconds)
