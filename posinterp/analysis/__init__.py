@@ -18,6 +18,7 @@ from .frequencies import (
 )
 from .heads import previous_token_score, previous_token_scores, random_tokens, sampled_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
+from .score_parts import score_parts, score_parts_from_qk
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
 from .similarity import (
     compact_real_tokens,
@@ -44,6 +45,7 @@ from .variance import position_variance, variance_by_layer
 
 __all__ = [
     "Inspection", "attention_kernel", "head_scores", "inspect_heads",
+    "score_parts", "score_parts_from_qk",
     "dynamics_summary", "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
     "model_unit", "trajectory_correlations", "channel_masses", "qk_convention",
     "ProbeConfig", "fit_probe", "position_features", "probe_positions",
