@@ -18,8 +18,8 @@ from .frequencies import (
 )
 from .heads import previous_token_score, previous_token_scores, random_tokens, sampled_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
-from .score_parts import score_parts, score_parts_from_qk
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
+from .score_parts import score_parts, score_parts_from_qk
 from .similarity import (
     compact_real_tokens,
     cosine_self_similarity,

@@ -204,7 +204,8 @@ def test_the_norm_bias_is_folded_into_the_bias_parts():
     parts = df[df.metric == "score_part"].pivot_table(index=CELL, columns="part", values="value")
     content = parts[list(CHANNEL_PARTS)].sum(axis=1)
     x = model.W_E.detach().double()[tokens]  # NoPE: layer 0's input is the embedding
-    xhat = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + model.cfg.eps)
+    centred = x - x.mean(-1, keepdim=True)
+    xhat = centred / torch.sqrt(centred.square().mean(-1, keepdim=True) + model.cfg.eps)
     g = model.blocks[0].ln1.w.detach().double()
     W_Q = model.blocks[0].attn.W_Q[0].detach().double()
     W_K = model.blocks[0].attn.W_K[0].detach().double()
