@@ -192,6 +192,8 @@ class Inspection:
         str_tokens: the ``n`` token labels of that sequence.
         notes: plain sentences about cuts and choices, shown on the page.
         meta: model facts (``n_layers``, ``n_heads``, ``pe``, ...).
+        score_parts: "Explain one score": :func:`posinterp.analysis.score_parts.score_parts`
+            of every head on the first tokens of the pattern views (None if not computed).
     """
 
     table: pd.DataFrame
@@ -199,6 +201,7 @@ class Inspection:
     str_tokens: list[str]
     notes: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    score_parts: pd.DataFrame | None = None
 
     def head_view(self) -> pd.DataFrame:
         """Wide view: one row per (layer, head), one column per scalar score."""
@@ -316,6 +319,7 @@ def inspect_heads(
     n_null: int = 500,
     seed: int = 0,
     model_name: str = "model",
+    explain_values: int = 400_000,
 ) -> Inspection:
     """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
 
@@ -333,6 +337,10 @@ def inspect_heads(
         n_null: random heads in the product-Ginibre null (percentiles and band).
         seed: seed of the null.
         model_name: value of the ``model`` column.
+        explain_values: bound on the numbers stored for "Explain one score" (the score
+            decomposition of every head's pattern cells,
+            :func:`posinterp.analysis.score_parts.dashboard_score_parts`): the first n
+            tokens of the pattern views whose cells fit; 0 computes none.
 
     Returns:
         :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
@@ -407,6 +415,12 @@ def inspect_heads(
         patterns[layer] = compact_pattern(pattern[:1], mask[:1] if mask is not None else None
                                           )[0, :, :shown, :shown].detach().float().cpu()
 
+    # Explain one score: every head's score parts on the first tokens of the pattern views.
+    from .score_parts import dashboard_score_parts
+
+    parts, note = dashboard_score_parts(model, sample[:shown], shown, explain_values)
+    notes.append(note)
+
     # QK spectra: measures, null percentiles, eigenvalues, null band at each head's scale.
     meas = spectral_measures(model)
     null = ginibre_null(model.cfg.d_model, model.cfg.d_head, n_heads=n_null, seed=seed)
@@ -447,4 +461,4 @@ def inspect_heads(
                 clean_loss=clean_loss, ablate=ablate)
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
-    return Inspection(table, patterns, str_tokens, notes, meta)
+    return Inspection(table, patterns, str_tokens, notes, meta, score_parts=parts)

@@ -369,7 +369,7 @@ def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,
     Raises:
         ValueError: for ``max_values < 0``.
     """
-    from ..models.backend import MissingFeatureError, positional_type
+    from ..models.backend import positional_type
 
     if not is_int(max_values) or max_values < 0:
         raise ValueError(f"max_values must be an integer >= 0, got {max_values}")
@@ -385,7 +385,7 @@ def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,
                       f"({n_heads} heads x {rows} numbers per cell).")
     try:
         df = score_parts(model, tokens[..., :n], queries=None, keys=None)
-    except MissingFeatureError as err:
+    except ValueError as err:  # MissingFeatureError included: the page says why, inspect goes on
         return None, f"Explain one score is not available for this model: {err}"
     cut = "" if n == min(int(tokens.shape[-1]), max_tokens) else (
         f", bounded to {max_values:,} stored values ({n_heads} heads x {rows} numbers per cell)")
