@@ -27,7 +27,7 @@ _EXPORTS = {
         "site_hooks",
         "spectral_measures", "variance_by_layer"), ".analysis"),
     **dict.fromkeys(("Inspection", "inspect_heads"), ".analysis.inspect"),
-    **dict.fromkeys(("score_parts",), ".analysis.score_parts"),
+    **dict.fromkeys(("score_parts",), ".analysis.explain"),
     **dict.fromkeys(("PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model",
                      "load_model", "preset"), ".models"),
     **dict.fromkeys(("TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer"),
@@ -71,8 +71,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         spectral_measures,
         variance_by_layer,
     )
+    from .analysis.explain import score_parts  # noqa: F401
     from .analysis.inspect import Inspection, inspect_heads  # noqa: F401
-    from .analysis.score_parts import score_parts  # noqa: F401
     from .models import (  # noqa: F401
         PRESETS,
         ModelInfo,

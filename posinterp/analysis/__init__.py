@@ -1,6 +1,7 @@
 """Pure metric functions over tensors, with thin TransformerLens hook plumbing."""
 
 from .adjacency import AdjacencyScore, adjacency_by_layer, adjacency_row, adjacency_score
+from .explain import score_parts, score_parts_from_qk
 from .fingerprint import (
     dynamics_summary,
     fingerprint_table,
@@ -19,7 +20,6 @@ from .frequencies import (
 from .heads import previous_token_score, previous_token_scores, random_tokens, sampled_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
-from .score_parts import score_parts, score_parts_from_qk
 from .similarity import (
     compact_real_tokens,
     cosine_self_similarity,

@@ -192,7 +192,7 @@ class Inspection:
         str_tokens: the ``n`` token labels of that sequence.
         notes: plain sentences about cuts and choices, shown on the page.
         meta: model facts (``n_layers``, ``n_heads``, ``pe``, ...).
-        score_parts: "Explain one score": :func:`posinterp.analysis.score_parts.score_parts`
+        score_parts: "Explain one score": :func:`posinterp.analysis.explain.score_parts`
             of every head on the first tokens of the pattern views (None if not computed).
     """
 
@@ -339,7 +339,7 @@ def inspect_heads(
         model_name: value of the ``model`` column.
         explain_values: bound on the numbers stored for "Explain one score" (the score
             decomposition of every head's pattern cells,
-            :func:`posinterp.analysis.score_parts.dashboard_score_parts`): the first n
+            :func:`posinterp.analysis.explain.dashboard_score_parts`): the first n
             tokens of the pattern views whose cells fit; 0 computes none.
 
     Returns:
@@ -416,7 +416,7 @@ def inspect_heads(
                                           )[0, :, :shown, :shown].detach().float().cpu()
 
     # Explain one score: every head's score parts on the first tokens of the pattern views.
-    from .score_parts import dashboard_score_parts
+    from .explain import dashboard_score_parts
 
     parts, note = dashboard_score_parts(model, sample[:shown], shown, explain_values)
     notes.append(note)

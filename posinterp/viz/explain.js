@@ -1,6 +1,6 @@
 // ---- Explain one score (posinterp/viz/explain.py embeds this before the page's script) ----
 // Each head card gets a clickable pattern; a click shows the parts of that (query, key)
-// score, precomputed in Python (posinterp.analysis.score_parts). Numbers are looked up,
+// score, precomputed in Python (posinterp.analysis.explain). Numbers are looked up,
 // never recomputed here. Text from data is only ever set with textContent.
 const EXPLAIN = (() => {
   const e = document.getElementById('explain-data');

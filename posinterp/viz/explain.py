@@ -1,6 +1,6 @@
 """The inspect page's "Explain one score" section: data and script (docs/inspect.md).
 
-:func:`posinterp.analysis.score_parts.dashboard_score_parts` computes, in Python, the
+:func:`posinterp.analysis.explain.dashboard_score_parts` computes, in Python, the
 decomposition of every displayed (query, key) cell of every head (up to a stated bound);
 this module packs that table into one JSON block for the page, and ``explain.js`` draws
 a clickable pattern per head card and the parts of the clicked cell. The browser only

@@ -1,5 +1,5 @@
 """Explain one score: the parts of a pre-softmax score sum to the model's own score, and
-closed forms put everything where the weights live (posinterp.analysis.score_parts)."""
+closed forms put everything where the weights live (posinterp.analysis.explain)."""
 
 import math
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import posinterp as pi
-from posinterp.analysis.score_parts import BIAS_PARTS, CHANNEL_PARTS, score_parts
+from posinterp.analysis.explain import BIAS_PARTS, CHANNEL_PARTS, score_parts
 from posinterp.models import alibi_slopes
 from posinterp.models.backend import attn_scale, qk_slots, rotary_spec
 from tests.helpers import random_tokens, tiny_model
@@ -254,3 +254,20 @@ def test_loaded_checkpoints_partial_rotary_grouped_query_and_no_score_hook(case,
             lambda r: torch.tensor(r.to_numpy()).softmax(-1).numpy())
         np.testing.assert_allclose(rows, pat, rtol=0, atol=1e-5)
     assert ("unrotated" in set(parts.part)) == (case.startswith("neox"))
+
+
+def test_dashboard_bound_shrinks_the_block_and_says_so():
+    from posinterp.analysis.explain import dashboard_score_parts
+
+    model = tiny_model("alibi")
+    tokens = random_tokens(model, 1, 12, seed=15)[0]
+    rows = len(CHANNEL_PARTS) + len(BIAS_PARTS) + 3 + 1  # + alibi
+    heads = model.cfg.n_layers * model.cfg.n_heads
+    bound = heads * rows * 21  # room for 6 tokens (21 cells), not 7 (28)
+    df, note = dashboard_score_parts(model, tokens, max_tokens=12, max_values=bound)
+    assert df["query"].max() == 5 and df["key"].max() == 5
+    assert "first 6 tokens" in note and f"{bound:,}" in note
+    full, note = dashboard_score_parts(model, tokens, max_tokens=12)
+    assert full["query"].max() == 11 and "bounded" not in note
+    none, note = dashboard_score_parts(model, tokens, max_tokens=12, max_values=0)
+    assert none is None and "no cell fits" in note

@@ -94,7 +94,8 @@ def test_clicking_a_pattern_cell_shows_its_score_parts(tmp_path):
         assert _eval(dt, session, """new Promise(done => { const t0 = Date.now();
             (function wait() { if (document.getElementById('explain-pattern')) done(true);
               else if (Date.now() - t0 > 30000) done(false); else setTimeout(wait, 50); })(); })""")
-        layer, head = _eval(dt, session, "document.querySelector('#card h2').textContent.match(/\\d+/g).map(Number)")
+        layer, head = _eval(dt, session,
+                            "document.querySelector('#card h2').textContent.match(/\\d+/g).map(Number)")
         query, key = 9, 4
         x, y = _eval(dt, session, f"""(() => {{
             const r = document.querySelector('rect.explain-cell[data-query="{query}"][data-key="{key}"]');
