@@ -301,7 +301,8 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
                                      {key: val[keep] for key, val in parts.items()},
                                      model_score[keep], pattern[keep], scheme, freq,
                                      rotary is not None and len(rotary[2]) > 0))
-    df = pd.concat(frames, ignore_index=True)[COLUMNS]
+    df = pd.DataFrame({c: np.concatenate([f[c] for f in frames]) for c in COLUMNS})
+    df["pair"] = df["pair"].astype("Int64").mask(df["pair"] < 0)  # -1 marks "no pair"
     return df.astype({"layer": "int64", "head": "int64", "query": "int64", "key": "int64",
                       "offset": "int64", "pair": "Int64", "value": "float64"})
 
@@ -330,30 +331,35 @@ def _check(total, model_score, pattern, qi, live, dtype, tol, layer, head, error
 
 
 def _cell_rows(layer, head, qi, kj, parts, model_score, pattern, scheme, freq, partial
-               ) -> pd.DataFrame:
-    base = {"hook": f"blocks.{layer}.attn", "layer": layer, "head": head}
-    rows = []
-
-    def add(values, metric, view=None, part=None, pair=pd.NA, frequency=np.nan):
-        rows.append(pd.DataFrame({**base, "query": qi.numpy(), "key": kj.numpy(),
-                                  "offset": (kj - qi).numpy(), "view": view, "part": part,
-                                  "pair": pair, "frequency": frequency, "metric": metric,
-                                  "value": values.numpy()}))
-
+               ) -> dict[str, np.ndarray]:
+    """One head's rows as column arrays (one DataFrame is built at the end: thousands of
+    small frames cost seconds)."""
+    specs = []  # (values, metric, view, part, pair, frequency)
     shared = [*BIAS_PARTS, *(("alibi",) if scheme == "alibi" else ())]
     for c in (*CHANNEL_PARTS, *shared):
-        add(parts[c], "score_part", "channel", c)
+        specs.append((parts[c], "score_part", "channel", c, -1, np.nan))
     if "pair" in parts:
         for p in range(parts["pair"].shape[1]):
-            add(parts["pair"][:, p], "score_part", "rotary_pair", "pair", p, float(freq[p]))
+            specs.append((parts["pair"][:, p], "score_part", "rotary_pair", "pair", p, float(freq[p])))
         if partial:  # the dims RoPE leaves alone (rotary_dim < d_head)
-            add(parts["unrotated"], "score_part", "rotary_pair", "unrotated", pd.NA, 0.0)
+            specs.append((parts["unrotated"], "score_part", "rotary_pair", "unrotated", -1, 0.0))
         for c in shared:
-            add(parts[c], "score_part", "rotary_pair", c)
-    add(parts["total"], "score_total")
-    add(model_score, "model_score")
-    add(pattern, "pattern")
-    return pd.concat(rows, ignore_index=True)
+            specs.append((parts[c], "score_part", "rotary_pair", c, -1, np.nan))
+    for values, metric in ((parts["total"], "score_total"), (model_score, "model_score"),
+                           (pattern, "pattern")):
+        specs.append((values, metric, None, None, -1, np.nan))
+    n, r = len(qi), len(specs)
+
+    def meta(k):
+        return np.repeat(np.array([sp[k] for sp in specs], dtype=object), n)
+
+    return {"hook": np.full(n * r, f"blocks.{layer}.attn", dtype=object),
+            "layer": np.full(n * r, layer), "head": np.full(n * r, head),
+            "query": np.tile(qi.numpy(), r), "key": np.tile(kj.numpy(), r),
+            "offset": np.tile((kj - qi).numpy(), r), "view": meta(2), "part": meta(3),
+            "pair": np.repeat(np.array([sp[4] for sp in specs]), n),
+            "frequency": np.repeat(np.array([sp[5] for sp in specs], dtype=float), n),
+            "metric": meta(1), "value": np.concatenate([sp[0].numpy() for sp in specs])}
 
 
 def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,

@@ -1,9 +1,8 @@
 """``posinterp inspect``: load a model, build the input, inspect every head, write the page.
 
 Writes ``inspect.html`` (offline), ``heads.csv`` (the tidy table of
-:func:`posinterp.analysis.inspect.inspect_heads`), ``score_parts.csv`` (the "Explain one
-score" decompositions the page shows, :func:`posinterp.analysis.explain.score_parts`)
-and ``run.json`` (model facts, input, versions) to the output folder (docs/inspect.md).
+:func:`posinterp.analysis.inspect.inspect_heads`) and ``run.json`` (model facts,
+input, versions) to the output folder (docs/inspect.md).
 """
 
 from __future__ import annotations
@@ -211,9 +210,6 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:
         res.table.to_csv(tmp, index=False)
-    if res.score_parts is not None:  # "Explain one score": the page's cells, tidy
-        with atomic_path(out / "score_parts.csv") as tmp:
-            res.score_parts.to_csv(tmp, index=False)
     seconds = round(time.time() - t0, 1)
     facts = (f"{spec}: {info.pe} positions, {model.cfg.n_layers} layers x {model.cfg.n_heads} heads, "
              f"d_model {model.cfg.d_model}, d_head {model.cfg.d_head}"

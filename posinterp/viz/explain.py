@@ -13,6 +13,7 @@ import math
 
 import pandas as pd
 
+from ..analysis.explain import BIAS_PARTS, CHANNEL_PARTS
 from .circuits import script_json, script_safe_js
 
 __all__ = ["FORMULA", "explain_block", "explain_data"]
@@ -47,41 +48,31 @@ def explain_data(inspection) -> dict | None:
     if df is None or df.empty:
         return None
     n = int(df["query"].max()) + 1
-    cells = [(i, j) for i in range(n) for j in range(i + 1)]
-    index = pd.MultiIndex.from_tuples(cells, names=["query", "key"])
-    sp = df[df.metric == "score_part"]
-    chan = sp[sp.view == "channel"]
-    rot = sp[(sp.view == "rotary_pair") & sp.part.isin(["pair", "unrotated"])]
-    parts = []
-    for part in dict.fromkeys(chan.part):
-        parts.append({"group": "channel" if part in ("positive_real", "negative_real", "complex", "null")
-                      else "bias", "part": part, "pair": None, "frequency": None,
-                      "select": ("channel", part, None)})
-    for (part, pair), g in rot.groupby(["part", "pair"], dropna=False, sort=False):
-        pair = None if pd.isna(pair) else int(pair)
-        parts.append({"group": "rotary_pair", "part": part, "pair": pair,
-                      "frequency": _num(g.frequency.iloc[0]), "select": ("rotary_pair", part, pair)})
-    parts.sort(key=lambda p: (p["group"] == "rotary_pair", p["pair"] if p["pair"] is not None else 1e9))
-
-    def column(sub: pd.DataFrame) -> list:
-        s = sub.set_index(["query", "key"]).value.reindex(index)
-        return [_num(v) for v in s.to_numpy()]
-
+    cells = pd.MultiIndex.from_tuples([(i, j) for i in range(n) for j in range(i + 1)],
+                                      names=["query", "key"])
+    # one column per (metric, view, part, pair), one row per (layer, head, query, key)
+    d = df.assign(view=df.view.fillna(""), part=df.part.fillna(""), pair=df.pair.fillna(-1))
+    wide = d.set_index(["layer", "head", "query", "key", "metric", "view", "part", "pair"]).value
+    wide = wide.unstack(["metric", "view", "part", "pair"])
+    chan = [c for c in wide.columns if c[0] == "score_part" and c[1] == "channel"]
+    rot = [c for c in wide.columns if c[0] == "score_part" and c[1] == "rotary_pair"
+           and c[2] in ("pair", "unrotated")]
+    freq = df[df.part.isin(["pair", "unrotated"])].assign(pair=lambda x: x.pair.fillna(-1)) \
+        .groupby(["part", "pair"]).frequency.first()
+    order = [*CHANNEL_PARTS, *BIAS_PARTS, "alibi"]
+    chan.sort(key=lambda c: order.index(c[2]))
+    rot.sort(key=lambda c: (c[2] == "unrotated", c[3]))
+    parts = [{"group": "channel" if c[2] in CHANNEL_PARTS else "bias", "part": c[2], "pair": None,
+              "frequency": None} for c in chan]
+    parts += [{"group": "rotary_pair", "part": c[2], "pair": None if c[3] < 0 else int(c[3]),
+               "frequency": _num(freq.get((c[2], c[3])))} for c in rot]
+    summary = {m: (m, "", "", -1) for m in ("score_total", "model_score", "pattern")}
     heads = {}
-    for (layer, head), g in df.groupby(["layer", "head"], sort=True):
-        gp = g[g.metric == "score_part"]
-        values = []
-        for p in parts:
-            view, part, pair = p["select"]
-            sel = gp[(gp.view == view) & (gp.part == part)]
-            if pair is not None:
-                sel = sel[sel.pair == pair]
-            values.append(column(sel))
-        heads[f"{layer}-{head}"] = {"parts": values,
-                                    **{m: column(g[g.metric == m])
-                                       for m in ("score_total", "model_score", "pattern")}}
-    for p in parts:
-        del p["select"]
+    for layer, head in wide.index.droplevel(["query", "key"]).unique():
+        block = wide.loc[(layer, head)].reindex(cells)
+        heads[f"{layer}-{head}"] = {
+            "parts": [[_num(v) for v in block[c].to_numpy()] for c in chan + rot],
+            **{m: [_num(v) for v in block[c].to_numpy()] for m, c in summary.items()}}
     notes = [x for x in inspection.notes if x.startswith("Explain one score")]
     return {"n": n, "tokens": list(inspection.str_tokens[:n]), "parts": parts, "heads": heads,
             "formula": FORMULA, "bound": notes[0] if notes else ""}
