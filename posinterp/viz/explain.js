@@ -42,7 +42,7 @@ function explainTable(data, c, groups, id, title) {
   t.appendChild(cap);
   t.appendChild(explainNode('tr')).append(explainNode('th', {}, 'part'), explainNode('th', {}, 'logits'),
                                            explainNode('th', {}, 'share of Σ|parts|'));
-  const idx = EXPLAIN.parts.map((p, k) => k).filter(k => groups.includes(EXPLAIN.parts[k].group));
+  const idx = groups.flatMap(g => EXPLAIN.parts.map((p, k) => k).filter(k => EXPLAIN.parts[k].group === g));
   const absSum = idx.reduce((s, k) => s + Math.abs(data.parts[k][c] || 0), 0) || 1;
   let sum = 0;
   for (const k of idx) {
