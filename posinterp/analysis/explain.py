@@ -282,6 +282,7 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
             first, second, unrot = pair_indices(model.cfg.d_head, spec.rotary_dim, spec.adjacent_pairs)
             rotary, freq = (first, second, unrot, spec.inv_freq), spec.inv_freq.double().numpy()
         alibi = alibi_bias_of(model, layer) if scheme == "alibi" else None  # this pass's bias
+        alibi = None if alibi is None else alibi.detach().cpu()  # on the model's device
         for head in head_ids:
             P = channel_projectors(W_K[head].T @ W_Q[head])
             parts = score_parts_from_qk(
