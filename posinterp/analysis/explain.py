@@ -63,7 +63,7 @@ __all__ = ["BIAS_PARTS", "CHANNEL_PARTS", "dashboard_score_parts", "score_parts"
 CHANNEL_PARTS = ("positive_real", "negative_real", "complex", "null")
 BIAS_PARTS = ("q_dot_b_K", "b_Q_dot_k", "b_Q_dot_b_K")
 VIEWS = ("channel", "rotary_pair")
-DEFAULT_MAX_VALUES = 400_000  # the dashboard's bound: about 4 MB of JSON
+DEFAULT_MAX_VALUES = 200_000  # the dashboard's bound: about 1.7 MB of JSON
 COLUMNS = ["hook", "layer", "head", "query", "key", "offset", "view", "part", "pair", "frequency",
            "metric", "value"]
 

@@ -40,6 +40,7 @@ from ._checks import (
     run_cached,
 )
 from .adjacency import adjacency_hooks
+from .explain import DEFAULT_MAX_VALUES, dashboard_score_parts
 from .heads import previous_token_score
 from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
 
@@ -319,7 +320,7 @@ def inspect_heads(
     n_null: int = 500,
     seed: int = 0,
     model_name: str = "model",
-    explain_values: int = 400_000,
+    explain_values: int = DEFAULT_MAX_VALUES,
 ) -> Inspection:
     """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
 
@@ -340,7 +341,8 @@ def inspect_heads(
         explain_values: bound on the numbers stored for "Explain one score" (the score
             decomposition of every head's pattern cells,
             :func:`posinterp.analysis.explain.dashboard_score_parts`): the first n
-            tokens of the pattern views whose cells fit; 0 computes none.
+            tokens of the pattern views whose cells fit (default 200,000: about 1.7 MB of
+            page); 0 computes none.
 
     Returns:
         :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
@@ -355,7 +357,8 @@ def inspect_heads(
 
     Raises:
         ValueError: for malformed tokens or mask, a sequence with < 3 real tokens, a
-            bidirectional model, or ``max_offset``/``max_pattern_tokens`` < 1.
+            bidirectional model, ``max_offset``/``max_pattern_tokens`` < 1, or a negative
+            ``explain_values``.
     """
     if getattr(model.cfg, "attention_dir", "causal") != "causal":
         raise ValueError("inspect_heads needs a causal model (offsets j - i <= 0); this one is "
@@ -363,6 +366,8 @@ def inspect_heads(
     for name, v in (("max_offset", max_offset), ("max_pattern_tokens", max_pattern_tokens)):
         if v is not None and v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
+    if not isinstance(explain_values, int) or explain_values < 0:
+        raise ValueError(f"explain_values must be an integer >= 0, got {explain_values!r}")
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     batch, pos = tokens.shape
@@ -416,8 +421,6 @@ def inspect_heads(
                                           )[0, :, :shown, :shown].detach().float().cpu()
 
     # Explain one score: every head's score parts on the first tokens of the pattern views.
-    from .explain import dashboard_score_parts
-
     parts, note = dashboard_score_parts(model, sample[:shown], shown, explain_values)
     notes.append(note)
 

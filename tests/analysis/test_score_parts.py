@@ -271,3 +271,9 @@ def test_dashboard_bound_shrinks_the_block_and_says_so():
     assert full["query"].max() == 11 and "bounded" not in note
     none, note = dashboard_score_parts(model, tokens, max_tokens=12, max_values=0)
     assert none is None and "no cell fits" in note
+
+
+def test_inspect_heads_refuses_a_negative_bound_before_any_work():
+    model = tiny_model("nope")
+    with pytest.raises(ValueError, match="explain_values must be an integer >= 0"):
+        pi.inspect_heads(model, random_tokens(model, 2, 6), explain_values=-1)
