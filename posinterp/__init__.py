@@ -29,6 +29,7 @@ _EXPORTS = {
     **dict.fromkeys(("Inspection", "inspect_heads"), ".analysis.inspect"),
     **dict.fromkeys(("Comparison", "compare_inspections", "compare_models"), ".analysis.compare"),
     **dict.fromkeys(("export_inspection", "load_inspection"), ".analysis.export"),
+    **dict.fromkeys(("score_parts",), ".analysis.explain"),
     **dict.fromkeys(("PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model",
                      "load_model", "preset"), ".models"),
     **dict.fromkeys(("TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer"),
@@ -73,6 +74,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         variance_by_layer,
     )
     from .analysis.compare import Comparison, compare_inspections, compare_models  # noqa: F401
+    from .analysis.explain import score_parts  # noqa: F401
     from .analysis.export import export_inspection, load_inspection  # noqa: F401
     from .analysis.inspect import Inspection, inspect_heads  # noqa: F401
     from .models import (  # noqa: F401

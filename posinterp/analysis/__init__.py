@@ -1,6 +1,7 @@
 """Pure metric functions over tensors, with thin TransformerLens hook plumbing."""
 
 from .adjacency import AdjacencyScore, adjacency_by_layer, adjacency_row, adjacency_score
+from .explain import score_parts, score_parts_from_qk
 from .fingerprint import (
     dynamics_summary,
     fingerprint_table,
@@ -44,6 +45,7 @@ from .variance import position_variance, variance_by_layer
 
 __all__ = [
     "Inspection", "attention_kernel", "head_scores", "inspect_heads",
+    "score_parts", "score_parts_from_qk",
     "dynamics_summary", "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
     "model_unit", "trajectory_correlations", "channel_masses", "qk_convention",
     "ProbeConfig", "fit_probe", "position_features", "probe_positions",

@@ -40,6 +40,7 @@ from ._checks import (
     run_cached,
 )
 from .adjacency import adjacency_hooks
+from .explain import DEFAULT_MAX_VALUES, dashboard_score_parts
 from .heads import previous_token_score
 from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
 
@@ -192,6 +193,8 @@ class Inspection:
         str_tokens: the ``n`` token labels of that sequence.
         notes: plain sentences about cuts and choices, shown on the page.
         meta: model facts (``n_layers``, ``n_heads``, ``pe``, ...).
+        score_parts: "Explain one score": :func:`posinterp.analysis.explain.score_parts`
+            of every head on the first tokens of the pattern views (None if not computed).
     """
 
     table: pd.DataFrame
@@ -199,6 +202,7 @@ class Inspection:
     str_tokens: list[str]
     notes: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    score_parts: pd.DataFrame | None = None
 
     def head_view(self) -> pd.DataFrame:
         """Wide view: one row per (layer, head), one column per scalar score."""
@@ -322,6 +326,7 @@ def inspect_heads(
     n_null: int = 500,
     seed: int = 0,
     model_name: str = "model",
+    explain_values: int = DEFAULT_MAX_VALUES,
 ) -> Inspection:
     """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
 
@@ -339,6 +344,11 @@ def inspect_heads(
         n_null: random heads in the product-Ginibre null (percentiles and band).
         seed: seed of the null.
         model_name: value of the ``model`` column.
+        explain_values: bound on the numbers stored for "Explain one score" (the score
+            decomposition of every head's pattern cells,
+            :func:`posinterp.analysis.explain.dashboard_score_parts`): the first n
+            tokens of the pattern views whose cells fit (default 200,000: about 1.7 MB of
+            page); 0 computes none.
 
     Returns:
         :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
@@ -353,7 +363,8 @@ def inspect_heads(
 
     Raises:
         ValueError: for malformed tokens or mask, a sequence with < 3 real tokens, a
-            bidirectional model, or ``max_offset``/``max_pattern_tokens`` < 1.
+            bidirectional model, ``max_offset``/``max_pattern_tokens`` < 1, or a negative
+            ``explain_values``.
     """
     if getattr(model.cfg, "attention_dir", "causal") != "causal":
         raise ValueError("inspect_heads needs a causal model (offsets j - i <= 0); this one is "
@@ -361,6 +372,8 @@ def inspect_heads(
     for name, v in (("max_offset", max_offset), ("max_pattern_tokens", max_pattern_tokens)):
         if v is not None and v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
+    if not isinstance(explain_values, int) or explain_values < 0:
+        raise ValueError(f"explain_values must be an integer >= 0, got {explain_values!r}")
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     batch, pos = tokens.shape
@@ -413,6 +426,10 @@ def inspect_heads(
         patterns[layer] = compact_pattern(pattern[:1], mask[:1] if mask is not None else None
                                           )[0, :, :shown, :shown].detach().float().cpu()
 
+    # Explain one score: every head's score parts on the first tokens of the pattern views.
+    parts, note = dashboard_score_parts(model, sample[:shown], shown, explain_values)
+    notes.append(note)
+
     # QK spectra: measures, null percentiles, eigenvalues, null band at each head's scale.
     meas = spectral_measures(model)
     null = ginibre_null(model.cfg.d_model, model.cfg.d_head, n_heads=n_null, seed=seed)
@@ -453,4 +470,4 @@ def inspect_heads(
                 clean_loss=clean_loss, ablate=ablate, **_input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
-    return Inspection(table, patterns, str_tokens, notes, meta)
+    return Inspection(table, patterns, str_tokens, notes, meta, score_parts=parts)

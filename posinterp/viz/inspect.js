@@ -213,6 +213,7 @@ function openCard(id) {
   card.appendChild(holder);
   const render = RENDERS[id];
   if (render) { holder.appendChild(el('div', {id: render.element})); render.fn(); }
+  if (typeof explainCard === 'function') explainCard(card, l, h);  // explain.js
   drawGrid();
 }
 function init() {

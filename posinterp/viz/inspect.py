@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..io import atomic_write_text
 from .circuits import script_json, script_safe_js, split_local_src
+from .explain import explain_block
 
 __all__ = ["inspect_data", "inspect_page", "save_inspect_page"]
 
@@ -161,7 +162,7 @@ peaked at a fixed offset; a rotational QK spectrum (RoPE) puts mass on complex e
  <div id="card"></div>
 </div>
 <script type="application/json" id="inspect-data">{script_json(inspect_data(inspection))}</script>
-{f"<script>{chr(10)}{script_safe_js(bundle)}{chr(10)}</script>" if bundle else ""}
+{explain_block(inspection)}{f"<script>{chr(10)}{script_safe_js(bundle)}{chr(10)}</script>" if bundle else ""}
 <script>
 const RENDERS = {{
 {render_js}
