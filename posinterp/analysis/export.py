@@ -15,6 +15,10 @@ Schema (``schema_version`` 1)::
                               "base64": str}}}   # little-endian float32 bytes, row-major
 
 A loader refuses a file of another ``schema`` or of a newer ``schema_version`` by name.
+
+"Explain one score" (``Inspection.score_parts``) is not exported: its long table is
+about 30 MB of JSON for stories260K. Its note is replaced by one saying so, and
+:func:`posinterp.inspect_heads` on the same input recomputes it.
 """
 
 from __future__ import annotations
@@ -50,6 +54,16 @@ def _cell(v):
     return v
 
 
+NOT_EXPORTED = ("Explain one score: not in this file (the decomposition is not exported); "
+                "inspect_heads on the same input recomputes it")
+
+
+def exported_notes(notes) -> list[str]:
+    """``notes`` as the file holds them: the "Explain one score" note, which describes a
+    table the file does not carry, becomes :data:`NOT_EXPORTED`."""
+    return [NOT_EXPORTED if n.startswith("Explain one score") else n for n in notes]
+
+
 def inspection_to_dict(inspection: Inspection) -> dict:
     """The JSON-ready object of the module's schema (nothing rounded)."""
     from .. import __version__
@@ -57,7 +71,7 @@ def inspection_to_dict(inspection: Inspection) -> dict:
     t = inspection.table
     return {
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "posinterp_version": __version__,
-        "meta": inspection.meta, "notes": list(inspection.notes),
+        "meta": inspection.meta, "notes": exported_notes(inspection.notes),
         "str_tokens": list(inspection.str_tokens),
         "columns": [str(c) for c in t.columns], "dtypes": {str(c): str(d) for c, d in t.dtypes.items()},
         "rows": [[_cell(v) for v in row] for row in t.itertuples(index=False, name=None)],
