@@ -16,8 +16,8 @@ Schema (``schema_version`` 1)::
 
 A loader refuses a file of another ``schema`` or of a newer ``schema_version`` by name.
 
-"Explain one score" (``Inspection.score_parts``) is not exported: its long table is
-about 30 MB of JSON for stories260K. Its note is replaced by one saying so, and
+"Explain one score" (``Inspection.score_parts``) is not exported: its long table ran
+to 31 MB as CSV for stories260K. Its note is replaced by one saying so, and
 :func:`posinterp.inspect_heads` on the same input recomputes it.
 """
 
