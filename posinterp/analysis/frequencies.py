@@ -54,7 +54,8 @@ from torch import Tensor
 from .._validate import check_indices, is_int
 from .spectral import qk_float64
 
-__all__ = ["FREQUENCY_METRICS", "pair_energy_shares", "pair_indices", "positional_symbolic_score",
+__all__ = ["FREQUENCY_METRICS", "band_label", "frequency_bands", "inspection_frequency_rows",
+           "pair_energy_shares", "pair_indices", "parse_band_label", "positional_symbolic_score",
            "positional_symbolic_from_qk", "rope_frequency_profile", "rotate"]
 
 FREQUENCY_METRICS = ("W_Q", "W_K", "qk")
@@ -226,6 +227,66 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     total = d_pos + d_sym
     score = torch.where(total > 0, d_sym / torch.where(total > 0, total, 1.0), torch.nan)
     return {"positional_score": score, "positional_residual": d_pos, "symbolic_residual": d_sym}
+
+
+def frequency_bands(inv_freq: Float[Tensor, "n_pairs"], n_bands: int = 4) -> list[tuple[int, ...]]:
+    """Rotary pairs in ``min(n_bands, n_pairs)`` bands, fastest first.
+
+    Pairs are ordered by decreasing θ_p (``inv_freq``, radians per token; ties by index),
+    then split into bands of sizes differing by at most one, as ``numpy.array_split``
+    (with the usual θ_p = base^(-2p/d) this is bands of consecutive pairs, pair 0 the
+    fastest, as docs/frequencies.md groups them).
+
+    Raises:
+        ValueError: for ``n_bands < 1`` or an empty ``inv_freq``.
+    """
+    if not is_int(n_bands) or n_bands < 1:
+        raise ValueError(f"n_bands must be an integer >= 1, got {n_bands}")
+    theta = torch.as_tensor(inv_freq, dtype=torch.float64).flatten()
+    if not len(theta):
+        raise ValueError("inv_freq is empty: no rotary pairs")
+    order = sorted(range(len(theta)), key=lambda p: (-float(theta[p]), p))
+    return [tuple(int(p) for p in part) for part in np.array_split(order, min(n_bands, len(theta)))]
+
+
+def band_label(band: Sequence[int]) -> str:
+    """``"p3"``, ``"p0-3"`` (consecutive pairs) or ``"p0+2"``: a band's name in tables, on
+    the inspect page and in QK-constraint names (``ban_band_p0-1``). Inverse:
+    :func:`parse_band_label`.
+
+    Raises:
+        ValueError: for an empty band or negative / repeated pairs.
+    """
+    pairs = sorted(int(p) for p in band)
+    if not pairs or pairs[0] < 0 or len(set(pairs)) < len(pairs):
+        raise ValueError(f"band must be non-empty distinct pair indices >= 0, got {band!r}")
+    if pairs == list(range(pairs[0], pairs[-1] + 1)):
+        return f"p{pairs[0]}" if len(pairs) == 1 else f"p{pairs[0]}-{pairs[-1]}"
+    return "p" + "+".join(map(str, pairs))
+
+
+def parse_band_label(label: str) -> tuple[int, ...]:
+    """The pairs of a :func:`band_label` (``"p2"``, ``"p0-3"``, ``"p0+2"``).
+
+    Raises:
+        ValueError: for anything else, naming the accepted forms.
+    """
+    import re
+
+    m = re.fullmatch(r"p(\d+)(?:-(\d+)|((?:\+\d+)+))?", str(label))
+    if m is None:
+        raise ValueError(f"a band is written p<pair>, p<first>-<last> or p<a>+<b>+..., e.g. "
+                         f"'p0', 'p0-3', 'p0+2'; got {label!r}")
+    first = int(m.group(1))
+    if m.group(2) is not None:
+        last = int(m.group(2))
+        if last < first:
+            raise ValueError(f"band {label!r}: the last pair must be >= the first")
+        return tuple(range(first, last + 1))
+    pairs = (first, *(int(p) for p in m.group(3).split("+")[1:])) if m.group(3) else (first,)
+    if len(set(pairs)) < len(pairs):
+        raise ValueError(f"band {label!r} repeats a pair")
+    return tuple(sorted(pairs))
 
 
 # --- model plumbing --------------------------------------------------------------------------
@@ -466,3 +527,57 @@ def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, lay
             f"{'1 (a probability)' if is_pattern else f'max |score| {float(ref):.3g}'}); "
             "positional_symbolic_score refuses it (with padding: the model may not place a "
             "sequence's real tokens at positions 0, 1, ...)")
+
+
+def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
+                              attention_mask: Int[Tensor, "batch pos"] | None = None,
+                              seed: int = 0) -> tuple[pd.DataFrame, list[str]]:
+    """The RoPE rows of ``posinterp inspect`` (docs/inspect.md), in its table's columns.
+
+    * ``frequency_share``: per head, rotary pair (``rank``; NA for the unrotated dims of a
+      partial-rotary head) and offset Δ in (0, -1): the ``qk`` share of
+      :func:`rope_frequency_profile` (sums to 1 per head and offset);
+    * ``rotary_frequency``: per layer (``head`` NA) and pair (``rank``), θ_p in radians
+      per token, for the bars' labels (period 2π/θ_p);
+    * ``positional_score``: per head, :func:`positional_symbolic_score` on the inspected
+      input, with its interval over sequences (keys at position 0 left out of the
+      permutations when every sequence starts with the tokenizer's BOS).
+
+    On a model that is not RoPE, no rows and a note saying why; where the score cannot be
+    checked on this model (:class:`~posinterp.models.backend.MissingFeatureError`), the
+    profile alone and a note naming what is missing.
+    """
+    from ..models.backend import MissingFeatureError, positional_type, rotary_spec
+
+    scheme = positional_type(model)
+    if scheme != "rotary":
+        return pd.DataFrame(), [
+            f"No frequency profile or positional/symbolic score: this model's positional "
+            f"scheme is {scheme!r}, which has no rotary frequency pairs (docs/frequencies.md)."]
+    notes = []
+    prof = rope_frequency_profile(model, offsets=(0, -1))
+    qk = prof[prof.metric == "qk"]
+    frames = [pd.DataFrame({"hook": qk.hook, "layer": qk.layer, "head": qk["head"], "rank": qk.pair,
+                            "offset": qk.offset, "metric": "frequency_share", "value": qk.value})]
+    for layer in range(model.cfg.n_layers):
+        theta = rotary_spec(model, layer).inv_freq.double().numpy()
+        frames.append(pd.DataFrame({"hook": f"blocks.{layer}.attn", "layer": layer,
+                                    "rank": np.arange(len(theta)), "metric": "rotary_frequency",
+                                    "value": theta}))
+    tok = getattr(model, "tokenizer", None)
+    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    firsts = [int(t[m.bool()][0]) if attention_mask is not None else int(t[0])
+              for t, m in zip(tokens, attention_mask if attention_mask is not None else tokens,
+                              strict=True)]
+    key_start = 1 if bos is not None and all(f == bos for f in firsts) else 0
+    try:
+        score = positional_symbolic_score(model, tokens, key_start=key_start, seed=seed,
+                                          attention_mask=attention_mask)
+    except MissingFeatureError as err:
+        notes.append(f"No positional/symbolic score on this model: {err}.")
+    else:
+        frames.append(score[score.metric == "positional_score"])
+        if key_start:
+            notes.append("positional_score: the BOS at position 0 stays in place and is not "
+                         "compared (key_start=1).")
+    return pd.concat(frames, ignore_index=True), notes
