@@ -50,7 +50,7 @@ import torch
 from scipy import stats
 
 from .._validate import require_at_least
-from ..analysis.frequencies import band_label, pair_energy_shares, pair_indices, parse_band_label
+from ..analysis.frequencies import pair_energy_shares, pair_indices, parse_band_label
 from ..analysis.heads import previous_token_scores, random_tokens
 from ..analysis.spectral import (
     QK_CONVENTION,
