@@ -476,8 +476,8 @@ def inspect_heads(
     meta = dict(n_layers=n_layers, n_heads=n_heads, d_model=model.cfg.d_model, d_head=model.cfg.d_head,
                 n_ctx=model.cfg.n_ctx, pe=model.cfg.positional_embedding_type, batch=batch,
                 lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, seed=seed,
-                clean_loss=clean_loss, ablate=ablate,
-                frequency_note=None if len(freq_rows) else freq_notes[0])
+                clean_loss=clean_loss, ablate=ablate)
+    meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
     return Inspection(table, patterns, str_tokens, notes, meta)
