@@ -477,7 +477,7 @@ def inspect_heads(
                 n_ctx=model.cfg.n_ctx, pe=model.cfg.positional_embedding_type, batch=batch,
                 lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, seed=seed,
                 clean_loss=clean_loss, ablate=ablate)
-    meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
+    meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile
     return Inspection(table, patterns, str_tokens, notes, meta)
