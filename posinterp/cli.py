@@ -234,6 +234,8 @@ def _experiment(args: argparse.Namespace) -> int:
     grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
     if args.pes is not None:
         grid = dataclasses.replace(grid, pes=tuple(args.pes))
+    if args.constraints is not None:
+        grid = dataclasses.replace(grid, constraints=tuple(args.constraints))
     for name in ("seeds", "workers"):
         value = getattr(args, name)
         if value is not None:
@@ -409,6 +411,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--seeds", type=pos1, default=None, help="seeds per cell (default 5)")
     ex.add_argument("--pes", nargs="+", default=None, choices=["nope", "absolute", "rotary", "alibi"],
                     help="positional schemes (default: absolute rotary)")
+    ex.add_argument("--constraints", nargs="+", default=None, metavar="NAME",
+                    help="constraints (default: none ban_positive_real ban_negative_real "
+                         "ban_complex tied symmetric); also antisymmetric, left_half_plane, "
+                         "right_half_plane, and on RoPE (--pes rotary) frequency-band bans "
+                         "ban_band_p0, ban_band_p0-1, ... (rotary pairs, pair 0 the fastest)")
     _executor_options(ex, "processes sharing the cells, one torch thread each (default 2)",
                       default="process with 2 workers")
     ex.add_argument("--out", type=_out_folder, default="posinterp-qk-constraints",

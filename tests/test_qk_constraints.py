@@ -236,3 +236,60 @@ def test_phase_ablation_rescores_the_grids_rotary_symmetric_heads(tmp_path):
     runs.to_csv(tmp_path / "runs.csv", index=False)
     with pytest.raises(ValueError, match="differs from runs.csv"):
         run_phase_ablation(tmp_path, progress=False)
+
+
+def test_band_ban_cells_keep_their_band_empty_on_a_tiny_grid(tmp_path):
+    """A frequency-band ban is a grid constraint like a channel ban (issue 28): its cells
+    start matched, compare with the untied model, and their banned band's QK-energy share
+    is 0 at init and after training (the full grid is not rerun here)."""
+    grid = ConstraintGrid(**{**TINY, "pes": ("rotary",), "constraints": ("none", "ban_band_p0"),
+                             "seeds": 1}, workers=1)
+    summary = run_qk_constraints(grid, tmp_path, progress=False)
+    runs = pd.read_csv(tmp_path / "runs.csv").set_index("constraint")
+    np.testing.assert_allclose(runs.init_norm_M, runs.init_norm_M["none"], rtol=1e-5)
+    assert runs.init_max_banned_band_share["ban_band_p0"] <= 1e-12
+    assert runs.final_max_banned_band_share["ban_band_p0"] <= 1e-12
+    assert np.isnan(runs.final_max_banned_band_share["none"])
+    assert summary.set_index("constraint").control["ban_band_p0"] == "none"
+    claims = pd.read_csv(tmp_path / "claims.csv")
+    row = claims[claims.claim.str.contains("ban_band_p0 leaves its band empty")]
+    assert list(row.verdict) == ["holds"]
+    assert (tmp_path / "cells" / "rotary-ban_band_p0-seed0.json").exists()
+
+
+def test_band_ban_shares_are_measured_on_the_trained_weights():
+    """_band_summary reads the model's own weights: an unconstrained toy has energy in every
+    pair, and the same toy under ban_band has none in the banned pairs."""
+    from posinterp.experiments.qk_constraints import _band_summary
+    from posinterp.interventions import constrain_qk
+
+    free = tiny_model("rotary")
+    assert _band_summary(free, "x", (0, 1))["x_max_banned_band_share"] > 1e-3
+    banned = tiny_model("rotary")
+    constrain_qk(banned, "ban_band", band=(0, 1))
+    assert _band_summary(banned, "x", (0, 1))["x_max_banned_band_share"] <= 1e-12
+    assert _band_summary(banned, "x", (2,))["x_max_banned_band_share"] > 1e-3
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"constraints": ("none", "ban_band_q1")}, "constraints: a band is written"),
+    ({"constraints": ("none", "ban_band_p4")}, r"rotary pairs 0\.\.3"),
+    ({"constraints": ("none", "ban_band_p0"), "pes": ("absolute", "rotary")}, "pes must be"),
+    ({"constraints": ("none", "ban_bands")}, "ban_band_<band> on RoPE")])
+def test_bad_band_bans_name_the_allowed_values(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ConstraintGrid(**{**TINY, "pes": ("rotary",), **bad})
+
+
+def test_cli_takes_band_bans_and_names_the_allowed_constraints(tmp_path, capsys):
+    from posinterp.cli import main
+
+    out = tmp_path / "grid"
+    assert main(["experiment", "qk-constraints", "--pes", "absolute", "--constraints", "none",
+                 "ban_band_p0", "--out", str(out), "--no-progress"]) == 2
+    assert "exist only with pe 'rotary'" in capsys.readouterr().err
+    assert main(["experiment", "qk-constraints", "--constraints", "none", "sym",
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "'ban_complex'" in err and "ban_band_p0" in err
+    assert not out.exists()

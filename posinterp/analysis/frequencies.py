@@ -54,7 +54,8 @@ from torch import Tensor
 from .._validate import check_indices, is_int
 from .spectral import qk_float64
 
-__all__ = ["FREQUENCY_METRICS", "pair_energy_shares", "pair_indices", "positional_symbolic_score",
+__all__ = ["FREQUENCY_METRICS", "band_label", "frequency_bands", "inspection_frequency_rows",
+           "pair_energy_shares", "pair_indices", "parse_band_label", "positional_symbolic_score",
            "positional_symbolic_from_qk", "rope_frequency_profile", "rotate"]
 
 FREQUENCY_METRICS = ("W_Q", "W_K", "qk")
@@ -228,6 +229,66 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     return {"positional_score": score, "positional_residual": d_pos, "symbolic_residual": d_sym}
 
 
+def frequency_bands(inv_freq: Float[Tensor, "n_pairs"], n_bands: int = 4) -> list[tuple[int, ...]]:
+    """Rotary pairs in ``min(n_bands, n_pairs)`` bands, fastest first.
+
+    Pairs are ordered by decreasing θ_p (``inv_freq``, radians per token; ties by index),
+    then split into bands of sizes differing by at most one, as ``numpy.array_split``
+    (with the usual θ_p = base^(-2p/d) this is bands of consecutive pairs, pair 0 the
+    fastest, as docs/frequencies.md groups them).
+
+    Raises:
+        ValueError: for ``n_bands < 1`` or an empty ``inv_freq``.
+    """
+    if not is_int(n_bands) or n_bands < 1:
+        raise ValueError(f"n_bands must be an integer >= 1, got {n_bands}")
+    theta = torch.as_tensor(inv_freq, dtype=torch.float64).flatten()
+    if not len(theta):
+        raise ValueError("inv_freq is empty: no rotary pairs")
+    order = sorted(range(len(theta)), key=lambda p: (-float(theta[p]), p))
+    return [tuple(int(p) for p in part) for part in np.array_split(order, min(n_bands, len(theta)))]
+
+
+def band_label(band: Sequence[int]) -> str:
+    """``"p3"``, ``"p0-3"`` (consecutive pairs) or ``"p0+2"``: a band's name in tables, on
+    the inspect page and in QK-constraint names (``ban_band_p0-1``). Inverse:
+    :func:`parse_band_label`.
+
+    Raises:
+        ValueError: for an empty band or negative / repeated pairs.
+    """
+    pairs = sorted(int(p) for p in band)
+    if not pairs or pairs[0] < 0 or len(set(pairs)) < len(pairs):
+        raise ValueError(f"band must be non-empty distinct pair indices >= 0, got {band!r}")
+    if pairs == list(range(pairs[0], pairs[-1] + 1)):
+        return f"p{pairs[0]}" if len(pairs) == 1 else f"p{pairs[0]}-{pairs[-1]}"
+    return "p" + "+".join(map(str, pairs))
+
+
+def parse_band_label(label: str) -> tuple[int, ...]:
+    """The pairs of a :func:`band_label` (``"p2"``, ``"p0-3"``, ``"p0+2"``).
+
+    Raises:
+        ValueError: for anything else, naming the accepted forms.
+    """
+    import re
+
+    m = re.fullmatch(r"p(\d+)(?:-(\d+)|((?:\+\d+)+))?", str(label))
+    if m is None:
+        raise ValueError(f"a band is written p<pair>, p<first>-<last> or p<a>+<b>+..., e.g. "
+                         f"'p0', 'p0-3', 'p0+2'; got {label!r}")
+    first = int(m.group(1))
+    if m.group(2) is not None:
+        last = int(m.group(2))
+        if last < first:
+            raise ValueError(f"band {label!r}: the last pair must be >= the first")
+        return tuple(range(first, last + 1))
+    pairs = (first, *(int(p) for p in m.group(3).split("+")[1:])) if m.group(3) else (first,)
+    if len(set(pairs)) < len(pairs):
+        raise ValueError(f"band {label!r} repeats a pair")
+    return tuple(sorted(pairs))
+
+
 # --- model plumbing --------------------------------------------------------------------------
 
 def _require_rotary(model, who: str) -> None:
@@ -314,7 +375,9 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
                               layers: int | Sequence[int] | None = None,
                               heads: int | Sequence[int] | None = None, key_start: int = 0,
                               min_keys: int = 2, level: float = 0.95, seed: int = 0,
-                              check_tol: float | None = None) -> pd.DataFrame:
+                              check_tol: float | None = None,
+                              attention_mask: Int[Tensor, "batch pos"] | None = None
+                              ) -> pd.DataFrame:
     """Positional vs symbolic score of every selected head on ``tokens``, with an interval.
 
     Operational version of Urrutia et al. (ICLR 2026, arXiv 2511.11579, §3; the paper's
@@ -322,28 +385,36 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
     :func:`positional_symbolic_from_qk` permutes the key tokens of each query's window at
     random and compares the head's logits with the unpermuted ones (invariant: positional)
     and with the unpermuted logits carried along by the permutation (equivariant:
-    symbolic). The head's own q and k on the model's input are read from
-    ``blocks.{l}.attn.hook_q``/``hook_k`` (before RoPE), rotated with the model's RoPE
-    (:func:`posinterp.models.backend.rotary_spec`); the unpermuted logits are checked
-    against the model's pre-softmax scores (:func:`posinterp.models.backend.scores_hook`)
-    before anything is reported, so a hook that carries something else is caught.
+    symbolic). The head's own q and k on the model's input are read from the hooks
+    :func:`posinterp.models.backend.query_hooks` verified on the loaded model as the query
+    and key before RoPE (never a hook trusted by its name), rotated with the model's RoPE
+    (:func:`posinterp.models.backend.rotary_spec`). Before anything is reported, the
+    unpermuted logits of every sequence are checked against the model's own attention on
+    that input: its pre-softmax scores where a hook verified to carry them exists
+    (:func:`posinterp.models.backend.scores_hook`), else the softmax of the logits
+    against its verified, editable pattern hook (TransformerLens 4 native attention,
+    :class:`posinterp.models.backend.HookMeaning`), so a hook that carries something else
+    is caught.
 
     The permutation moves the key's content inside the head only: the residual stream
     that produced q and k is the model's own (positions earlier layers wrote into it stay
     with the token).
 
     Args:
-        tokens: ``[batch, pos]`` token ids, unpadded (positions are token indices).
+        tokens: ``[batch, pos]`` token ids.
+        attention_mask: ``[batch, pos]`` 1 for real tokens (either padding side); a pad is
+            never a position: each sequence's real tokens are positions 0, 1, ... (as
+            posinterp's models place them), and the check above holds the model to it.
         key_start: keys before this position are left in place and not compared (1 leaves
             a BOS token out).
         min_keys: a query enters once its window holds at least this many keys (>= 2).
         level: the two-sided level of the Student-t interval over sequences
             (:func:`posinterp.analysis.inspect.t_interval`).
         seed: seeds the permutations.
-        check_tol: the largest relative deviation (max |Δ| / max |score|) allowed between
-            the reconstructed logits and the model's scores; None: 1e-3 for float32/64
-            activations, 3e-2 for float16/bfloat16 (their rounding, about 4e-3 per value,
-            adds up over d_head products).
+        check_tol: the largest deviation allowed between the reconstruction and the model:
+            relative to max |score| against scores, absolute (a probability) against the
+            pattern. None: 1e-3 for float32/64 activations, 3e-2 for float16/bfloat16 (their
+            rounding, about 4e-3 per value, adds up over d_head products).
 
     Returns:
         Tidy DataFrame ``hook, layer, head, metric, value, ci_low, ci_high, n_sequences``
@@ -352,25 +423,29 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
         mean over sequences.
 
     Raises:
-        ValueError: for a non-rotary model, bad tokens, ``min_keys < 2``, ``key_start < 0``,
-            layers/heads out of range, or sequences too short for any query window.
-        MissingFeatureError: where the model has no pre-softmax score hook to check the
-            reconstruction against (TransformerLens 4 native attention), or the hooks do
-            not reproduce the scores.
+        ValueError: for a non-rotary model, bad tokens or mask, ``min_keys < 2``,
+            ``key_start < 0``, layers/heads out of range, or sequences too short for any
+            query window.
+        MissingFeatureError: where the model has no hook verified as the unrotated q/k, or
+            neither a pre-softmax score hook nor an editable pattern hook to check the
+            reconstruction against, or the hooks do not reproduce the model's attention.
     """
     from ..models.backend import (
         MissingFeatureError,
         attn_scale,
+        hook_meaning,
         n_kv_heads,
+        query_hooks,
         rotary_spec,
         run_cached,
         scores_hook,
     )
-    from ._checks import check_tokens
+    from ._checks import check_attention_mask, check_tokens
     from .inspect import t_interval
 
     _require_rotary(model, "positional_symbolic_score")
     tokens = check_tokens(model, tokens)
+    mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     if not is_int(min_keys) or min_keys < 2:
         raise ValueError(f"min_keys must be an integer >= 2 (a permutation of one key is the "
                          f"identity), got {min_keys}")
@@ -381,14 +456,19 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
     H, group = model.cfg.n_heads, model.cfg.n_heads // n_kv_heads(model)
     names = {}
     for layer in layer_ids:
-        p = f"blocks.{layer}.attn."
-        names[layer] = (p + "hook_q", p + "hook_k", scores_hook(model, layer))
-    wanted = {n for trio in names.values() for n in trio}
-    cache = run_cached(model, tokens, None, lambda name: name in wanted)
+        q_name, k_name = query_hooks(model, layer)  # verified on this model, or raises
+        meaning = hook_meaning(model, layer)
+        if meaning.scores is None and meaning.pattern is None:
+            scores_hook(model, layer)  # raises, naming what the probe found
+        ref = meaning.scores if meaning.scores is not None else meaning.pattern
+        names[layer] = (q_name, k_name, ref, meaning.scores is None)
+    wanted = {n for trio in names.values() for n in trio[:3]}
+    cache = run_cached(model, tokens, mask, lambda name: name in wanted)
+    real = (torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool().cpu())
     gen = torch.Generator().manual_seed(seed)
     rows = []
     for layer in layer_ids:
-        q_name, k_name, s_name = names[layer]
+        q_name, k_name, ref_name, is_pattern = names[layer]
         spec = rotary_spec(model, layer)
         first, second, _ = pair_indices(model.cfg.d_head, spec.rotary_dim, spec.adjacent_pairs)
         scale = attn_scale(model, layer)
@@ -398,12 +478,16 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
         k = cache[k_name].double()
         if k.shape[2] != H:  # grouped-query: hook_k carries the KV heads only
             k = k.repeat_interleave(group, dim=2)
-        _check_reconstruction(q, k, cache[s_name].double(), first, second, spec.inv_freq, scale,
-                              tol, layer, MissingFeatureError)
+        ref = cache[ref_name].double()  # [batch, head, query, key]
         per_seq = {m: [] for m in SCORE_METRICS}
         for b in range(tokens.shape[0]):
+            r = real[b]
+            qb, kb = q[b, r], k[b, r]  # [n_b, head, d_head]: a pad is never a position
+            _check_reconstruction(qb[None], kb[None], ref[b][:, r][:, :, r][None], first, second,
+                                  spec.inv_freq, scale, tol, layer, MissingFeatureError,
+                                  is_pattern=is_pattern)
             out = positional_symbolic_from_qk(
-                q[b].transpose(0, 1)[head_ids], k[b].transpose(0, 1)[head_ids], first, second,
+                qb.transpose(0, 1)[head_ids], kb.transpose(0, 1)[head_ids], first, second,
                 spec.inv_freq, scale, gen, key_start, min_keys)
             for m in SCORE_METRICS:
                 per_seq[m].append(out[m])
@@ -416,18 +500,84 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
     return pd.DataFrame(rows)
 
 
-def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, layer, error) -> None:
-    """Raise ``error`` unless q R(i) · k R(j) / scale reproduces the model's scores (j <= i)."""
+def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, layer, error,
+                          is_pattern: bool = False) -> None:
+    """Raise ``error`` unless q R(i) · k R(j) / scale reproduces the model's attention on
+    the causal entries (j <= i): its pre-softmax ``scores`` to ``tol`` relative to their
+    largest magnitude, or, with ``is_pattern``, its pattern (``scores`` holds it) as the
+    causal softmax of the logits to ``tol`` in probability."""
     n = q.shape[1]
     pos = torch.arange(n)
     qr = rotate(q, pos[None, :, None], first, second, inv_freq)
     kr = rotate(k, pos[None, :, None], first, second, inv_freq)
     pred = torch.einsum("bihd,bjhd->bhij", qr, kr) / scale
     causal = torch.ones(n, n, dtype=torch.bool).tril()
+    if is_pattern:
+        pred = pred.masked_fill(~causal, float("-inf")).softmax(-1)
+        ref = torch.ones(())
+        what = "pattern"
+    else:
+        ref = scores[..., causal].abs().max().clamp_min(1e-12)
+        what = "pre-softmax scores"
     dev = (pred - scores).abs()[..., causal].max()
-    ref = scores[..., causal].abs().max().clamp_min(1e-12)
     if not bool(dev <= tol * ref):
         raise error(
-            f"layer {layer}: hook_q/hook_k rotated with the model's RoPE do not reproduce its "
-            f"pre-softmax scores (max deviation {float(dev):.3g} vs max |score| {float(ref):.3g}); "
-            "this model's hooks carry something else, so positional_symbolic_score refuses it")
+            f"layer {layer}: the verified hook_q/hook_k rotated with the model's RoPE do not "
+            f"reproduce its {what} on this input (max deviation {float(dev):.3g} vs "
+            f"{'1 (a probability)' if is_pattern else f'max |score| {float(ref):.3g}'}); "
+            "positional_symbolic_score refuses it (with padding: the model may not place a "
+            "sequence's real tokens at positions 0, 1, ...)")
+
+
+def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
+                              attention_mask: Int[Tensor, "batch pos"] | None = None,
+                              seed: int = 0) -> tuple[pd.DataFrame, list[str]]:
+    """The RoPE rows of ``posinterp inspect`` (docs/inspect.md), in its table's columns.
+
+    * ``frequency_share``: per head, rotary pair (``rank``; NA for the unrotated dims of a
+      partial-rotary head) and offset Δ in (0, -1): the ``qk`` share of
+      :func:`rope_frequency_profile` (sums to 1 per head and offset);
+    * ``rotary_frequency``: per layer (``head`` NA) and pair (``rank``), θ_p in radians
+      per token, for the bars' labels (period 2π/θ_p);
+    * ``positional_score``: per head, :func:`positional_symbolic_score` on the inspected
+      input, with its interval over sequences (keys at position 0 left out of the
+      permutations when every sequence starts with the tokenizer's BOS).
+
+    On a model that is not RoPE, no rows and a note saying why; where the score cannot be
+    checked on this model (:class:`~posinterp.models.backend.MissingFeatureError`), the
+    profile alone and a note naming what is missing.
+    """
+    from ..models.backend import MissingFeatureError, positional_type, rotary_spec
+
+    scheme = positional_type(model)
+    if scheme != "rotary":
+        return pd.DataFrame(), [
+            f"No frequency profile or positional/symbolic score: this model's positional "
+            f"scheme is {scheme!r}, which has no rotary frequency pairs (docs/frequencies.md)."]
+    notes = []
+    prof = rope_frequency_profile(model, offsets=(0, -1))
+    qk = prof[prof.metric == "qk"]
+    frames = [pd.DataFrame({"hook": qk.hook, "layer": qk.layer, "head": qk["head"], "rank": qk.pair,
+                            "offset": qk.offset, "metric": "frequency_share", "value": qk.value})]
+    for layer in range(model.cfg.n_layers):
+        theta = rotary_spec(model, layer).inv_freq.double().numpy()
+        frames.append(pd.DataFrame({"hook": f"blocks.{layer}.attn", "layer": layer,
+                                    "rank": np.arange(len(theta)), "metric": "rotary_frequency",
+                                    "value": theta}))
+    tok = getattr(model, "tokenizer", None)
+    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    firsts = [int(t[m.bool()][0]) if attention_mask is not None else int(t[0])
+              for t, m in zip(tokens, attention_mask if attention_mask is not None else tokens,
+                              strict=True)]
+    key_start = 1 if bos is not None and all(f == bos for f in firsts) else 0
+    try:
+        score = positional_symbolic_score(model, tokens, key_start=key_start, seed=seed,
+                                          attention_mask=attention_mask)
+    except MissingFeatureError as err:
+        notes.append(f"No positional/symbolic score on this model: {err}.")
+    else:
+        frames.append(score[score.metric == "positional_score"])
+        if key_start:
+            notes.append("positional_score: the BOS at position 0 stays in place and is not "
+                         "compared (key_start=1).")
+    return pd.concat(frames, ignore_index=True), notes

@@ -41,6 +41,7 @@ from ._checks import (
 )
 from .adjacency import adjacency_hooks
 from .explain import DEFAULT_MAX_VALUES, dashboard_score_parts
+from .frequencies import band_label, frequency_bands, inspection_frequency_rows
 from .heads import previous_token_score
 from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
 
@@ -235,7 +236,8 @@ def score_key(metric: str, offset, ablation) -> str:
     return key
 
 
-_VECTOR_METRICS = ("kernel_attention", "kernel_score", "eigenvalue_real", "eigenvalue_imag")
+_VECTOR_METRICS = ("kernel_attention", "kernel_score", "eigenvalue_real", "eigenvalue_imag",
+                   "frequency_share")
 
 
 def head_wide(table: pd.DataFrame) -> pd.DataFrame:
@@ -294,6 +296,23 @@ def _zero_head(head: int):
     return hook
 
 
+def _band_interventions(model, layers) -> list:
+    """RoPE models: per head, remove its fastest and its slowest frequency band (a quarter
+    of the rotary pairs each, :func:`~posinterp.analysis.frequencies.frequency_bands`)."""
+    from ..interventions.qk import QKIntervention
+    from ..models.backend import positional_type, rotary_spec
+
+    if positional_type(model) != "rotary":
+        return []
+    out = []
+    for layer in layers:
+        bands = frequency_bands(rotary_spec(model, layer).inv_freq)
+        for band in dict.fromkeys((bands[0], bands[-1])):  # one band when there is one pair
+            out += [QKIntervention("remove_band", layer, heads=(head,), band=band)
+                    for head in range(model.cfg.n_heads)]
+    return out
+
+
 def _ablation_rows(model, tokens, mask, layers) -> pd.DataFrame:
     from ..interventions.effects import ablation_effect, per_head_interventions
 
@@ -306,11 +325,12 @@ def _ablation_rows(model, tokens, mask, layers) -> pd.DataFrame:
             rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
                              metric="loss_change", value=after - clean,
                              n_sequences=tokens.shape[0]))
-    eff = ablation_effect(model, tokens, per_head_interventions(model, CHANNEL_ABLATIONS, layers),
-                          attention_mask=mask)
+    eff = ablation_effect(model, tokens, per_head_interventions(model, CHANNEL_ABLATIONS, layers)
+                          + _band_interventions(model, layers), attention_mask=mask)
     eff = eff[eff.metric == "loss"]
     for r in eff.itertuples():
-        rows.append(dict(hook=r.hook, layer=r.layer, head=int(r.head), ablation=r.kind,
+        label = r.kind if pd.isna(r.band) else f"remove_band_{band_label(map(int, r.band.split(',')))}"
+        rows.append(dict(hook=r.hook, layer=r.layer, head=int(r.head), ablation=label,
                          metric="loss_change", value=r.value, n_sequences=tokens.shape[0]))
     return pd.DataFrame(rows).assign(clean_loss=clean)
 
@@ -338,7 +358,9 @@ def inspect_heads(
             the tokenizer's own mask. Required for a padded batch.
         ablate: also measure the loss change (nats per token, real next-token pairs)
             when each head's output ``hook_z`` is zeroed, and when each of its spectral
-            channels is removed (:mod:`posinterp.interventions`, Δ = 0 content form).
+            channels is removed (:mod:`posinterp.interventions`, Δ = 0 content form);
+            on RoPE models also its fastest and its slowest frequency band
+            (``remove_band``: the query's components in those rotary pairs zeroed).
         max_offset: keep kernel rows for Δ >= -max_offset only (default: every offset).
         max_pattern_tokens: pattern views show the first this many tokens (a note says so).
         n_null: random heads in the product-Ginibre null (percentiles and band).
@@ -359,7 +381,12 @@ def inspect_heads(
         (rotary: offsets 0 and -1), ``eigenvalue_real``/``eigenvalue_imag`` (by
         ``rank``), ``null_band_low``/``null_band_high`` (5%/95% of a random head's |λ|
         at this head's weight scale), ``loss_change`` (by ``ablation``; with
-        ``ablate``), and per layer (head NA) ``adjacency_score`` by ``hook``.
+        ``ablate``), and per layer (head NA) ``adjacency_score`` by ``hook``. RoPE
+        models also get ``frequency_share`` (by rotary pair ``rank`` and offset),
+        ``positional_score`` (with intervals) and per layer ``rotary_frequency``
+        (:func:`~posinterp.analysis.frequencies.inspection_frequency_rows`), and with
+        ``ablate`` the ablations ``remove_band_p..`` of each head's fastest and slowest
+        band.
 
     Raises:
         ValueError: for malformed tokens or mask, a sequence with < 3 real tokens, a
@@ -447,6 +474,11 @@ def inspect_heads(
             frames.append(_rows(hook=f"blocks.{layer}.attn", layer=layer, head=np.arange(n_heads),
                                 metric=metric, value=scale * q))
 
+    # RoPE heads: QK energy per rotary pair and the positional/symbolic score.
+    freq_rows, freq_notes = inspection_frequency_rows(model, tokens, mask, seed)
+    frames.append(freq_rows)
+    notes += freq_notes
+
     # Per layer: adjacency at the residual points and at the attention output.
     frames.append(adj_table().drop(columns="position"))
 
@@ -470,4 +502,5 @@ def inspect_heads(
                 clean_loss=clean_loss, ablate=ablate, **_input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
+    meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile
     return Inspection(table, patterns, str_tokens, notes, meta, score_parts=parts)

@@ -15,7 +15,11 @@ feeding an induction head), which is what QK constraints act on.
 
 Cells: pe x constraint x seed. Constraints: ``none`` (untied, the control of the
 single-channel bans ``ban_*``), ``tied`` (the control of the tied family) and the
-tied-family constraints of :mod:`posinterp.interventions.constraints`. **Matched
+tied-family constraints of :mod:`posinterp.interventions.constraints`; on RoPE models
+also frequency-band bans ``ban_band_<band>`` (``ban_band_p0``, ``ban_band_p0-1``: the
+rotary pairs named as :func:`posinterp.analysis.frequencies.band_label` names them,
+pair 0 the fastest; control ``none``), each cell recording the banned band's largest
+QK-energy share over heads (0 up to rounding). **Matched
 initialization:** every cell starts from the untied model of its seed, and each head's
 effective ||M||_F is set to the untied model's times ``init_scale`` (a stated factor of
 the grid, 1 by default), whatever the family; each cell records the norms and the
@@ -46,6 +50,7 @@ import torch
 from scipy import stats
 
 from .._validate import require_at_least
+from ..analysis.frequencies import pair_energy_shares, pair_indices, parse_band_label
 from ..analysis.heads import previous_token_scores, random_tokens
 from ..analysis.spectral import (
     QK_CONVENTION,
@@ -59,7 +64,14 @@ from ..analysis.survival import kaplan_meier, km_median, logrank_test
 from ..devices import model_device, resolve_device, to_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..interventions.channels import CHANNELS
-from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
+from ..interventions.constraints import (
+    BAND_BAN,
+    BANS,
+    CONSTRAINTS,
+    constrain_qk,
+    match_qk_norm,
+    qk_norms,
+)
 from ..io import (
     atomic_path,
     atomic_write_json,
@@ -71,9 +83,28 @@ from ..io import (
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..training import TrainConfig, fit
 
-__all__ = ["ConstraintGrid", "claims_table", "heads_table", "induction_batch",
+__all__ = ["BAND_BAN_PREFIX", "ConstraintGrid", "band_of", "claims_table", "heads_table", "induction_batch",
            "induction_ceiling", "induction_scores", "km_figure", "render_markdown", "run_qk_constraints",
            "survival_table", "write_page"]
+
+
+BAND_BAN_PREFIX = BAND_BAN + "_"  # "ban_band_p0-1": a ban of rotary pairs 0 and 1
+
+
+def band_of(constraint: str) -> tuple[int, ...] | None:
+    """The rotary pairs a grid constraint ``ban_band_<band>`` bans (None for any other).
+
+    Raises:
+        ValueError: for a malformed band after the prefix, naming the accepted forms.
+    """
+    if not str(constraint).startswith(BAND_BAN_PREFIX):
+        return None
+    return parse_band_label(constraint[len(BAND_BAN_PREFIX):])
+
+
+def _untied_ban(constraint: str) -> bool:
+    """A ban on untied weights, compared with the untied model ``none``."""
+    return constraint in BANS or band_of(constraint) is not None
 
 
 @dataclass(frozen=True)
@@ -90,8 +121,9 @@ class ConstraintGrid:
 
     Raises:
         ValueError: for non-positive counts, a ``target`` outside (0, 1], unknown or
-            repeated pes/constraints, ``init_scale <= 0``, or ``d_vocab < n_ctx // 2``
-            (a period needs that many distinct tokens).
+            repeated pes/constraints (naming the allowed ones), a band ban with a pe that
+            is not ``rotary`` or pairs outside ``[0, d_head/2)``, ``init_scale <= 0``, or
+            ``d_vocab < n_ctx // 2`` (a period needs that many distinct tokens).
     """
 
     pes: tuple[str, ...] = ("absolute", "rotary")
@@ -119,12 +151,31 @@ class ConstraintGrid:
         if self.d_vocab < self.n_ctx // 2:
             raise ValueError(f"d_vocab must be >= n_ctx // 2 = {self.n_ctx // 2} (a period holds "
                              f"that many distinct tokens), got {self.d_vocab}")
+        n_pairs = (self.d_model // self.n_heads) // 2  # the cells' full-rotary heads
         for name, allowed in (("pes", tuple(PE_SCHEMES)), ("constraints", ("none", *CONSTRAINTS))):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"{name} must be a non-empty tuple without repeats, got {values}")
-            if set(values) - set(allowed):
-                raise ValueError(f"{name} must be among {allowed}, got {values}")
+            unknown = [v for v in values if v not in allowed
+                       and not (name == "constraints" and str(v).startswith(BAND_BAN_PREFIX))]
+            if unknown:
+                more = (f" or {BAND_BAN_PREFIX}<band> on RoPE (a band of rotary pairs in "
+                        f"[0, {n_pairs - 1}], pair 0 the fastest: e.g. '{BAND_BAN_PREFIX}p0', "
+                        f"'{BAND_BAN_PREFIX}p0-1')" if name == "constraints" else "")
+                raise ValueError(f"{name} must be among {allowed}{more}, got {values}")
+        try:
+            bands = {c: band_of(c) for c in self.constraints if str(c).startswith(BAND_BAN_PREFIX)}
+        except ValueError as err:
+            raise ValueError(f"constraints: {err} (after {BAND_BAN_PREFIX!r})") from None
+        for c, band in bands.items():
+            if max(band) >= n_pairs:
+                raise ValueError(f"constraints: {c!r} bans pairs {band}, but the cells' heads "
+                                 f"(d_head = d_model // n_heads = {2 * n_pairs}) have rotary pairs "
+                                 f"0..{n_pairs - 1}")
+        if bands and set(self.pes) != {"rotary"}:
+            raise ValueError(f"constraints {tuple(bands)} ban RoPE frequency bands, which exist "
+                             f"only with pe 'rotary'; pes must be ('rotary',), got {self.pes} "
+                             "(run the other pes as a second grid into the same out_dir)")
 
     @classmethod
     def quick(cls) -> ConstraintGrid:
@@ -237,6 +288,23 @@ def _channel_summary(model, prefix: str, banned: str | None) -> dict:
     return out
 
 
+@torch.no_grad()
+def _band_summary(model, prefix: str, band) -> dict:
+    """For a band ban: the largest share over heads of the banned pairs in the QK energy of
+    the effective M(0) (:func:`~posinterp.analysis.frequencies.pair_energy_shares`)."""
+    if band is None:
+        return {}
+    from ..models.backend import rotary_spec
+
+    worst = 0.0
+    for layer in range(model.cfg.n_layers):
+        spec = rotary_spec(model, layer)
+        first, second, unrot = pair_indices(model.cfg.d_head, spec.rotary_dim, spec.adjacent_pairs)
+        shares = pair_energy_shares(*qk_weights(model, layer), first, second, unrot, spec.inv_freq)
+        worst = max(worst, float(shares["qk"][..., 0, list(band)].sum(-1).max()))
+    return {f"{prefix}_max_banned_band_share": worst}
+
+
 EVAL_SEQUENCES = 256  # held-out induction sequences each cell evaluates every eval_every steps
 
 
@@ -252,11 +320,14 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
     """One cell's row of runs.csv (and, with ``keep_model``, the trained model too)."""
     model = build_model(_cell_config(grid, pe, seed), device=device)
     target_norms = grid.init_scale * qk_norms(model)  # the untied model's, this seed
-    if constraint != "none":
+    banned = constraint.removeprefix("ban_") if constraint in BANS else None
+    band = band_of(constraint)
+    if band is not None:
+        constrain_qk(model, BAND_BAN, band=band)
+    elif constraint != "none":
         constrain_qk(model, constraint, generator=torch.Generator().manual_seed(seed))
     match_qk_norm(model, target_norms)
-    banned = constraint.removeprefix("ban_") if constraint in BANS else None
-    init = _channel_summary(model, "init", banned)
+    init = {**_channel_summary(model, "init", banned), **_band_summary(model, "init", band)}
     eval_gen = torch.Generator().manual_seed(10_000 + seed)
     eval_tokens, eval_mask = to_device(induction_batch(eval_gen, EVAL_SEQUENCES, grid.n_ctx,
                                                        grid.d_vocab),
@@ -283,7 +354,7 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
             **_previous_token_head(model, seed),
             "induction_head": f"L{int(best['layer'])}H{int(best['head'])}",
             "induction_score": float(best["value"]),
-            **init, **_channel_summary(model, "final", banned)}
+            **init, **_channel_summary(model, "final", banned), **_band_summary(model, "final", band)}
     return (row, model) if keep_model else row
 
 
@@ -392,8 +463,8 @@ def _summarize(runs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
                     median_steps=float(g.steps.median()))
         # bans act on untied weights: their control is the untied model; the tied
         # family is compared with its own control and with the untied model
-        controls = ([] if constraint == "none" else ["none"] if constraint in (*BANS, "tied")
-                    else ["tied", "none"])
+        controls = ([] if constraint == "none" else ["none"]
+                    if _untied_ban(constraint) or constraint == "tied" else ["tied", "none"])
         controls = [c for c in controls if (runs[runs.pe == pe].constraint == c).any()]
         if not controls:
             rows.append({**base, "control": "", "control_censored": np.nan, "ratio": np.nan,
@@ -449,6 +520,8 @@ def heads_table(runs: pd.DataFrame) -> pd.DataFrame:
         agg[f"final_mass_{c}"] = (f"final_mass_{c}", "mean")
     if "final_max_banned_mass" in runs:
         agg["max_banned_mass"] = ("final_max_banned_mass", "max")
+    if "final_max_banned_band_share" in runs:
+        agg["max_banned_band_share"] = ("final_max_banned_band_share", "max")
     return runs.groupby(["pe", "constraint"], sort=False).agg(**agg).reset_index()
 
 
@@ -529,6 +602,12 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                     claim=f"{r.pe}: {r.constraint} leaves its channel empty after training",
                     measured=f"max mass over heads and seeds {r.max_banned_mass:.1e}",
                     verdict="holds" if r.max_banned_mass <= BANNED_MASS_TOL else "fails"))
+        if "max_banned_band_share" in heads:
+            for _, r in heads[heads.constraint.map(lambda c: band_of(c) is not None)].iterrows():
+                rows.append(dict(
+                    claim=f"{r.pe}: {r.constraint} leaves its band empty after training",
+                    measured=f"max QK-energy share over heads and seeds {r.max_banned_band_share:.1e}",
+                    verdict="holds" if r.max_banned_band_share <= BANNED_MASS_TOL else "fails"))
         for _, r in heads[(heads.pe == "rotary") & (heads.constraint == "symmetric")].iterrows():
             a0, score = r.max_antisymmetric_energy_offset0, r.median_prev_score
             rows.append(dict(

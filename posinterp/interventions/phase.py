@@ -17,8 +17,8 @@ __all__ = ["rope_removed_hooks"]
 
 def rope_removed_hooks(model, layer: int, heads) -> list[tuple[str, object]]:
     """``(hook name, fn)`` pairs for ``run_with_hooks``/``model.hooks`` that give ``heads``
-    of ``layer`` their unrotated q and k (``hook_q``/``hook_k``, ``[batch, pos, head,
-    d_head]``) in place of the rotated ones (:func:`backend.rotated_qk_hooks`); every
+    of ``layer`` their unrotated q and k (the hooks :func:`backend.query_hooks` verified,
+    ``[batch, pos, head, d_head]``) in place of the rotated ones (:func:`backend.rotated_qk_hooks`); every
     other head, and everything else in the model, is untouched.
 
     Grouped-query models share a key head between query heads: removing RoPE from one
@@ -27,7 +27,8 @@ def rope_removed_hooks(model, layer: int, heads) -> list[tuple[str, object]]:
     Raises:
         ValueError: for a model whose scheme is not rotary, an out-of-range layer or head,
             or a grouped-query model.
-        MissingFeatureError: where the model has no rotated q/k hooks.
+        MissingFeatureError: where the model has no rotated q/k hooks, or no hooks
+            verified as the unrotated q/k (:func:`backend.query_hooks`).
     """
     from .._validate import check_indices
 
@@ -41,6 +42,7 @@ def rope_removed_hooks(model, layer: int, heads) -> list[tuple[str, object]]:
                          f"{backend.n_kv_heads(model)} key/value heads for {model.cfg.n_heads} "
                          "query heads (grouped-query attention)")
     rot_q, rot_k = backend.rotated_qk_hooks(model, layer)
+    q_name, k_name = backend.query_hooks(model, layer)  # verified as q, k before RoPE
     plain = {}
 
     def keep(name):
@@ -56,6 +58,5 @@ def rope_removed_hooks(model, layer: int, heads) -> list[tuple[str, object]]:
             return x
         return hook
 
-    p = f"blocks.{layer}.attn."
-    return [(p + "hook_q", keep("q")), (p + "hook_k", keep("k")),
+    return [(q_name, keep("q")), (k_name, keep("k")),
             (rot_q, restore("q")), (rot_k, restore("k"))]

@@ -351,12 +351,14 @@ def _allowed(model, n: int) -> Tensor:
     return full.tril() if causal else full
 
 
-def _explains(pattern: Tensor, content: Tensor, allowed: Tensor) -> bool:
+def _explains(pattern: Tensor, content: Tensor, allowed: Tensor, rtol: float = 1e-3) -> bool:
     """True if ``log pattern - content`` depends on positions only (on two probe
     sequences of different tokens): then content is the score's q·k term and everything
     else the model adds (mask, ALiBi, biases folded into positions) is token-independent.
 
     log p_ij = c_ij + b_ij - LSE_i, so centring each row at a shared key removes LSE_i.
+    ``rtol``: relative to the largest |content|; a half-precision model's RoPE tables keep
+    their half-precision rounding (about 4e-3) in the float32 probe, hence a looser one.
     """
     p = pattern.double()
     ok = allowed & (p > 1e-30).all(0)  # [head, query, key], both sequences
@@ -367,7 +369,7 @@ def _explains(pattern: Tensor, content: Tensor, allowed: Tensor) -> bool:
     ref = torch.where(ok, p.amin(0), -1.0).argmax(-1, keepdim=True)  # [head, query, 1]
     r = r - r.gather(-1, ref[None].expand(r.shape[0], -1, -1, -1))
     diff = (r[0] - r[1]).abs()[ok]
-    tol = 1e-3 * (1.0 + float(content.double().abs()[:, ok].max()))
+    tol = rtol * (1.0 + float(content.double().abs()[:, ok].max()))
     return bool(diff.max() <= tol)
 
 
@@ -444,9 +446,9 @@ def hook_meaning(model, layer: int) -> HookMeaning:
     if verdicts is None:
         # eval mode: dropout moves the pattern and makes every edit look effective; every
         # module's own mode comes back afterwards (eval_mode)
-        with eval_mode(model), _in_float32(model), eager(model), torch.no_grad(), \
+        with eval_mode(model), _in_float32(model) as half, eager(model), torch.no_grad(), \
                 _without_lens_hooks(model):
-            verdicts = _probe(model)
+            verdicts = _probe(model, 3e-2 if half else 1e-3)
         object.__setattr__(model, _VERDICTS, verdicts)
     return verdicts[layer]
 
@@ -457,7 +459,8 @@ def _in_float32(model):
     then give each back its own dtype. A hook's meaning does not depend on the dtype, and
     float32 lets the probe's tolerances tell meanings apart in a bf16/fp16 model too (half
     precision rounds the pattern by ~1e-2). Half -> float32 -> half is exact, so the
-    model's weights come back bit for bit."""
+    model's weights come back bit for bit. Yields whether anything was in half precision
+    (tables computed from half-precision values, such as RoPE's cos/sin, keep that rounding)."""
     saved = []
     for module in model.modules():
         for store in (module._parameters, module._buffers):
@@ -468,7 +471,7 @@ def _in_float32(model):
                     saved.append((t, t.data))
                     t.data = t.data.float()
     try:
-        yield model
+        yield bool(saved)
     finally:
         for t, data in saved:
             t.data = data
@@ -497,7 +500,7 @@ class _without_lens_hooks:  # noqa: N801
         return False
 
 
-def _probe(model) -> dict[int, HookMeaning]:
+def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
     from ..devices import model_device
 
     tokens = _probe_tokens(model).to(model_device(model))
@@ -539,7 +542,7 @@ def _probe(model) -> dict[int, HookMeaning]:
                 spec = rotary_spec(model, layer)
                 pos = torch.arange(n)[None].expand(2, n)
                 q, k = rope_rotate(q, spec, pos), rope_rotate(k, spec, pos)
-            if _explains(pattern, _content(q, k, scale), allowed) and _changes_output(
+            if _explains(pattern, _content(q, k, scale), allowed, rtol) and _changes_output(
                     model, tokens, clean, [(p + "hook_q", _noise(100 + layer))]):
                 query_qk = (p + "hook_q", p + "hook_k")
             else:
@@ -549,7 +552,7 @@ def _probe(model) -> dict[int, HookMeaning]:
         if rotary:
             if p + "hook_rot_q" in cache and p + "hook_rot_k" in cache:
                 q, k = _qk(cache, p + "hook_rot_q", p + "hook_rot_k", H)
-                if _explains(pattern, _content(q, k, scale), allowed):
+                if _explains(pattern, _content(q, k, scale), allowed, rtol):
                     content_qk = (p + "hook_rot_q", p + "hook_rot_k")
                 else:
                     found.append("hook_rot_q/hook_rot_k do not give the scores' q·k term")
@@ -559,7 +562,7 @@ def _probe(model) -> dict[int, HookMeaning]:
             if content_qk is None and all(t in cache for t in tables):
                 # GPT-NeoX bridges fire the cos/sin each call used (positions from the mask)
                 q, k = content_qk_from(tables, cache, H)
-                if _explains(pattern, _content(q, k, scale), allowed):
+                if _explains(pattern, _content(q, k, scale), allowed, rtol):
                     content_qk = tables
                     found.append("hook_q/hook_k rotated by hook_cos/hook_sin give the scores")
         pattern_name, output_edit = None, False

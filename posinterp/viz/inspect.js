@@ -4,7 +4,7 @@ const RAW = JSON.parse(document.getElementById('inspect-data').textContent);
 const META = RAW.meta;
 const COLS = RAW.columns;
 const ROWS = RAW.rows.map(r => Object.fromEntries(COLS.map((c, i) => [c, r[i]])));
-const VECTOR = new Set(['kernel_attention', 'kernel_score', 'eigenvalue_real', 'eigenvalue_imag']);
+const VECTOR = new Set(['kernel_attention', 'kernel_score', 'eigenvalue_real', 'eigenvalue_imag', 'frequency_share']);
 function key(r) {
   let k = r.metric;
   if (r.ablation) k += '[' + r.ablation + ']';
@@ -172,6 +172,38 @@ function eigenPlot(l, h, offset) {
   s.appendChild(svg('text', {x: S - 2, y: 10, 'text-anchor': 'end'}, '|λ| max ' + fmt(rmax / 1.1)));
   return s;
 }
+function frequencyPlot(l, h, offset) {
+  // Share of the head's QK energy per rotary pair (rope_frequency_profile, metric qk), one
+  // bar per pair, fastest first, the unrotated dims of a partial-rotary head last.
+  const theta = {};
+  for (const r of ROWS) if (r.metric === 'rotary_frequency' && r.layer === l) theta[r.rank] = r.value;
+  const bars = ROWS.filter(r => r.metric === 'frequency_share' && r.layer === l && r.head === h && r.offset === offset)
+                   .sort((a, b) => (a.rank === null) - (b.rank === null) || a.rank - b.rank);
+  const W = 360, H = 170, L = 40, R = 8, T = 18, B = 34;
+  const s = svg('svg', {width: W, height: H, class: 'freq-profile', 'data-offset': offset});
+  s.appendChild(svg('text', {x: L, y: 12}, 'share of QK energy per rotary pair, Δ = ' + offset));
+  if (!bars.length) return s;
+  const ymax = Math.max(...bars.map(r => r.value || 0), 1e-12);
+  const bw = (W - L - R) / bars.length;
+  const period = p => (p === null || !theta[p]) ? null : 2 * Math.PI / theta[p];
+  const every = Math.max(1, Math.ceil(bars.length / 8));
+  bars.forEach((r, i) => {
+    const v = r.value || 0, x = L + i * bw, y = T + (1 - v / ymax) * (H - T - B);
+    const per = period(r.rank);
+    const rect = svg('rect', {x: x + 0.1 * bw, y: y, width: 0.8 * bw, height: H - B - y,
+                              fill: r.rank === null ? '#999' : '#08519c',
+                              'data-pair': r.rank === null ? 'unrotated' : r.rank, 'data-share': r.value});
+    rect.appendChild(svg('title', {}, (r.rank === null ? 'unrotated dims' : 'pair ' + r.rank + ', period ' + fmt(per) + ' tokens') + ': share ' + fmt(r.value)));
+    s.appendChild(rect);
+    if (i % every === 0 || r.rank === null)
+      s.appendChild(svg('text', {x: x + bw / 2, y: H - B + 12, 'text-anchor': 'middle'}, r.rank === null ? 'unrot.' : fmt(per)));
+  });
+  s.appendChild(svg('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: '#666'}));
+  for (const y of [0, ymax / 2, ymax])
+    s.appendChild(svg('text', {x: L - 4, y: T + (1 - y / ymax) * (H - T - B) + 3, 'text-anchor': 'end'}, fmt(y)));
+  s.appendChild(svg('text', {x: (L + W - R) / 2, y: H - 3, 'text-anchor': 'middle'}, 'period 2π/θ (tokens), fastest pair first'));
+  return s;
+}
 function openCard(id) {
   SELECTED = id;
   const [l, h] = id.split('-').map(Number);
@@ -180,8 +212,9 @@ function openCard(id) {
   card.appendChild(el('h2', {}, 'Layer ' + l + ', head ' + h));
   const t = el('table', {class: 'scores'});
   t.appendChild(el('tr')).append(el('th', {}, 'score'), el('th', {}, 'value'), el('th', {}, '95% interval over sequences'));
-  for (const k of ['previous_token_score', 'self_score', 'first_token_score']) {
+  for (const k of ['previous_token_score', 'self_score', 'first_token_score', 'positional_score']) {
     const r = HEADS[id][k];
+    if (!r) continue;
     const tr = el('tr');
     tr.append(el('td', {}, k), el('td', {}, fmt(r.value)),
               el('td', {}, r.ci_low === null ? '' : fmt(r.ci_low) + ' … ' + fmt(r.ci_high)));
@@ -200,6 +233,14 @@ function openCard(id) {
   for (const o of offs) eig.appendChild(eigenPlot(l, h, o));
   card.appendChild(eig);
   card.appendChild(el('p', {class: 'facts'}, 'Red: complex eigenvalues (rotational channel), blue: real. Grey band: 5%–95% of |λ| of random heads with this head\'s weight scale. Percentile: rotational mass among ' + META.n_null + ' random heads of the same shape.'));
+  card.appendChild(el('h3', {}, 'QK energy by rotary frequency'));
+  if (META.frequency_note) card.appendChild(el('p', {class: 'facts'}, META.frequency_note));
+  else {
+    const fq = el('div', {class: 'plots'});
+    for (const o of [0, -1]) fq.appendChild(frequencyPlot(l, h, o));
+    card.appendChild(fq);
+    card.appendChild(el('p', {class: 'facts'}, 'Share of ‖M_p(Δ)‖² per rotary pair p (M_p(Δ) = Q_p R_p(−Δθ_p) K_p^T; shares sum to 1; grey: dims RoPE does not rotate). positional_score: 1 when the logits ignore which token is at a key (positional), 0 when they follow it (symbolic); docs/frequencies.md.'));
+  }
   const abl = Object.keys(HEADS[id]).filter(k => k.startsWith('loss_change'));
   if (abl.length) {
     card.appendChild(el('h3', {}, 'Loss change when removed (clean loss ' + fmt(META.clean_loss) + ' nats)'));
@@ -207,6 +248,8 @@ function openCard(id) {
     at.appendChild(el('tr')).append(el('th', {}, 'removed'), el('th', {}, 'Δ loss (nats/token)'));
     for (const k of abl) { const tr = el('tr'); tr.append(el('td', {}, HEADS[id][k].ablation), el('td', {}, fmt(HEADS[id][k].value))); at.appendChild(tr); }
     card.appendChild(at);
+    if (abl.some(k => k.includes('remove_band_')))
+      card.appendChild(el('p', {class: 'facts'}, 'remove_band_pA-B: the head\'s query zeroed in rotary pairs A to B, its fastest and its slowest quarter of pairs (pair 0 turns fastest); those pairs then add exactly 0 to every score.'));
   }
   card.appendChild(el('h3', {}, 'Attention pattern on sequence 0'));
   const holder = el('div');

@@ -140,7 +140,9 @@ bar gives the scale). Click a head for its card: the positional kernel (how atte
 with the key offset Δ = j − i; Δ = −1 is the previous token), its previous-token / self /
 first-token scores, its QK eigenvalues against random heads, and, when measured, the loss
 change when it or one of its spectral channels is removed. A positional head shows a kernel
-peaked at a fixed offset; a rotational QK spectrum (RoPE) puts mass on complex eigenvalues.</p>
+peaked at a fixed offset; a rotational QK spectrum (RoPE) puts mass on complex eigenvalues.
+On RoPE models the card also shows how the head's QK energy spreads over the rotary
+frequencies, and the grid can be coloured by its positional/symbolic score.</p>
 {notes}
 <div class="controls">
  <label>colour by <select id="colour-key"></select></label>
