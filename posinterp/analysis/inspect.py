@@ -41,7 +41,15 @@ from ._checks import (
 )
 from .adjacency import adjacency_hooks
 from .heads import previous_token_score
-from .spectral import NULL_HEADS, eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
+from .spectral import (
+    NULL_HEADS,
+    eigenvalues,
+    ginibre_null,
+    null_percentiles,
+    qk_spectrum,
+    qk_weights,
+    spectral_measures,
+)
 
 __all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "block_labels", "compact_pattern",
            "head_scores", "inspect_heads", "null_band", "pool_pattern", "t_interval",

@@ -14,12 +14,14 @@ import torch
 from posinterp.analysis.inspect import (
     NULL_BAND_HEADS,
     block_labels,
+    head_scores,
     inspect_heads,
     pool_pattern,
     t_interval,
     uniform_guess_loss,
 )
 from posinterp.analysis.spectral import NULL_HEADS
+from posinterp.models.backend import run_cached
 from posinterp.viz.inspect import colour_scale, inspect_data, inspect_page
 from tests.helpers import random_tokens, tiny_model
 
@@ -81,18 +83,26 @@ def test_long_pattern_on_the_page_is_the_pooled_full_pattern_with_its_scale_stat
 
 
 def test_attention_bands_stay_inside_zero_one():
-    # two sequences, one head attending fully to the first token and one not at all:
-    # the t-interval of the means reaches far below 0 and above 1
-    model = tiny_model("nope")
-    res = inspect_heads(model, random_tokens(model, 2, 6), n_null=20)
-    t = res.table
+    # sharp attention (queries and keys scaled up) on two random sequences: a weight is
+    # near 0 in one and near 1 in the other, and the t-interval (t = 12.7 at one degree
+    # of freedom) reaches far past [0, 1]
+    model = tiny_model("nope", n_layers=1)
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q.mul_(30)
+        model.blocks[0].attn.W_K.mul_(30)
+    toks = random_tokens(model, 2, 6)
+    raw = head_scores(run_cached(model, toks, None, "blocks.0.attn.hook_pattern")
+                      ["blocks.0.attn.hook_pattern"])
+    _, low, high, _ = t_interval(raw["first_token_score"])
+    assert (low < 0).any() and (high > 1).any()  # the raw band does leave [0, 1]
+    t = inspect_heads(model, toks, n_null=20).table
     att = t[t.metric.isin(["kernel_attention", "previous_token_score", "self_score",
                            "first_token_score"])]
     assert (att.ci_low.dropna() >= 0).all() and (att.ci_high.dropna() <= 1).all()
-    # the raw interval of a skewed weight does leave [0, 1]: the clipping is needed
-    per_seq = torch.tensor([[0.001], [0.9]], dtype=torch.float64)
-    _, low, high, _ = t_interval(per_seq)
-    assert low.item() < 0 and high.item() > 1
+    assert ((att.ci_low <= att.value) & (att.value <= att.ci_high)).all()
+    # a score kernel is not a weight: its band is left as it is
+    score = t[t.metric == "kernel_score"]
+    assert (score.ci_low < 0).any()
 
 
 def test_scores_with_a_fixed_range_use_it_not_the_heads_range():
