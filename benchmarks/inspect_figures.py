@@ -22,6 +22,7 @@ CSV: a figure the code no longer gives fails that test.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -69,20 +70,36 @@ def bloom_folder(folder: Path) -> Path:
 
 
 def toy_folder(pe: str, folder: Path) -> Path:
-    """The toy case: ``small`` preset, 200 AdamW steps on 6-digit reversal, seed 0."""
+    """The toy case: ``small`` preset, 200 AdamW steps on 6-digit reversal (5,000 training
+    strings), seed 0."""
     import posinterp as pi
     from posinterp.tasks import TaskConfig, make_task_data
     from posinterp.training import TrainConfig
 
-    data = make_task_data(TaskConfig("reversal", min_digits=6, max_digits=6, seed=SEED))
+    data = make_task_data(TaskConfig("reversal", min_digits=6, max_digits=6, n_train=5000,
+                                     n_test=200, seed=SEED))
     pi.train(pi.preset("small", pe=pe, seed=SEED), data,
-             TrainConfig(max_steps=200, target_accuracy=None, eval_every=200, seed=SEED),
+             TrainConfig(max_steps=200, target_accuracy=None, eval_every=200, n_eval=200,
+                         seed=SEED),
              checkpoint_dir=folder / "checkpoints", progress=False, threads=1)
     return folder
 
 
 def inspect_case(case: str, work: Path, ablate: bool = True):
-    """``(InspectResult, head view)`` of one case, run in ``work`` (the figures: ``ablate``)."""
+    """``(InspectResult, head view)`` of one case, run in ``work`` (the figures: ``ablate``).
+
+    The model folder is named by the case and given relative to ``work`` (the working
+    directory meanwhile), so the page's title reads ``posinterp inspect: CASE``.
+    """
+    old = Path.cwd()
+    os.chdir(work)
+    try:
+        return _inspect_case(case, Path("."), ablate)
+    finally:
+        os.chdir(old)
+
+
+def _inspect_case(case: str, work: Path, ablate: bool):
     from posinterp.analysis.inspect import head_wide
     from posinterp.experiments.inspect import run_inspect
 
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             res, wide = inspect_case(case, work)
-            screenshot(res.report_path, args.out / f"{case}.png", work / "profile")
+            screenshot(work / res.report_path, args.out / f"{case}.png", work / "profile")
             wide.to_csv(args.out / f"{case}.csv", index=False, float_format="%.10g")
             print(f"{case}: {args.out / f'{case}.png'} and .csv ({res.seconds} s)", flush=True)
     return 0

@@ -182,3 +182,13 @@ def test_page_formats_percentiles_as_points_and_rounding_noise_as_zero():
     code = funcs + f"\nconsole.log(JSON.stringify({json.dumps(cases)}.map(c => fmtKey(c[0], c[1]))));"
     out = subprocess.run([NODE, "-e", code], capture_output=True, text=True, timeout=30, check=True)
     assert json.loads(out.stdout) == ["0", "0", "0.012", "2.50e-5", "66", "100", "0.9", "0.500"]
+
+
+def test_heads_table_spans_the_page_and_scrolls_instead_of_being_cut():
+    model = tiny_model("nope", n_layers=1)
+    page = inspect_page(inspect_heads(model, random_tokens(model, 2, 6), n_null=20), "t")
+    # below the grid and card, full width, in a container that scrolls sideways
+    assert re.search(r'<div class="scroll"><table id="list"></table></div>', page)
+    assert re.search(r"\.scroll \{[^}]*overflow-x: auto", page)
+    left = page[page.index('<div id="left">'):page.index('<div id="card">')]
+    assert 'id="list"' not in left  # not squeezed into the grid's 55% column
