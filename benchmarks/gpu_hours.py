@@ -326,7 +326,7 @@ def _train_run(mc, data, mp, device, batch_size=None):
     """``run(n)``: ``posinterp.training.train`` for n steps (no early stop, no checkpoints)."""
     def run(n):
         train(mc, data, _train_config(n, batch_size), progress=False, device=device,
-              mixed_precision=mp)
+              mixed_precision=mp, threads=None)  # the benchmark's own thread count
     return run
 
 

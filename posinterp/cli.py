@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure the loss change when each head or spectral channel is removed")
     i.add_argument("--seed", type=pos0, default=0, help="seed of random tokens and the null (default 0)")
     i.add_argument("--max-pattern-tokens", type=pos1, default=96,
-                   help="pattern views show at most this many tokens (default 96)")
+                   help="pattern views of a longer input are pooled into blocks to at most "
+                   "this many cells a side, the scale stated (default 96)")
     i.add_argument("--out", type=_out_folder, default="posinterp-inspect",
                    help="output folder (default posinterp-inspect)")
     i.add_argument("--compare", default=None, metavar="SPEC_B",

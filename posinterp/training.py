@@ -516,6 +516,7 @@ def train(
     model=None,
     device=None,
     mixed_precision: str | None = None,
+    threads: int | None = 1,
 ) -> TrainResult:
     """Train a toy model on a synthetic task with answer-only cross-entropy and AdamW.
 
@@ -537,14 +538,46 @@ def train(
             the batches' order do not depend on it; batches are drawn on CPU and moved.
         mixed_precision: None (float32) or ``"bf16"``: bfloat16 autocast of the forward
             pass, CUDA only (see :func:`fit`).
+        threads: torch's CPU thread count while training (default 1, as ``posinterp
+            demo`` and ``zoo train``; torch's own count is restored afterwards). One
+            thread degrades gracefully when other jobs share the cores; with every core,
+            torch's threads wait on each other whenever one is descheduled
+            (docs/performance.md). None leaves torch's setting alone (for callers that
+            set it themselves). The numbers depend on it (summation order).
 
     Returns:
         :class:`TrainResult`.
 
     Raises:
         ValueError: if the task's sequences exceed ``n_ctx``, a checkpoint to resume
-            was written for different configs, or a bad ``device``/``mixed_precision``.
+            was written for different configs, or a bad ``device``/``mixed_precision``/
+            ``threads``.
     """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError(f"threads must be an integer >= 1 or None, got {threads!r}")
+    with _torch_threads(threads):
+        return _train(model_config, data, config, checkpoint_dir, resume, progress, model,
+                      device, mixed_precision)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """Run the block with ``torch.set_num_threads(threads)``, restoring the count after
+    (None: leave it alone)."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(model_config, data, config, checkpoint_dir, resume, progress, model, device,
+           mixed_precision) -> TrainResult:
     if data.max_len > model_config.n_ctx:
         raise ValueError(
             f"task sequences have up to {data.max_len} tokens but n_ctx is {model_config.n_ctx}")
@@ -734,15 +767,30 @@ def _fit(
         snapshot(0)
     model.train()
     bar = tqdm(total=config.max_steps, initial=step, disable=not progress, desc=desc,
-               dynamic_ncols=True)
+               dynamic_ncols=True, bar_format=_bar_format(config))
     try:
         step, last_saved = _loop(model, batch_on_device, loss_in_precision, evaluate_fn, config,
                                  configs, ckpt_dir, snapshot, params, optimizer, scheduler, gen,
                                  history, step, last_saved, bar)
+        if step < config.max_steps:  # stopped early: close the bar where the run ended
+            bar.total = step
+            bar.bar_format = ("{desc}: " + f"target reached at step {step} (cap {config.max_steps})"
+                              + " [{elapsed}{postfix}]")
+            bar.refresh()
     finally:
         bar.close()
     model.eval()
     return pd.DataFrame(history, columns=["step", "metric", "value"]), step
+
+
+def _bar_format(config: TrainConfig) -> str | None:
+    """tqdm's layout: with a target accuracy the step count is a cap the run usually stops
+    well before, so the bar shows the step and the cap, never a percentage or an ETA to
+    the cap; without one, tqdm's own (the run goes to the cap)."""
+    if config.target_accuracy is None:
+        return None
+    return ("{desc}: step {n_fmt} (cap {total_fmt}; stops at test_accuracy >= "
+            f"{config.target_accuracy:g})" + " [{elapsed}, {rate_fmt}{postfix}]")
 
 
 def _loop(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, snapshot, params,

@@ -293,3 +293,38 @@ def test_cli_takes_band_bans_and_names_the_allowed_constraints(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "'ban_complex'" in err and "ban_band_p0" in err
     assert not out.exists()
+def test_smallest_p_is_the_exact_closed_form():
+    import math
+
+    from posinterp.experiments.qk_constraints import smallest_p
+
+    for n, m in ((2, 2), (3, 2), (5, 5)):
+        assert smallest_p(n, m) == pytest.approx(1 / math.comb(n + m, n))
+
+
+def test_claims_a_small_grid_cannot_test_are_not_scored_as_failing():
+    from posinterp.experiments.qk_constraints import UNTESTABLE
+
+    quick = ConstraintGrid.quick()  # 2 seeds, 200 steps
+    none = dict(pe="rotary", constraint="none", control="", n=2, censored=0, control_censored=np.nan,
+                median_steps=120.0, ratio=np.nan, ci_low=np.nan, ci_high=np.nan,
+                p_one_sided=np.nan, q_bh=np.nan)
+    # the best a 2-vs-2 comparison can do: both ban runs slower than both controls
+    ban = _row("rotary", "ban_complex", "none", 1.5, 1.2, 1.8, 1 / 6, censored=1, n=2)
+    c = claims_table(pd.DataFrame([none, ban]), quick).set_index("claim").verdict
+    assert c["rotary: ban_complex slows learning (q <= 0.05 vs none)"] == UNTESTABLE
+    # a censored run at 200 steps when a run slowed 2.9x from 120 would need 348
+    assert c["rotary: ban_complex never prevents learning"] == UNTESTABLE
+    # the same numbers from the full grid's budget are a test, and fail
+    full = ConstraintGrid()
+    five = pd.DataFrame([{**none, "n": 5}, {**ban, "n": 5, "q_bh": 0.2}])
+    c = claims_table(five, full).set_index("claim").verdict
+    assert c["rotary: ban_complex slows learning (q <= 0.05 vs none)"] == "fails"
+    assert c["rotary: ban_complex never prevents learning"] == "fails"
+    # routing by position read off models most of which never learned the task
+    heads = pd.DataFrame([dict(pe="rotary", constraint="symmetric", median_prev_score=0.2, n=3,
+                               censored=2, max_antisymmetric_energy_offset0=1e-15)])  # 2 of 3
+    routes = claims_table(pd.DataFrame([none, ban]), quick, heads).verdict.iloc[-1]
+    assert routes == UNTESTABLE
+    heads.loc[0, "censored"] = 1  # 1 of 3: the models learned, and the score is low
+    assert claims_table(pd.DataFrame([none, ban]), quick, heads).verdict.iloc[-1] == "fails"

@@ -122,7 +122,7 @@ def test_two_threads_give_the_same_parameters_twice():
         mc = preset("small", pe="nope")
         data = tiny_task("reversal", n=256, max_digits=6)
         cfg = _cfg(max_steps=4, batch_size=64, checkpoint_every=100, eval_every=100)
-        a, b = (train(mc, data, cfg, progress=False).model for _ in range(2))
+        a, b = (train(mc, data, cfg, progress=False, threads=None).model for _ in range(2))
     finally:
         torch.set_num_threads(before)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
@@ -298,3 +298,59 @@ def test_training_inside_no_grad_and_inference_mode(context):
     for (name, a), (_, b) in zip(outside.model.state_dict().items(),
                                  inside.model.state_dict().items(), strict=True):
         assert torch.equal(a, b.clone()), name
+
+
+def _threads_seen(monkeypatch) -> list[int]:
+    import posinterp.training as training
+
+    seen = []
+    real = training.answer_loss
+
+    def spy(*a, **kw):
+        seen.append(torch.get_num_threads())
+        return real(*a, **kw)
+    monkeypatch.setattr(training, "answer_loss", spy)
+    return seen
+
+
+def test_train_uses_one_thread_unless_asked_and_restores_the_count(monkeypatch):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the caller's setting
+    try:
+        seen = _threads_seen(monkeypatch)
+        data = tiny_task("reversal", n=20)
+        train(preset("tiny"), data, _cfg(max_steps=2), progress=False)
+        assert set(seen) == {1} and torch.get_num_threads() == 2
+        seen.clear()
+        train(preset("tiny"), data, _cfg(max_steps=2), progress=False, threads=2)
+        assert set(seen) == {2}
+        seen.clear()
+        torch.set_num_threads(1)
+        train(preset("tiny"), data, _cfg(max_steps=2), progress=False, threads=None)  # left alone
+        assert set(seen) == {1}
+    finally:
+        torch.set_num_threads(before)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="threads"):
+            train(preset("tiny"), data, _cfg(max_steps=2), progress=False, threads=bad)
+
+
+def _last_bar(err: str) -> str:
+    return err.replace("\r", "\n").strip().splitlines()[-1]
+
+
+def test_progress_bar_shows_the_cap_as_a_cap_and_closes_at_the_stopping_step(capsys, monkeypatch):
+    import posinterp.training as training
+
+    data = tiny_task("reversal", n=20)
+    # the target is reached at the first evaluation (step 2) of a 40-step cap
+    monkeypatch.setattr(training, "evaluate", lambda *a, **k: {"test_accuracy": 1.0})
+    res = train(preset("tiny"), data, _cfg(max_steps=40, eval_every=2, target_accuracy=0.9),
+                progress=True)
+    assert res.reached_target and res.steps == 2
+    line = _last_bar(capsys.readouterr().err)
+    assert f"target reached at step {res.steps} (cap 40)" in line
+    assert "%" not in line and "40/40" not in line and "<" not in line  # no share, no ETA
+    # without a target the run goes to the cap, and tqdm's own bar says so
+    train(preset("tiny"), data, _cfg(max_steps=3), progress=True)
+    assert "3/3" in _last_bar(capsys.readouterr().err)

@@ -43,12 +43,24 @@ from .adjacency import adjacency_hooks
 from .explain import DEFAULT_MAX_VALUES, dashboard_score_parts
 from .frequencies import band_label, frequency_bands, inspection_frequency_rows
 from .heads import previous_token_score
-from .spectral import eigenvalues, ginibre_null, null_percentiles, qk_spectrum, qk_weights, spectral_measures
+from .spectral import (
+    NULL_HEADS,
+    eigenvalues,
+    ginibre_null,
+    null_percentiles,
+    qk_spectrum,
+    qk_weights,
+    spectral_measures,
+)
 
-__all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "compact_pattern", "head_scores",
-           "inspect_heads", "null_band", "t_interval"]
+__all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "block_labels", "compact_pattern",
+           "head_scores", "inspect_heads", "null_band", "pool_pattern", "t_interval",
+           "uniform_guess_loss"]
 
 CHANNEL_ABLATIONS = ("remove_positive_real", "remove_negative_real", "remove_complex")
+#: Random heads behind the null band of |λ| (quantiles of every eigenvalue's modulus: 200
+#: heads give 200 x d_head moduli, enough for stable 5%/95% quantiles).
+NULL_BAND_HEADS = 200
 COLUMNS = ["model", "hook", "layer", "head", "position", "offset", "rank", "ablation", "metric",
            "value", "ci_low", "ci_high", "n_sequences"]
 
@@ -71,6 +83,52 @@ def compact_pattern(values: Float[Tensor, "batch head query key"],
     rows = order[:, None, :, None].expand(b, h, n, n)
     cols = order[:, None, None, :].expand(b, h, n, n)
     return values.gather(2, rows).gather(3, cols)
+
+
+def pool_pattern(pattern: Float[Tensor, "... query key"], block: int
+                 ) -> Float[Tensor, "... query_block key_block"]:
+    """Downsample an attention pattern into ``block`` x ``block`` tiles for display.
+
+    Tile (I, J) is the attention that the block's average query pays to the whole key
+    block: ``mean_{i in I} sum_{j in J} A[i, j]``. Each pooled row is a mean of rows that
+    sum to 1, so it sums to 1 too (still an attention pattern, causal up to the diagonal
+    tiles). The last block may be shorter (its own queries and keys only).
+
+    Args:
+        pattern: ``[..., n, n]`` attention weights.
+        block: tokens per tile, >= 1 (1 returns the pattern unchanged).
+
+    Returns:
+        ``[..., ceil(n / block), ceil(n / block)]``, the input's dtype.
+
+    Raises:
+        ValueError: for ``block < 1`` or a pattern that is not square in its last two dims.
+    """
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an integer >= 1, got {block!r}")
+    n = pattern.shape[-1]
+    if pattern.ndim < 2 or pattern.shape[-2] != n:
+        raise ValueError(f"pattern must have shape [..., n, n], got {tuple(pattern.shape)}")
+    if block == 1:
+        return pattern
+    m = -(-n // block)
+    groups = torch.arange(n, device=pattern.device) // block  # token -> block
+    onehot = torch.nn.functional.one_hot(groups, m).to(pattern.dtype)  # [n, m]
+    sizes = onehot.sum(0)  # tokens per block
+    # sum over the keys of each block, then the mean over the queries of each block
+    return (onehot.T @ (pattern @ onehot)) / sizes[:, None]
+
+
+def block_labels(str_tokens: list[str], block: int) -> list[str]:
+    """Labels of :func:`pool_pattern`'s tiles: the positions each covers and its first token.
+
+    E.g. ``"0-7 <s>"`` for the block of positions 0 to 7 starting with ``<s>``;
+    ``block = 1`` returns the tokens unchanged.
+    """
+    if block == 1:
+        return list(str_tokens)
+    n = len(str_tokens)
+    return [f"{a}-{min(a + block, n) - 1} {str_tokens[a]}" for a in range(0, n, block)]
 
 
 def t_interval(per_sequence: Float[Tensor, "batch ..."], level: float = 0.95
@@ -189,9 +247,11 @@ class Inspection:
     Attributes:
         table: the tidy DataFrame (columns :data:`COLUMNS`); ``offset`` is the key offset
             Δ = j - i of kernel rows and the RoPE offset of spectral rows (NA otherwise).
-        patterns: ``{layer: [head, n, n]}`` attention of the first sequence (real tokens
-            only, cut to ``max_pattern_tokens``) for the pattern views.
-        str_tokens: the ``n`` token labels of that sequence.
+        patterns: ``{layer: [head, m, m]}`` attention of the first sequence (real tokens
+            only) for the pattern views; longer than ``max_pattern_tokens``, pooled into
+            blocks of ``meta["pattern_block"]`` tokens (:func:`pool_pattern`), else m = n.
+        str_tokens: the ``m`` labels: the tokens, or each block's positions and first
+            token (:func:`block_labels`).
         notes: plain sentences about cuts and choices, shown on the page.
         meta: model facts (``n_layers``, ``n_heads``, ``pe``, ...).
         score_parts: "Explain one score": :func:`posinterp.analysis.explain.score_parts`
@@ -262,8 +322,17 @@ def _rows(**cols) -> pd.DataFrame:
     return pd.DataFrame({k: (v if isinstance(v, list | np.ndarray) else [v] * n) for k, v in cols.items()})
 
 
+def _attention_interval(per_seq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`t_interval` of attention weights, its bounds clipped to [0, 1]: a weight's
+    mean lies there, so a t-band reaching past it (few sequences, a skewed weight) says
+    nothing beyond the range itself."""
+    mean, low, high, n = t_interval(per_seq)
+    return mean, low.clamp(0.0, 1.0), high.clamp(0.0, 1.0), n
+
+
 def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: int) -> pd.DataFrame:
-    mean, low, high, n = t_interval(per_seq[..., :max_lag])  # [head, lag]
+    interval = _attention_interval if metric == "kernel_attention" else t_interval
+    mean, low, high, n = interval(per_seq[..., :max_lag])  # [head, lag]
     heads, lags = mean.shape
     return _rows(hook=hook, layer=layer, head=np.repeat(np.arange(heads), lags),
                  offset=np.tile(-np.arange(lags), heads), metric=metric,
@@ -313,26 +382,52 @@ def _band_interventions(model, layers) -> list:
     return out
 
 
-def _ablation_rows(model, tokens, mask, layers) -> pd.DataFrame:
+def _ablation_rows(model, tokens, mask, layers, progress: bool = False) -> pd.DataFrame:
+    from tqdm.auto import tqdm
+
     from ..interventions.effects import ablation_effect, per_head_interventions
 
-    clean = _loss(model, tokens, mask)
-    rows = []
-    for layer in layers:
-        for head in range(model.cfg.n_heads):
-            hook = z_hook(model, layer)  # verified as z_h = p_h v_h, editable
-            after = _loss(model, tokens, mask, [(hook, _zero_head(head))])
-            rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
-                             metric="loss_change", value=after - clean,
-                             n_sequences=tokens.shape[0]))
-    eff = ablation_effect(model, tokens, per_head_interventions(model, CHANNEL_ABLATIONS, layers)
-                          + _band_interventions(model, layers), attention_mask=mask)
-    eff = eff[eff.metric == "loss"]
-    for r in eff.itertuples():
-        label = r.kind if pd.isna(r.band) else f"remove_band_{band_label(map(int, r.band.split(',')))}"
-        rows.append(dict(hook=r.hook, layer=r.layer, head=int(r.head), ablation=label,
-                         metric="loss_change", value=r.value, n_sequences=tokens.shape[0]))
+    n_heads = model.cfg.n_heads
+    per_layer = {layer: per_head_interventions(model, CHANNEL_ABLATIONS, [layer])
+                 + _band_interventions(model, [layer]) for layer in layers}
+    # forward passes: the clean one, one per head zeroed, and per layer of channel and
+    # band ablations its own clean pass plus one per intervention
+    bar = tqdm(total=1 + len(layers) * (n_heads + 1) + sum(map(len, per_layer.values())),
+               disable=not progress, desc="ablations (forward passes)", unit="pass",
+               dynamic_ncols=True)
+    with bar:
+        clean = _loss(model, tokens, mask)
+        bar.update(1)
+        rows = []
+        for layer in layers:
+            for head in range(n_heads):
+                hook = z_hook(model, layer)  # verified as z_h = p_h v_h, editable
+                after = _loss(model, tokens, mask, [(hook, _zero_head(head))])
+                rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
+                                 metric="loss_change", value=after - clean,
+                                 n_sequences=tokens.shape[0]))
+                bar.update(1)
+        for layer in layers:  # a layer at a time, so the bar moves
+            eff = ablation_effect(model, tokens, per_layer[layer], attention_mask=mask)
+            bar.update(len(per_layer[layer]) + 1)
+            eff = eff[eff.metric == "loss"]
+            for r in eff.itertuples():
+                label = (r.kind if pd.isna(r.band)
+                         else f"remove_band_{band_label(map(int, r.band.split(',')))}")
+                rows.append(dict(hook=r.hook, layer=r.layer, head=int(r.head), ablation=label,
+                                 metric="loss_change", value=r.value, n_sequences=tokens.shape[0]))
     return pd.DataFrame(rows).assign(clean_loss=clean)
+
+
+def uniform_guess_loss(model) -> float:
+    """log(d_vocab) nats: the cross-entropy of predicting every token with equal probability.
+
+    On uniform random tokens no predictor does better in expectation (the expected loss
+    is log(d_vocab) plus the KL divergence from uniform), so a clean loss at or above it
+    means the input carries nothing the model can predict.
+    """
+    d_vocab = getattr(model.cfg, "d_vocab_out", -1)
+    return math.log(d_vocab if d_vocab and d_vocab > 0 else model.cfg.d_vocab)
 
 
 def inspect_heads(
@@ -343,10 +438,11 @@ def inspect_heads(
     ablate: bool = False,
     max_offset: int | None = None,
     max_pattern_tokens: int = 96,
-    n_null: int = 500,
+    n_null: int = NULL_HEADS,
     seed: int = 0,
     model_name: str = "model",
     explain_values: int = DEFAULT_MAX_VALUES,
+    progress: bool = False,
 ) -> Inspection:
     """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
 
@@ -362,8 +458,12 @@ def inspect_heads(
             on RoPE models also its fastest and its slowest frequency band
             (``remove_band``: the query's components in those rotary pairs zeroed).
         max_offset: keep kernel rows for Δ >= -max_offset only (default: every offset).
-        max_pattern_tokens: pattern views show the first this many tokens (a note says so).
-        n_null: random heads in the product-Ginibre null (percentiles and band).
+        max_pattern_tokens: pattern views of a longer sequence are pooled into blocks of
+            ceil(n / max_pattern_tokens) tokens (:func:`pool_pattern`; a note states the
+            scale); nothing is cut.
+        n_null: random heads in the product-Ginibre null of the percentiles (default
+            :data:`~posinterp.analysis.spectral.NULL_HEADS`, as the fingerprint); the
+            band uses at most :data:`NULL_BAND_HEADS` of them.
         seed: seed of the null.
         model_name: value of the ``model`` column.
         explain_values: bound on the numbers stored for "Explain one score" (the score
@@ -371,6 +471,7 @@ def inspect_heads(
             :func:`posinterp.analysis.explain.dashboard_score_parts`): the first n
             tokens of the pattern views whose cells fit (default 200,000: about 1.7 MB of
             page); 0 computes none.
+        progress: a tqdm bar on stderr for the ablations' forward passes.
 
     Returns:
         :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
@@ -431,12 +532,15 @@ def inspect_heads(
         cache = run_cached(model, tokens, mask, lambda n: n in wanted)
     frames, patterns = [], {}
     first_len = int(lengths[0])
-    shown = min(first_len, max_pattern_tokens)
+    # Longer than the browser can show: pool, never cut (every token stays in view).
+    block = -(-first_len // max_pattern_tokens)
     sample = tokens[0][mask[0].bool()] if mask is not None else tokens[0]
-    str_tokens = _str_tokens(model, sample[:shown])
-    if first_len > shown:
-        notes.append(f"Pattern views show the first {shown} of {first_len} tokens of sequence 0 "
-                     "(cut for the browser); kernels and scores use every token.")
+    str_tokens = block_labels(_str_tokens(model, sample[:first_len]), block)
+    if block > 1:
+        notes.append(f"Pattern views show all {first_len} tokens of sequence 0 pooled into blocks "
+                     f"of {block} tokens (scale 1:{block}, {len(str_tokens)} x {len(str_tokens)} "
+                     "cells): a cell is the attention of the block's average query to the whole "
+                     "key block, so each row still sums to 1. Kernels and scores use every token.")
     for layer in range(n_layers):
         pat_hook = f"blocks.{layer}.attn.hook_pattern"
         pattern = cache[pat_hook]
@@ -446,14 +550,17 @@ def inspect_heads(
             frames.append(_kernel_rows(layer, score_hooks[layer], "kernel_score",
                                        attention_kernel(cache[score_hooks[layer]], mask), max_lag))
         for metric, per_seq in head_scores(pattern, mask).items():
-            mean, low, high, n = t_interval(per_seq)
+            mean, low, high, n = _attention_interval(per_seq)
             frames.append(_rows(hook=pat_hook, layer=layer, head=np.arange(n_heads), metric=metric,
                                 value=mean.numpy(), ci_low=low.numpy(), ci_high=high.numpy(),
                                 n_sequences=n.numpy()))
-        patterns[layer] = compact_pattern(pattern[:1], mask[:1] if mask is not None else None
-                                          )[0, :, :shown, :shown].detach().float().cpu()
+        first = compact_pattern(pattern[:1], mask[:1] if mask is not None else None
+                                )[0, :, :first_len, :first_len].detach().double().cpu()
+        patterns[layer] = pool_pattern(first, block).float()
 
     # Explain one score: every head's score parts on the first tokens of the pattern views.
+    # (its own clickable pattern of the first tokens, never pooled)
+    shown = min(first_len, max_pattern_tokens)
     parts, note = dashboard_score_parts(model, sample[:shown], shown, explain_values)
     notes.append(note)
 
@@ -466,7 +573,8 @@ def inspect_heads(
     for part in ("real", "imag"):
         frames.append(eig.rename(columns={part: "value"})[["hook", "layer", "head", "offset", "rank",
                                                            "value"]].assign(metric=f"eigenvalue_{part}"))
-    lo, hi = null_band(model.cfg.d_model, model.cfg.d_head, n_heads=min(n_null, 200), seed=seed)
+    n_band = min(n_null, NULL_BAND_HEADS)
+    lo, hi = null_band(model.cfg.d_model, model.cfg.d_head, n_heads=n_band, seed=seed)
     for layer in range(n_layers):
         W_Q, W_K = qk_weights(model, layer)
         scale = (W_Q.pow(2).mean((-1, -2)).sqrt() * W_K.pow(2).mean((-1, -2)).sqrt()).numpy()
@@ -484,8 +592,16 @@ def inspect_heads(
 
     clean_loss = None
     if ablate:
-        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)))
+        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)), progress)
         clean_loss = float(abl.clean_loss.iloc[0])
+        if clean_loss >= uniform_guess_loss(model):
+            notes.append(
+                f"The clean loss, {clean_loss:.2f} nats, is at or above log(d_vocab) = "
+                f"{uniform_guess_loss(model):.2f} nats, the loss of a uniform guess: the model "
+                "predicts this input no better than chance (uniform random tokens cannot be "
+                "predicted at all), so the loss changes below say how heads change its guesses "
+                "on noise, not how it uses position. Use --text or --input sampled for "
+                "loss ablations.")
         frames.append(abl.drop(columns="clean_loss"))
     table = pd.concat([f for f in frames if len(f)], ignore_index=True)
     for col in COLUMNS:
@@ -498,8 +614,10 @@ def inspect_heads(
     table["ablation"] = table["ablation"].astype("string")
     meta = dict(n_layers=n_layers, n_heads=n_heads, d_model=model.cfg.d_model, d_head=model.cfg.d_head,
                 n_ctx=model.cfg.n_ctx, pe=model.cfg.positional_embedding_type, batch=batch,
-                lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, seed=seed,
-                clean_loss=clean_loss, ablate=ablate, **_input_facts(model, tokens, mask))
+                lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, n_null_band=n_band,
+                seed=seed, clean_loss=clean_loss, uniform_guess_loss=uniform_guess_loss(model),
+                ablate=ablate, pattern_block=block,
+                pattern_tokens=first_len, **_input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
     meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile

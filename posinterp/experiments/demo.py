@@ -179,7 +179,7 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=No
         f"exact match (at most {config.max_steps} steps)")
     try:
         result = train(model_cfg, data, train_cfg, checkpoint_dir=out / "checkpoints",
-                       progress=progress, model=model)
+                       progress=progress, model=model, threads=None)  # run_demo set them
     except ValueError as err:
         if "different" not in str(err):
             raise

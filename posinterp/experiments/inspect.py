@@ -147,7 +147,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             (seeded by ``seed``; a BOS first when the tokenizer has one).
         n_tokens: random-token length, at most the model's ``n_ctx``.
         batch: number of random-token sequences (intervals are over sequences).
-        ablate: also measure loss changes when heads or spectral channels are removed.
+        ablate: also measure loss changes when heads or spectral channels are removed
+            (with ``progress``, a tqdm bar on stderr counts their forward passes).
+        progress: log lines on stdout and the ablations' bar on stderr.
         seed: seed of the random tokens and the random-head null.
         input_kind: without ``text``: ``"random"`` (uniform ids) or ``"sampled"``, the
             model's own seeded samples from its BOS (:func:`posinterp.analysis.sampled_tokens`;
@@ -206,7 +208,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     log(f"[posinterp] inspecting {model.cfg.n_layers} layers x {model.cfg.n_heads} heads on {source}"
         + (" with ablations" if ablate else ""))
     res = inspect_heads(model, tokens, mask, ablate=ablate, seed=seed, model_name=str(spec),
-                        max_pattern_tokens=max_pattern_tokens)
+                        max_pattern_tokens=max_pattern_tokens, progress=progress)
     res.notes[:0] = notes
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:

@@ -546,6 +546,18 @@ def _ratio_verdict(r, claimed: float) -> tuple[str, str]:
     return ("holds" if lo <= claimed <= hi else "fails"), ""
 
 
+UNTESTABLE = "not testable at this budget"
+
+
+def smallest_p(n: int, n_control: int) -> float:
+    """The smallest one-sided Mann-Whitney p that ``n`` runs against ``n_control`` can give:
+    every constrained run slower than every control run, without ties (exact test). With
+    2 seeds a side it is 1/6, so "q <= 0.05" can never hold, whatever the runs do."""
+    slow = np.arange(n, dtype=float) + n_control
+    return float(stats.mannwhitneyu(slow, np.arange(n_control, dtype=float), alternative="greater",
+                                    method="exact").pvalue)
+
+
 def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                  heads: pd.DataFrame | None = None) -> pd.DataFrame:
     """The published claims set against a summary from :func:`run_qk_constraints`.
@@ -560,7 +572,13 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
     :func:`heads_table`): each ban left its channel empty (max mass <= 1e-5), and a
     RoPE model whose M(0) is symmetric still routes by position (its strongest
     previous-token head has a(M(0)) < 1e-6 and a median previous-token score >= 0.5).
-    ``verdict`` is "holds", "fails" or "undetermined".
+    ``verdict`` is "holds", "fails", "undetermined" or :data:`UNTESTABLE` ("not testable
+    at this budget") where the grid's seeds or steps cannot decide it, so a "fails" would
+    say nothing about the claim: "slows" when even perfectly separated runs give a p
+    above 0.05 (:func:`smallest_p`; 2 seeds a side); "never prevents" when the cap is
+    below CLAIMED_SLOWDOWN times the control's median steps (a run merely slowed as much
+    as the symmetric constraint slows is censored too); "routes by position" when most
+    runs never reached the target (the score is of untrained models).
 
     Raises:
         KeyError: if ``summary`` lacks the columns :func:`run_qk_constraints` writes.
@@ -570,6 +588,8 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
         only in summary); censoring per docs/interventions.md, "The learning-speed experiment".
     """
     rows = []
+    # the controls' own rows (no ratio): their run counts and median steps
+    own = {(r.pe, r.constraint): r for r in summary[summary.ratio.isna()].itertuples()}
     summary = summary[summary.ratio.notna()]
     sym = summary[(summary.pe == "absolute") & (summary.constraint == "symmetric")]
     for _, r in sym.iterrows():
@@ -583,13 +603,18 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
     for _, r in banned.iterrows():
         # a control that never reached the target says nothing about what the ban costs
         blind = r.control_censored == r.n
-        slower = "holds" if r.q_bh <= 0.05 else "fails"
+        ctrl = own.get((r.pe, r.control))
+        n_ctrl = int(ctrl.n) if ctrl is not None else int(r.n)
+        slower = ("holds" if r.q_bh <= 0.05 else
+                  UNTESTABLE if smallest_p(int(r.n), n_ctrl) > 0.05 else "fails")
         rows.append(dict(claim=f"{r.pe}: {r.constraint} slows learning (q <= 0.05 vs none)",
                          measured=f"{r.ratio:.2f}x [{r.ci_low:.2f}, {r.ci_high:.2f}], "
                                   f"q = {r.q_bh:.3g}, control censored "
                                   f"{int(r.control_censored)}/{r.n}",
                          verdict="undetermined" if blind and r.censored == r.n else slower))
-        prevented = "holds" if r.censored == 0 else ("undetermined" if blind else "fails")
+        short = ctrl is not None and grid.max_steps < CLAIMED_SLOWDOWN * ctrl.median_steps
+        prevented = ("holds" if r.censored == 0 else "undetermined" if blind
+                     else UNTESTABLE if short else "fails")
         rows.append(dict(claim=f"{r.pe}: {r.constraint} never prevents learning",
                          measured=f"{r.n - r.censored}/{r.n} runs reached {grid.target} "
                                   f"within {grid.max_steps} steps (control "
@@ -616,7 +641,9 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                          f"{r.get('median_antisymmetric_energy_offset-1', np.nan):.2f}, "
                          f"previous-token score median {score:.2f}",
                 verdict=("undetermined" if r.get("censored", 0) == r.get("n", -1)  # never learned
-                         else "holds" if a0 < 1e-6 and score >= ROUTES_BY_POSITION else "fails")))
+                         else "holds" if a0 < 1e-6 and score >= ROUTES_BY_POSITION
+                         else UNTESTABLE if 2 * r.get("censored", 0) > r.get("n", 0)
+                         else "fails")))
     return pd.DataFrame(rows, columns=["claim", "measured", "verdict"])
 
 
@@ -800,6 +827,9 @@ def _report(grid, summary, heads, claims):
                   "model). Censored runs count at the cap, so a ratio is a bound when "
                   "either side is censored.", note=True)
     rep.table(claims)
+    if (claims.verdict == UNTESTABLE).any():
+        rep.paragraph(f"'{UNTESTABLE}': the grid's seeds or steps cannot decide the claim "
+                      "(see claims_table), so it is not scored as failing.", note=True)
     rep.table(summary)
     rep.paragraph("Strongest previous-token head of each final model (random tokens), and "
                   "the antisymmetric energy a(M) of its QK circuit at offsets 0 and -1.",
@@ -1181,6 +1211,12 @@ def render_markdown(out_dir) -> str:
              f"reached the target in a median of {untied.steps.median():.0f} steps ("
              + ", ".join(f"{pe} {v:.0f}" for pe, v in
                          untied.groupby("pe", sort=False).steps.median().items()) + ").\n")
+    if (claims.verdict == UNTESTABLE).any():
+        p.append(f"*{UNTESTABLE}*: the grid's seeds or steps cannot decide the claim, so it is "
+                 "not scored as failing: 'slows' when even perfectly separated runs give a "
+                 "Mann-Whitney p above 0.05 (with 2 seeds a side the smallest is 1/6); 'never "
+                 f"prevents' when the cap is below {CLAIMED_SLOWDOWN} times the control's "
+                 "median steps; 'routes by position' when most runs never reached the target.\n")
     p.append("## Caveats\n")
     p.append("- One task, one architecture (2 layers, attention only) and one init scale "
              f"({g['init_scale']} x the untied norm); issue 14 found that the init scale alone "

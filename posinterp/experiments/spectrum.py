@@ -258,9 +258,12 @@ def _report(specs, heads, spectra, table, tests, dyn_df, infos, measure) -> Repo
         info = infos[spec]
         rep.heading(f"{spec} ({info['pe']}, {'causal' if info['causal'] else 'bidirectional'})")
         top = heads[spec].sort_values("previous_token_score", ascending=False).head(5)
+        # a percentile from a finite null is good to about its SE (~1 point): not 3 decimals
+        pct = [f"{a:.1f} ± {b:.1f}" for a, b in zip(top.rotational_mass_null_percentile,
+                                                     top.rotational_mass_null_percentile_se,
+                                                     strict=True)]
         rep.table(top[["layer", "head", "previous_token_score", "rotational_mass", "phase",
-                       "antisymmetric_energy", "rotational_mass_null_percentile",
-                       "rotational_mass_null_percentile_se"]])
+                       "antisymmetric_energy"]].assign(**{"null percentile of R": pct}))
         first = spec_df[spec_df.offset.isna() | (spec_df.offset == 0)]
         rep.figure(eigenvalue_planes(first, heads[spec], title=spec), f"{spec} eigenvalues")
     if dyn_df is not None:

@@ -219,7 +219,7 @@ def _train_cell(config, out, task, seed, progress, n_layers=None, steps=None, de
     spec = _train_spec(config, task, seed, n_layers, steps)
     data = make_task_data(spec.task)
     res = train(spec.model, data, spec.train, checkpoint_dir=out / "checkpoints" / spec.tag,
-                progress=progress, device=device)
+                progress=progress, device=device, threads=None)  # the executor's count
     toks = data.test.tokens[: config.n_sequences]
     mask = data.test.attention_mask[: config.n_sequences]
     before = adjacency_by_layer(build_model(spec.model, device=device), toks, mask).assign(

@@ -62,18 +62,35 @@ def _release(fig) -> None:
         sys.modules["matplotlib.pyplot"].close(fig)
 
 
-def _position_ticks(ax, n: int, tokens: list[str] | None, max_labels: int = 24) -> None:
-    """Integer position ticks; token labels when there are few enough to read."""
+#: Smallest tick-label size (points) that prints legibly at a figure's natural size.
+TICK_FONT = 7
+
+
+def _position_ticks(ax, n: int, tokens: list[str] | None, fontsize: float = TICK_FONT) -> None:
+    """Position ticks that can be read: token labels when every one fits along the axis at
+    ``fontsize`` points, else every k-th token with its position ("12 x"), else integers.
+
+    The room is the axes' size in the figure as it stands (call after the figure's size
+    and panel grid are set); a label needs about 1.3 times its font size.
+    """
     from matplotlib.ticker import MaxNLocator
 
-    if tokens is not None and len(tokens) == n and n <= max_labels:
-        ax.set_xticks(range(n))
-        ax.set_xticklabels(tokens, rotation=90, fontsize=5)
-        ax.set_yticks(range(n))
-        ax.set_yticklabels(tokens, fontsize=5)
+    box = ax.get_position()
+    width, height = ax.figure.get_size_inches()
+    room = 72 * min(box.width * width, box.height * height)  # points along the shorter axis
+    fit = max(2, int(room / (1.3 * fontsize)))
+    if tokens is not None and len(tokens) == n:
+        step = max(1, math.ceil(n / fit))
+        at = list(range(0, n, step))
+        labels = [tokens[i] if step == 1 else f"{i} {tokens[i]}" for i in at]
+        ax.set_xticks(at)
+        ax.set_xticklabels(labels, rotation=90, fontsize=fontsize)
+        ax.set_yticks(at)
+        ax.set_yticklabels(labels, fontsize=fontsize)
         return
     for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+        axis.set_major_locator(MaxNLocator(nbins=min(6, fit), integer=True))
+    ax.tick_params(labelsize=fontsize)
 
 
 def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int = 5,
@@ -83,8 +100,9 @@ def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int =
     Args:
         sims: ``{panel label: [pos, pos]}``; NaN entries (padding) are left blank.
         title: figure title.
-        tokens: the ``pos`` token labels; shown on the axes for up to 24 tokens, else
-            integer positions.
+        tokens: the ``pos`` token labels, at 7 points or more: every token when all fit
+            along an axis, else every k-th with its position; without them, integer
+            positions.
 
     Raises:
         ValueError: if ``sims`` is empty or a matrix is not square.
@@ -94,7 +112,7 @@ def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int =
     n = len(sims)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig, axes = _subplots(nrows, ncols, figsize=(2.8 * ncols, 2.9 * nrows), squeeze=False,
+    fig, axes = _subplots(nrows, ncols, figsize=(3.2 * ncols, 3.3 * nrows), squeeze=False,
                              layout="constrained")
     for ax in axes.flat[n:]:
         ax.axis("off")
@@ -103,14 +121,13 @@ def similarity_grid(sims: dict[str, torch.Tensor], title: str = "", ncols: int =
         if mat.ndim != 2 or mat.shape[0] != mat.shape[1]:
             raise ValueError(f"matrix {label!r} must be [pos, pos], got {tuple(mat.shape)}")
         im = ax.imshow(mat.float().cpu().numpy(), vmin=-1, vmax=1, cmap="RdBu_r")
-        ax.set_title(label, fontsize=8)
-        ax.tick_params(labelsize=6)
+        ax.set_title(label, fontsize=9)
         _position_ticks(ax, mat.shape[0], tokens)
         # Axis names once per row/column: repeated on every panel they overlap.
         if idx // ncols == nrows - 1 or idx + ncols >= n:
-            ax.set_xlabel("position j", fontsize=7)
+            ax.set_xlabel("position j", fontsize=8)
         if idx % ncols == 0:
-            ax.set_ylabel("position k", fontsize=7)
+            ax.set_ylabel("position k", fontsize=8)
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine similarity")
     if title:
         fig.suptitle(title)
@@ -223,7 +240,7 @@ def eigenvalue_planes(spectrum: pd.DataFrame, scores: pd.DataFrame | None = None
             ax.set_yticks([])
             ax.set_title(f"L{layer} H{head}", fontsize=7, pad=2)
             if s is not None:
-                ax.text(0.03, 0.97, f"{s:.2f}", transform=ax.transAxes, fontsize=6, va="top")
+                ax.text(0.03, 0.97, f"{s:.2f}", transform=ax.transAxes, fontsize=TICK_FONT, va="top")
     off = spectrum.offset.iloc[0]
     label = "offset NA (not rotary)" if pd.isna(off) else f"offset Δ = {int(off)}"
     if scores is not None:
@@ -252,7 +269,7 @@ def fingerprint_plot(table: pd.DataFrame):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("top-k previous-token heads")
     ax.set_ylabel(f"mean {table.metric.iloc[0]}")
-    ax.legend(fontsize=6, ncol=1, loc="best")
+    ax.legend(fontsize=TICK_FONT, ncol=1, loc="best")
     fig.tight_layout()
     return fig
 
@@ -269,7 +286,7 @@ def dynamics_plot(dynamics: pd.DataFrame, measure: str = "rotational_mass", titl
         ax.set_xscale("log")
         ax.set_xlabel("step (init at 0.5)")
         ax.set_ylabel(lab)
-    a2.legend(fontsize=5, ncol=2)
+    a2.legend(fontsize=TICK_FONT, ncol=2)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

@@ -35,7 +35,15 @@ function fmt(v) {
   if (v === null || v === undefined || Number.isNaN(v)) return '';
   if (Number.isInteger(v)) return String(v);
   const a = Math.abs(v);
-  return (a !== 0 && (a < 1e-3 || a >= 1e4)) ? v.toExponential(2) : v.toFixed(3);
+  if (a < 1e-12) return '0';  // float64 rounding of an exact zero, not a value
+  return (a < 1e-3 || a >= 1e4) ? v.toExponential(2) : v.toFixed(3);
+}
+// A score column's value as text: percentiles from a finite null are good to about a
+// point (their _se column), so they print as whole points.
+function fmtKey(k, v) {
+  if (v !== null && v !== undefined && /_null_percentile(_se)?(@|$)/.test(k))
+    return k.includes('_se') ? v.toFixed(1) : v.toFixed(0);
+  return fmt(v);
 }
 function val(id, k) { const r = (HEADS[id] || {})[k]; return r ? r.value : null; }
 function shade(t) {  // 0..1 -> light to dark blue, as the colour bar
@@ -52,10 +60,13 @@ function passes(id) {
 let SELECTED = null;
 function drawGrid() {
   const k = document.getElementById('colour-key').value;
-  const vals = Object.keys(HEADS).map(id => val(id, k)).filter(v => v !== null && !Number.isNaN(v));
-  const lo = Math.min(...vals), hi = Math.max(...vals);
-  document.getElementById('bar-lo').textContent = fmt(lo);
-  document.getElementById('bar-hi').textContent = fmt(hi);
+  const scale = RAW.colour_scales[k] || {lo: 0, hi: 0, absolute: false};
+  const lo = scale.lo, hi = scale.hi;
+  document.getElementById('bar-lo').textContent = fmtKey(k, lo);
+  document.getElementById('bar-hi').textContent = fmtKey(k, hi);
+  document.getElementById('bar-kind').textContent = scale.absolute
+    ? '(absolute scale: the score\'s whole range)'
+    : '(relative scale: lowest to highest head on this page)';
   const grid = document.getElementById('grid');
   grid.replaceChildren();
   const head = el('tr'); head.appendChild(el('th', {}, 'layer \\ head'));
@@ -65,8 +76,8 @@ function drawGrid() {
     const tr = el('tr'); tr.appendChild(el('th', {}, 'L' + l));
     for (let h = 0; h < META.n_heads; h++) {
       const id = l + '-' + h, v = val(id, k);
-      const t = (v === null || hi === lo) ? 0 : (v - lo) / (hi - lo);
-      const td = el('td', {title: 'L' + l + 'H' + h + '  ' + k + ' = ' + fmt(v)}, fmt(v));
+      const t = (v === null || hi === lo) ? 0 : Math.min(1, Math.max(0, (v - lo) / (hi - lo)));
+      const td = el('td', {title: 'L' + l + 'H' + h + '  ' + k + ' = ' + fmtKey(k, v)}, fmtKey(k, v));
       td.style.background = shade(t);
       td.style.color = t > 0.55 ? '#fff' : '#111';
       if (!passes(id)) td.classList.add('off');
@@ -100,8 +111,8 @@ function drawList() {
     const row = el('tr');
     const [l, h] = id.split('-');
     row.appendChild(el('td', {}, l)); row.appendChild(el('td', {}, h));
-    for (const k of shown) row.appendChild(el('td', {}, fmt(val(id, k))));
-    row.onclick = () => openCard(id);
+    for (const k of shown) row.appendChild(el('td', {}, fmtKey(k, val(id, k))));
+    row.onclick = () => { openCard(id); document.getElementById('card').scrollIntoView({block: 'nearest'}); };
     table.appendChild(row);
   }
   document.getElementById('count').textContent = ids.length + ' of ' + Object.keys(HEADS).length + ' heads shown';
@@ -168,7 +179,7 @@ function eigenPlot(l, h, offset) {
   const k = offset === null ? '' : '@Δ=' + offset;
   const rm = val(id, 'rotational_mass' + k), pct = val(id, 'rotational_mass_null_percentile' + k);
   s.appendChild(svg('text', {x: 2, y: S + 12}, (offset === null ? '' : 'Δ = ' + offset + ': ') +
-                             'rot. mass ' + fmt(rm) + ' (null pct ' + fmt(pct) + ')'));
+                             'rot. mass ' + fmt(rm) + ' (null pct ' + fmtKey('_null_percentile', pct) + ')'));
   s.appendChild(svg('text', {x: S - 2, y: 10, 'text-anchor': 'end'}, '|λ| max ' + fmt(rmax / 1.1)));
   return s;
 }
@@ -232,7 +243,7 @@ function openCard(id) {
   const offs = META.rotary ? [0, -1] : [null];
   for (const o of offs) eig.appendChild(eigenPlot(l, h, o));
   card.appendChild(eig);
-  card.appendChild(el('p', {class: 'facts'}, 'Red: complex eigenvalues (rotational channel), blue: real. Grey band: 5%–95% of |λ| of random heads with this head\'s weight scale. Percentile: rotational mass among ' + META.n_null + ' random heads of the same shape.'));
+  card.appendChild(el('p', {class: 'facts'}, 'Red: complex eigenvalues (rotational channel), blue: real. Grey band: 5%–95% of |λ| of random heads with this head\'s weight scale. The band comes from ' + META.n_null_band + ' random heads; the percentile places the rotational mass among ' + META.n_null + ' random heads of the same shape.'));
   card.appendChild(el('h3', {}, 'QK energy by rotary frequency'));
   if (META.frequency_note) card.appendChild(el('p', {class: 'facts'}, META.frequency_note));
   else {
@@ -244,6 +255,9 @@ function openCard(id) {
   const abl = Object.keys(HEADS[id]).filter(k => k.startsWith('loss_change'));
   if (abl.length) {
     card.appendChild(el('h3', {}, 'Loss change when removed (clean loss ' + fmt(META.clean_loss) + ' nats)'));
+    if (META.clean_loss !== null && META.clean_loss >= META.uniform_guess_loss)
+      card.appendChild(el('p', {class: 'note'}, 'The clean loss is at or above log(d_vocab) = ' + fmt(META.uniform_guess_loss) +
+        ' nats, a uniform guess: the model cannot predict this input, so these changes are changes to its guesses on noise (see the note at the top).'));
     const at = el('table');
     at.appendChild(el('tr')).append(el('th', {}, 'removed'), el('th', {}, 'Δ loss (nats/token)'));
     for (const k of abl) { const tr = el('tr'); tr.append(el('td', {}, HEADS[id][k].ablation), el('td', {}, fmt(HEADS[id][k].value))); at.appendChild(tr); }
@@ -251,7 +265,8 @@ function openCard(id) {
     if (abl.some(k => k.includes('remove_band_')))
       card.appendChild(el('p', {class: 'facts'}, 'remove_band_pA-B: the head\'s query zeroed in rotary pairs A to B, its fastest and its slowest quarter of pairs (pair 0 turns fastest); those pairs then add exactly 0 to every score.'));
   }
-  card.appendChild(el('h3', {}, 'Attention pattern on sequence 0'));
+  card.appendChild(el('h3', {}, 'Attention pattern on sequence 0' + (META.pattern_block > 1
+    ? ' (all ' + META.pattern_tokens + ' tokens, pooled: 1 cell = ' + META.pattern_block + ' × ' + META.pattern_block + ' tokens)' : '')));
   const holder = el('div');
   card.appendChild(holder);
   const render = RENDERS[id];

@@ -22,7 +22,7 @@ from ..io import atomic_write_text
 from .circuits import script_json, script_safe_js, split_local_src
 from .explain import explain_block
 
-__all__ = ["inspect_data", "inspect_page", "save_inspect_page"]
+__all__ = ["colour_scale", "inspect_data", "inspect_page", "save_inspect_page"]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.2em 2em; color: #222; }
@@ -33,6 +33,8 @@ h1 { font-size: 1.4em; margin-bottom: 0.2em; }
 .controls label { font-size: 0.9em; }
 #layout { display: flex; gap: 1.5em; align-items: flex-start; }
 #left { flex: 0 1 auto; overflow-x: auto; max-width: 55%; }
+.scroll { overflow-x: auto; max-width: 100%; }
+#list th { white-space: normal; overflow-wrap: anywhere; min-width: 4em; max-width: 9em; }
 #card { flex: 1 1 0; min-width: 420px; border: 1px solid #ccc; border-radius: 6px; padding: 0.6em 1em; }
 table { border-collapse: collapse; font-size: 0.82em; }
 td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; white-space: nowrap; }
@@ -71,16 +73,58 @@ def _clean(v):
     return v
 
 
+# Scores with a fixed range: the grid colours them on it, so heads compare across pages
+# and a range of 0.059-0.060 is drawn as the near-equal values it is, not as full contrast.
+_UNIT_SCORES = ("previous_token_score", "self_score", "first_token_score", "rotational_mass",
+                "phase", "antisymmetric_energy")
+
+
+def colour_scale(key: str, values, d_head: int | None = None) -> dict:
+    """The grid's colour scale for one score column of the wide view.
+
+    Scores with a fixed range get it (an **absolute** scale: attention scores, rotational
+    mass, phase and antisymmetric energy on [0, 1], null percentiles on [0, 100], complex
+    pairs on [0, d_head / 2]); any other score (loss changes, band edges, standard
+    errors) spans the heads' own minimum to maximum, and says so (``absolute`` False).
+
+    Args:
+        key: a column name of :func:`~posinterp.analysis.inspect.head_wide`
+            (``metric[ablation]@Δ=offset``).
+        values: that column's values (NaN ignored).
+        d_head: the model's d_head, for ``n_complex_pairs``.
+
+    Returns:
+        ``{"lo", "hi", "absolute"}``; ``lo == hi`` (one colour) when nothing varies.
+    """
+    metric = key.split("@")[0].split("[")[0]
+    if metric.endswith("_null_percentile"):
+        return {"lo": 0.0, "hi": 100.0, "absolute": True}
+    if metric in _UNIT_SCORES:
+        return {"lo": 0.0, "hi": 1.0, "absolute": True}
+    if metric == "n_complex_pairs" and d_head:
+        return {"lo": 0.0, "hi": float(d_head // 2), "absolute": True}
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    lo, hi = (float(v.min()), float(v.max())) if v.size else (0.0, 0.0)
+    return {"lo": lo, "hi": hi, "absolute": False}
+
+
 def inspect_data(inspection) -> dict:
-    """The JSON object the page embeds: ``meta`` and the table as ``columns`` + ``rows``.
+    """The JSON object the page embeds: ``meta``, the table as ``columns`` + ``rows``, and
+    the grid's ``colour_scales`` (:func:`colour_scale`, by score column).
 
     Missing values (NA, NaN, ±inf) become ``null``; nothing is rounded.
     """
+    from ..analysis.inspect import head_wide
+
     t = inspection.table
     rows = [[_clean(v) for v in row] for row in t.itertuples(index=False, name=None)]
     meta = {**{k: _clean(v) if not isinstance(v, list) else v for k, v in inspection.meta.items()},
             "rotary": inspection.meta.get("pe") == "rotary"}
-    return {"meta": meta, "columns": list(t.columns), "rows": rows}
+    wide = head_wide(t)
+    scales = {k: colour_scale(k, wide[k], inspection.meta.get("d_head"))
+              for k in wide.columns if k not in ("layer", "head")}
+    return {"meta": meta, "columns": list(t.columns), "rows": rows, "colour_scales": scales}
 
 
 def _pattern_renders(inspection) -> tuple[str | None, dict[str, tuple[str, str]]]:
@@ -146,7 +190,8 @@ frequencies, and the grid can be coloured by its positional/symbolic score.</p>
 {notes}
 <div class="controls">
  <label>colour by <select id="colour-key"></select></label>
- <span><span id="bar-lo"></span> <span class="bar"></span> <span id="bar-hi"></span></span>
+ <span><span id="bar-lo"></span> <span class="bar"></span> <span id="bar-hi"></span>
+   <span id="bar-kind" class="facts"></span></span>
  <label>show heads with <select id="filter-key"></select> &ge;
    <input id="filter-min" type="number" step="any" style="width:6em" placeholder="any"></label>
  <label><input id="cols-all" type="checkbox"> all percentile columns</label>
@@ -154,7 +199,6 @@ frequencies, and the grid can be coloured by its positional/symbolic score.</p>
 </div>
 <div id="layout">
  <div id="left"><table id="grid"></table>
-  <h3>Heads (click a column to sort)</h3><table id="list"></table>
   <h3>Adjacency score per layer</h3>
   <p class="facts">Probability that a token is more cosine-similar to the nearer of two earlier
   tokens (0.5 = chance), at the embedding, the attention output, after attention
@@ -163,6 +207,8 @@ frequencies, and the grid can be coloured by its positional/symbolic score.</p>
  </div>
  <div id="card"></div>
 </div>
+<h3>Heads (click a column to sort)</h3>
+<div class="scroll"><table id="list"></table></div>
 <script type="application/json" id="inspect-data">{script_json(inspect_data(inspection))}</script>
 {explain_block(inspection)}{f"<script>{chr(10)}{script_safe_js(bundle)}{chr(10)}</script>" if bundle else ""}
 <script>

@@ -161,12 +161,14 @@ def test_per_layer_adjacency_covers_residual_points_and_attention_output():
         assert {f"blocks.{layer}.hook_attn_out", f"blocks.{layer}.hook_resid_post"} <= hooks
 
 
-def test_long_input_thins_the_pattern_view_with_a_note():
+def test_long_input_pools_the_pattern_view_with_a_note():
     model = tiny_model("nope", n_ctx=64)
     res = inspect_heads(model, random_tokens(model, 2, 40), max_pattern_tokens=16)
-    assert res.patterns[0].shape == (model.cfg.n_heads, 16, 16)
-    assert len(res.str_tokens) == 16
-    assert any("first 16 of 40" in n for n in res.notes)
+    # 40 tokens at most 16 cells a side: blocks of ceil(40 / 16) = 3 tokens, 14 cells
+    assert res.meta["pattern_block"] == 3 and res.meta["pattern_tokens"] == 40
+    assert res.patterns[0].shape == (model.cfg.n_heads, 14, 14)
+    assert len(res.str_tokens) == 14 and res.str_tokens[-1].startswith("39-39 ")
+    assert any("blocks of 3 tokens" in n and "all 40 tokens" in n for n in res.notes)
     # The kernel still uses every token.
     assert res.table[res.table.metric == "kernel_attention"].offset.min() == -39
 
