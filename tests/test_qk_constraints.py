@@ -293,6 +293,8 @@ def test_cli_takes_band_bans_and_names_the_allowed_constraints(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "'ban_complex'" in err and "ban_band_p0" in err
     assert not out.exists()
+
+
 def test_smallest_p_is_the_exact_closed_form():
     import math
 
