@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils import parametrize
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
            "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
@@ -188,6 +189,41 @@ def _hf_inv_freq(model) -> Tensor | None:
     return None
 
 
+def _hf_sincos_inv_freq(model) -> Tensor | None:
+    """Frequencies of an HF rotary table stored as ``sin | cos`` per position (GPT-J's
+    ``embed_positions``, ``[max_positions, rotary_dim]``, no ``inv_freq`` buffer), None
+    where there is no such table.
+
+    The frequencies come from HF's config (``hf_config.hf_rotary_inv_freq``: GPT-J's fixed
+    base 10000 over ``rotary_dim``), then are checked against the table the model really
+    reads, at every position it holds.
+
+    Raises:
+        MissingFeatureError: the table is not sin | cos of positions x those frequencies.
+    """
+    table = None
+    for name, buf in model.original_model.named_buffers():
+        if name.endswith("embed_positions") and buf.ndim == 2:
+            table = buf.detach().cpu().double()
+            break
+    if table is None:
+        return None
+    from .hf_config import hf_rotary_inv_freq
+
+    arch = str(getattr(model.cfg, "architecture", "") or "")
+    inv = hf_rotary_inv_freq(arch, model.original_model.config)  # float32, as HF's
+    # the angles rounded as HF rounds them (float32 product), so only sin/cos differ
+    ang = (torch.arange(table.shape[0]).float()[:, None] * inv).double()
+    want = torch.cat([ang.sin(), ang.cos()], -1)
+    inv = inv.double()
+    if want.shape != table.shape or not torch.allclose(table, want, atol=1e-5, rtol=0):
+        raise MissingFeatureError(
+            f"{arch}'s rotary table (embed_positions, {tuple(table.shape)}) is not sin | cos of "
+            f"the frequencies its config gives ({2 * inv.shape[0]} rotary dims, base 10000); "
+            "posinterp cannot tell which frequencies it rotates by")
+    return inv
+
+
 def rotary_spec(model, layer: int = 0) -> RotarySpec:
     """The RoPE ``layer`` applies (see :class:`RotarySpec`).
 
@@ -195,10 +231,12 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
     TL 4 native attention: adjacent pairs, its own frequencies (whatever the config's
     ``rotary_adjacent_pairs`` says); posinterp's attention: TL 3.9's base formula on split
     halves (toy models) or adjacent pairs (llama2.c); bridged HF models: HF's ``inv_freq``
-    buffer (GPT-J adjacent pairs).
+    buffer, or for GPT-J (adjacent pairs), which keeps only a sin | cos table, the
+    frequencies of its config checked against that table.
 
     Raises:
         ValueError: for a model whose positional scheme is not rotary.
+        MissingFeatureError: a bridged HF model whose rotary frequencies cannot be read.
     """
     if positional_type(model) != "rotary":
         raise ValueError(f"a rotary model is needed; this model's positional scheme is "
@@ -220,8 +258,11 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
         return RotarySpec(rot.rotary_dim, True, inv.detach().cpu().double() / position_scale)
     inv = _hf_inv_freq(model)
     if inv is None:
-        raise MissingFeatureError("this bridged model exposes no RoPE inv_freq buffer; posinterp "
-                                  "cannot tell which frequencies it rotates by")
+        inv = _hf_sincos_inv_freq(model)
+    if inv is None:
+        raise MissingFeatureError("this bridged model exposes no RoPE inv_freq buffer and no "
+                                  "sin | cos table (embed_positions); posinterp cannot tell which "
+                                  "frequencies it rotates by")
     arch = str(getattr(cfg, "architecture", "") or "")
     return RotarySpec(2 * inv.shape[0], arch.startswith("GPTJ"), inv)
 
@@ -949,9 +990,9 @@ class QKSlot:
     """One of a layer's ``W_Q``, ``b_Q``, ``W_K``, ``b_K`` as the parameter that stores it:
     ``getattr(module, name)``, which ``torch.nn.utils.parametrize`` can reparametrize.
 
-    TL 3.9 stores them per head (``[n, d_model, d_head]``, ``[n, d_head]``); TL 4 native
-    attention as ``nn.Linear`` weights (``[n * d_head, d_model]``, ``[n * d_head]``, row
-    h * d_head + e, the layout of TL's ``convert_tl_checkpoint``). :meth:`to_tl` and
+    TL 3.9 stores them per head (``[n, d_model, d_head]``, ``[n, d_head]``); TL 4 bridges
+    as ``nn.Linear`` weights (``[n * d_head, d_model]``, ``[n * d_head]``, row h * d_head
+    + e, the layout of TL's ``convert_tl_checkpoint``). :meth:`to_tl` and
     :meth:`from_tl` convert between the stored layout and TL 3.9's by reshapes only, so a
     function of the per-head tensors has the same values and gradients on either line;
     ``to_tl`` returns a view (in-place edits reach the parameter). ``n`` is ``n_heads`` for
@@ -984,12 +1025,18 @@ def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
     training-time reparametrization (:func:`posinterp.interventions.constraints.constrain_qk`).
 
     TL 3.9: the attention's own parameters (``_W_K``/``_b_K`` under grouped-query
-    attention). TL 4: the wrapped native attention's ``q``/``k`` ``nn.Linear`` (a bridge's
-    ``attn.W_Q`` is a reshaped copy; parametrizing it would change nothing).
+    attention). TL 4: the ``nn.Linear`` the bridge's ``attn.q`` / ``attn.k`` wrap, which
+    the forward pass multiplies by: native attention's ``q``/``k``, an HF module's
+    ``q_proj``/``k_proj``, or, where HF fuses q, k and v (GPT-2's ``c_attn``, GPT-NeoX's
+    and BLOOM's ``query_key_value``), the split projections TransformerLens 4 builds and
+    runs instead of the fused one. A bridge's ``attn.W_Q`` is a reshaped copy;
+    parametrizing it would change nothing. The per-head view of each weight is checked
+    against the bridge's own ``attn.W_Q`` / ``attn.W_K`` once, so a projection in another
+    layout is refused rather than reparametrized wrongly.
 
     Raises:
-        MissingFeatureError: a bridged HF model (its projections are HF modules, fused in
-            some architectures; posinterp parametrizes only native attention).
+        MissingFeatureError: a bridge whose ``attn.q`` / ``attn.k`` wrap no ``nn.Linear``
+            of shape ``[heads * d_head, d_model]`` in TL's per-head row order.
     """
     H, dh = model.cfg.n_heads, model.cfg.d_head
     if not is_bridge(model):
@@ -1002,20 +1049,39 @@ def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
                 if isinstance(getattr(attn, stored, None), torch.nn.Parameter) \
                 or hasattr(getattr(attn, "parametrizations", {}), stored) else None
         return out
-    if not _is_native(model, layer):
-        raise MissingFeatureError(
-            "training-time QK constraints need a TransformerLens native attention with its own "
-            "q/k nn.Linear (posinterp.build_model's toy models); this bridged HF model's "
-            "projections are HF modules that posinterp does not reparametrize")
-    comp = _native_attention(model, layer)
+    attn = _attn(model, layer)
     out = {}
-    for tl, wrapped, n in (("Q", comp.q, H), ("K", comp.k, n_kv_heads(model))):
-        lin = getattr(wrapped, "original_component", wrapped)  # the bridge's LinearBridge wraps it
-        out[f"W_{tl}"] = QKSlot(lin, "weight", n, dh, True)
+    for tl, n in (("Q", H), ("K", n_kv_heads(model))):
+        wrapped = getattr(attn, tl.lower(), None)
+        lin = getattr(wrapped, "original_component", wrapped)
+        if not isinstance(lin, torch.nn.Linear) or tuple(lin.weight.shape) != (n * dh, model.cfg.d_model):
+            raise MissingFeatureError(
+                f"training-time QK constraints reparametrize the nn.Linear that computes "
+                f"{tl.lower()} ([{n} * {dh}, {model.cfg.d_model}]); layer {layer}'s attn."
+                f"{tl.lower()} wraps {type(lin).__name__}, which posinterp does not reparametrize")
+        slot = QKSlot(lin, "weight", n, dh, True)
+        _check_slot_layout(model, layer, tl, slot)
+        out[f"W_{tl}"] = slot
         has_bias = getattr(lin, "bias", None) is not None or \
             hasattr(getattr(lin, "parametrizations", {}), "bias")
         out[f"b_{tl}"] = QKSlot(lin, "bias", n, dh, True) if has_bias else None
     return out
+
+
+def _check_slot_layout(model, layer: int, tl: str, slot: QKSlot) -> None:
+    """Refuse a projection whose per-head view is not the bridge's own ``attn.W_{tl}``
+    (TransformerLens's reading of the same weight): the reparametrization would then
+    constrain other numbers than the analyses read."""
+    if parametrize.is_parametrized(slot.module, slot.name):
+        return  # constrained already: checked when it was registered
+    with torch.no_grad():
+        mine = slot.to_tl(slot.module.weight).detach().cpu()
+        theirs = getattr(_attn(model, layer), f"W_{tl}").detach().cpu()
+    if mine.shape != theirs.shape or not torch.equal(mine, theirs.to(mine.dtype)):
+        raise MissingFeatureError(
+            f"layer {layer}'s {tl.lower()} projection is not stored in TransformerLens's per-head "
+            f"row order (its [{slot.n} * {slot.d_head}, d_model] weight read per head is not "
+            f"attn.W_{tl}); posinterp does not reparametrize it")
 
 
 # TL 3.9 buffers with no bridge counterpart: RoPE tables (the bridge recomputes them from the
