@@ -24,12 +24,6 @@ def no_network(monkeypatch):
 # On TransformerLens 4 the tests below exercise what posinterp does not yet support there;
 # each skips with the reason (docs/tl4.md, "Status"). Everything else runs on both versions.
 _TL3_ONLY = {
-    "tests/models/test_parity.py::test_parity_with_hf[gptj": "GPT-J's RoPE is not read on TL 4",
-    "tests/models/test_parity.py::test_parity_with_hf[gpt2-no-attn-scale": "TL 4.3's bridge "
-    "ignores scale_attn_weights; posinterp refuses the load (tests/test_tl4.py)",
-    "tests/models/test_parity.py::test_spectra_rotate_with_the_frequencies": "TL 4.3's bridged "
-    "GPT-NeoX never fires hook_rot_k, which the test reads (issue 21, item 5)",
-    "tests/models/test_parity.py::test_rotary_input_past_n_ctx_is_refused": "TL 3.9 RoPE tables",
     "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
     "processes weights with HookedTransformer.load_and_process_state_dict",
     "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "

@@ -120,9 +120,9 @@ def test_weight_processing_that_changes_outputs_is_reverted(tmp_path):
 
 
 @tl4_only
-def test_a_setting_the_bridge_ignores_is_caught_by_the_hf_check(tmp_path):
-    """TL 4.3's bridge ignores GPT-2's scale_attn_weights=False; the load compares the
-    model with HF's own and refuses instead of returning different numbers."""
+def test_a_setting_the_bridge_ignores_is_refused_by_name_and_by_the_hf_check(tmp_path, monkeypatch):
+    """TL 4.3's bridge ignores GPT-2's scale_attn_weights=False: the load refuses it by
+    name; and were it not listed, the load's comparison with HF's own model would refuse."""
     import transformers
 
     from posinterp.models import load_model
@@ -132,5 +132,9 @@ def test_a_setting_the_bridge_ignores_is_caught_by_the_hf_check(tmp_path):
     arch, make, _ = parity_cases()["gpt2-no-attn-scale-n-inner-40"]
     save_tiny_checkpoint(arch, make(), tmp_path / "g")
     assert transformers.AutoConfig.from_pretrained(tmp_path / "g").scale_attn_weights is False
+    with pytest.raises(UnsupportedConfigError, match="scale_attn_weights=False is not supported on "
+                                                     "TransformerLens 4.*JointQKVAttentionBridge"):
+        load_model(tmp_path / "g")
+    monkeypatch.setattr(backend, "_BRIDGE_ASSUMES", {})
     with pytest.raises(UnsupportedConfigError, match="differ from HF's"):
         load_model(tmp_path / "g")

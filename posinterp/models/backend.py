@@ -43,10 +43,11 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "Missi
            "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
            "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
-           "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit", "is_bridge",
-           "is_post_ln", "n_kv_heads", "pattern_edit", "positional_type", "qk_slots", "query_hooks",
-           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
-           "site_module", "unwrap", "z_hook"]
+           "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit",
+           "is_bridge", "is_post_ln", "mark_folded", "n_kv_heads", "norm_gain_folded",
+           "pattern_edit", "position_limit", "positional_type", "process_weights", "qk_slots",
+           "query_hooks", "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached",
+           "scores_hook", "site_module", "unhonoured_settings", "unwrap", "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -1167,3 +1168,102 @@ def _run_renamed(model, tokens, mask, names_filter, return_logits, renamed: dict
     out, cache = _run_plain(model, tokens, mask, bridge_filter, True)
     cache = {back.get(k, k): v for k, v in cache.items()}
     return (out, cache) if return_logits else cache
+
+
+# --- What TransformerLens itself runs, per line ---------------------------------------------
+
+# HF config settings that TransformerLens 4's bridge does not honour because it computes
+# that architecture's attention itself: (attribute, the value it assumes, what it does).
+_BRIDGE_ASSUMES = {
+    "GPT2LMHeadModel": (("scale_attn_weights", True,
+                         "its JointQKVAttentionBridge always divides q·k by sqrt(d_head)"),),
+}
+
+
+def unhonoured_settings(architecture: str) -> tuple[tuple[str, object, str], ...]:
+    """``(attribute, assumed value, why)`` for each HF config setting of ``architecture``
+    that this TransformerLens line ignores when it runs the model (TL 4.3's bridge
+    reimplements GPT-2's attention and drops ``scale_attn_weights``); empty on TL 3.9,
+    whose ignored settings posinterp overrides or refuses in :mod:`.hf_config`."""
+    return _BRIDGE_ASSUMES.get(architecture, ()) if TL_MAJOR >= 4 else ()
+
+
+def position_limit(model) -> int | None:
+    """The most positions one input may have for ``model`` to compute its source's
+    function (None: any length).
+
+    ALiBi needs no table (posinterp computes the bias per call on either line). A TL 4
+    bridge over an HF RoPE model whose rotary embedding computes cos/sin from the
+    position ids (an ``inv_freq`` buffer: Llama, Mistral, Qwen2, GPT-NeoX) has no limit,
+    as HF has none; GPT-J's table stops at its ``max_position_embeddings``. Everything
+    else stops at ``n_ctx``: a position table, TL 3.9's RoPE tables, TL 4 native models
+    (which refuse longer inputs).
+    """
+    model = unwrap(model)
+    if positional_type(model) == "alibi":
+        return None
+    if (is_bridge(model) and positional_type(model) == "rotary" and not _is_native(model)
+            and _hf_inv_freq(model) is not None):
+        return None
+    return int(model.cfg.n_ctx)
+
+
+def has_kv_cache(model) -> bool:
+    """True where ``model`` can run with a KV cache: TL 3.9 ``HookedTransformer``
+    (``past_kv_cache``) and TL 4 bridges over HF modules (HF's cache). TL 4's native model
+    (``model_bridge/sources/native``: posinterp's toy models and llama2.c files) has none;
+    posinterp's native bridges refuse a cache passed to them (TL's own would ignore it and
+    run the new tokens alone from position 0)."""
+    model = unwrap(model)
+    return not (is_bridge(model) and _is_native(model))
+
+
+_FOLDED = "posinterp_fold_ln"  # attribute on a TL 4 model whose norm gains posinterp folded
+
+
+def mark_folded(model) -> None:
+    """Record on a TL 4 bridge that its norm gains were folded into the weights. TL 4's
+    weight processing leaves the gain parameters in place at 1 and its config says
+    ``LN``/``RMS`` either way, so the model cannot tell; :func:`norm_gain_folded` reads this."""
+    object.__setattr__(model, _FOLDED, True)
+
+
+def norm_gain_folded(model) -> bool:
+    """True where the gains of the norms feeding attention were folded into W_Q/W_K/W_V
+    at load time (TL 3.9: ``LNPre``/``RMSPre``; TL 4: :func:`mark_folded`, or a native
+    model built with a param-free norm)."""
+    model = unwrap(model)
+    if str(model.cfg.normalization_type) in ("LNPre", "RMSPre"):
+        return True
+    return bool(model.__dict__.get(_FOLDED, False))
+
+
+def process_weights(model, *, fold_ln: bool = False, center_writing_weights: bool = False,
+                    center_unembed: bool = False, fold_value_biases: bool = False):
+    """A copy of ``model`` with TransformerLens's weight processing applied (the original
+    is left as it is): TL 3.9's ``HookedTransformer.load_and_process_state_dict``, or TL 4's
+    ``enable_compatibility_mode`` on a copy of the bridge. Each step preserves the
+    log-probabilities (up to a constant shift of the logits for ``center_unembed``).
+
+    Raises:
+        ValueError: a ``torch.compile`` wrapper (pass ``model._orig_mod``).
+    """
+    import copy
+
+    if compiled_kind(model) is not None:
+        raise ValueError("process_weights needs an uncompiled model")
+    flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                 center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+    if not is_bridge(model):
+        from transformer_lens import HookedTransformer
+
+        twin = HookedTransformer(copy.deepcopy(model.cfg), move_to_device=False)
+        twin.load_and_process_state_dict(model.state_dict(), **flags)
+        return twin.train(model.training)
+    twin = copy.deepcopy(model)
+    twin.__dict__.pop(_VERDICTS, None)  # probed hook meanings belong to the model probed
+    twin.enable_compatibility_mode(disable_warnings=True, no_processing=not any(flags.values()),
+                                   **flags)
+    if fold_ln and getattr(getattr(twin, "adapter", None), "supports_fold_ln", True):
+        mark_folded(twin)
+    return twin.train(model.training)

@@ -356,6 +356,20 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
     return bridge
 
 
+def _refuse_kv_cache(module, args, kwargs):
+    """TL 4's native model takes ``past_key_values``/``past_kv_cache`` and ignores them: the
+    call would run the new tokens alone, from position 0. Refuse instead."""
+    from .backend import MissingFeatureError
+
+    for name in ("past_key_values", "past_kv_cache"):
+        if kwargs.get(name) is not None:
+            raise MissingFeatureError(
+                f"TransformerLens 4's native model (model_bridge/sources/native) has no KV cache: "
+                f"it ignores {name} and would run the new tokens alone from position 0; run the "
+                "whole sequence (generate() does so for this model)")
+    return None
+
+
 def _bridge(native, cfg, tokenizer):
     """A bridge around ``native`` whose posinterp attention fires the bridge's hooks.
 
@@ -367,6 +381,7 @@ def _bridge(native, cfg, tokenizer):
     bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
                                       tokenizer=None, model_name=cfg.model_name)
     bridge.tokenizer = tokenizer
+    native.register_forward_pre_hook(_refuse_kv_cache, with_kwargs=True)
     for layer in range(cfg.n_layers):
         hooks = bridge.blocks[layer].attn
         # A plain attribute would register the bridge as a submodule of its own child.
