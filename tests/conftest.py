@@ -28,17 +28,12 @@ _TL3_ONLY = {
     "processes weights with HookedTransformer.load_and_process_state_dict",
     "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "
     "head weights through attn.W_Q, which a TL 4 bridge returns as a copy",
-    "tests/models/test_toy.py::test_alibi_with_a_kv_cache": "TL 4 native models have no KV cache",
-    "tests/models/test_toy.py::test_paper_preset_is_baby_gpt_size": "counts HookedTransformer "
-    "parameters (TL 4's native model has a position table for every scheme)",
     "tests/analysis/test_spectral.py::test_scores_predicted_from_m_offset": "builds a "
     "HookedTransformer directly",
     "tests/analysis/test_spectral.py::test_grouped_query_heads_share_k": "builds a "
     "HookedTransformer directly (tests/test_tl4.py checks GQA on TL 4)",
     "tests/interventions/test_qk.py::test_grouped_query_symmetrization": "builds a "
     "HookedTransformer directly",
-    "tests/interventions/test_qk.py::test_symmetrization_refuses_a_kv_cache": "TL 4 native "
-    "models have no KV cache",
 }
 
 

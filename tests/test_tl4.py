@@ -138,3 +138,26 @@ def test_a_setting_the_bridge_ignores_is_refused_by_name_and_by_the_hf_check(tmp
     monkeypatch.setattr(backend, "_BRIDGE_ASSUMES", {})
     with pytest.raises(UnsupportedConfigError, match="differ from HF's"):
         load_model(tmp_path / "g")
+
+
+@pytest.mark.parametrize("name", ["gpt2-absolute", "llama-gqa"])
+def test_cached_generation_gives_the_uncached_tokens_or_is_refused(tmp_path, name, no_network):
+    """Greedy generation with a KV cache (TransformerLens's default) must give the tokens
+    generation without one gives, or be refused by name: TL 4.3's bridges over
+    transformers 5.x never show the cached keys to the attention they rebuild, which
+    the load detects (backend.guard_kv_cache). The reference is HF's own generate."""
+    import posinterp as pi
+
+    arch = {"gpt2-absolute": "GPT2LMHeadModel", "llama-gqa": "LlamaForCausalLM"}[name]
+    hf = save_tiny_checkpoint(arch, tiny_hf_configs()[name], tmp_path / name)
+    model, _ = pi.load_model(tmp_path / name, fold_ln=False, center_writing_weights=False,
+                             center_unembed=False, fold_value_biases=False)
+    toks = torch.randint(4, model.cfg.d_vocab, (1, 6), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=6, verbose=False, do_sample=False)
+    want = hf.generate(toks, attention_mask=torch.ones_like(toks), max_new_tokens=6, do_sample=False)
+    assert torch.equal(model.generate(toks, use_past_kv_cache=False, **kw), want)
+    if backend.has_kv_cache(model):
+        assert torch.equal(model.generate(toks, use_past_kv_cache=True, **kw), want)
+    else:
+        with pytest.raises(backend.MissingFeatureError, match="KV cache"):
+            model.generate(toks, use_past_kv_cache=True, **kw)

@@ -43,7 +43,7 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "Missi
            "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
            "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
-           "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit",
+           "guard_kv_cache", "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit",
            "is_bridge", "is_post_ln", "mark_folded", "n_kv_heads", "norm_gain_folded",
            "pattern_edit", "position_limit", "positional_type", "process_weights", "qk_slots",
            "query_hooks", "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached",
@@ -1208,14 +1208,65 @@ def position_limit(model) -> int | None:
     return int(model.cfg.n_ctx)
 
 
+_KV = "posinterp_kv_cache"  # attribute on a TL 4 bridge: its KV cache verified to work
+
+
 def has_kv_cache(model) -> bool:
-    """True where ``model`` can run with a KV cache: TL 3.9 ``HookedTransformer``
-    (``past_kv_cache``) and TL 4 bridges over HF modules (HF's cache). TL 4's native model
-    (``model_bridge/sources/native``: posinterp's toy models and llama2.c files) has none;
-    posinterp's native bridges refuse a cache passed to them (TL's own would ignore it and
-    run the new tokens alone from position 0)."""
+    """True where ``model`` runs with a KV cache and gets the numbers it gets without one:
+    TL 3.9 ``HookedTransformer`` (``past_kv_cache``), and TL 4 bridges over HF modules
+    whose cache :func:`guard_kv_cache` verified at load time. TL 4's native model
+    (``model_bridge/sources/native``: posinterp's toy models and llama2.c files) has none:
+    posinterp's native bridges refuse a cache passed to them (TL's would ignore it and run
+    the new tokens alone from position 0), and ``generate`` runs the whole sequence."""
     model = unwrap(model)
-    return not (is_bridge(model) and _is_native(model))
+    if not is_bridge(model):
+        return True
+    return bool(model.__dict__.get(_KV, False))
+
+
+def _refuse_cache(why: str):
+    def hook(module, args, kwargs):
+        for name in ("past_key_values", "past_kv_cache", "cache"):
+            if kwargs.get(name) is not None:
+                raise MissingFeatureError(f"{why}; run without a KV cache "
+                                          "(generate(..., use_past_kv_cache=False))")
+        return None
+    return hook
+
+
+@torch.no_grad()
+def guard_kv_cache(model) -> bool:
+    """Check once, on a TL 4 bridge over HF modules, that a step with the KV cache gives
+    the logits of the full forward pass (an 8-token probe: 7 tokens cached, then 1); where
+    it does not, make the model refuse a cache by name from then on (a forward pre-hook on
+    the HF model), so ``generate`` with TL's default ``use_past_kv_cache=True`` stops with
+    the reason instead of returning other tokens. (TransformerLens 4.3 with transformers
+    5.x: the reconstructed attention of GPT-2, Llama and other bridges never sees the
+    cached keys, so each new token attends to itself alone.) Returns the verdict, which
+    :func:`has_kv_cache` reads. A no-op returning True on TL 3.9."""
+    if not is_bridge(model):
+        return True
+    if _is_native(model):
+        object.__setattr__(model, _KV, False)
+        return False
+    tokens = _probe_tokens(model)[:1]
+    with eval_mode(model):
+        full = model(tokens)
+        try:
+            _, cache = model(tokens[:, :-1], return_type="logits_and_cache")
+            step = model(tokens[:, -1:], past_key_values=cache)
+            works = bool(torch.allclose(step[:, -1].double(), full[:, -1].double(),
+                                        atol=1e-4, rtol=1e-4))
+        except Exception:  # noqa: BLE001 - a cache that cannot even run is no cache
+            works = False
+    object.__setattr__(model, _KV, works)
+    if not works:
+        model.original_model.register_forward_pre_hook(_refuse_cache(
+            f"TransformerLens {TL_VERSION}'s bridge over this {getattr(model.cfg, 'architecture', '')} "
+            "model does not use the keys a KV cache holds (checked at load: a cached step's "
+            "logits differ from the full forward pass), so cached generation would give other "
+            "tokens"), with_kwargs=True)
+    return works
 
 
 _FOLDED = "posinterp_fold_ln"  # attribute on a TL 4 model whose norm gains posinterp folded
