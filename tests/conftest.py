@@ -26,14 +26,6 @@ def no_network(monkeypatch):
 _TL3_ONLY = {
     "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
     "processes weights with HookedTransformer.load_and_process_state_dict",
-    "tests/interventions/test_qk.py::test_remove_all_removes_the_nilpotent_part_too": "writes "
-    "head weights through attn.W_Q, which a TL 4 bridge returns as a copy",
-    "tests/analysis/test_spectral.py::test_scores_predicted_from_m_offset": "builds a "
-    "HookedTransformer directly",
-    "tests/analysis/test_spectral.py::test_grouped_query_heads_share_k": "builds a "
-    "HookedTransformer directly (tests/test_tl4.py checks GQA on TL 4)",
-    "tests/interventions/test_qk.py::test_grouped_query_symmetrization": "builds a "
-    "HookedTransformer directly",
 }
 
 

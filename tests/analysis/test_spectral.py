@@ -17,7 +17,7 @@ from posinterp.analysis.spectral import (
 )
 from posinterp.models import ToyModelConfig, build_model, load_model
 from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
-from tests.helpers import gqa_model, random_tokens, tiny_model
+from tests.helpers import gqa_model, random_tokens, rotary_model, tiny_model
 
 
 def test_eigenvalues_equal_dense_numpy_on_random_heads():
@@ -84,17 +84,8 @@ def test_rotational_measures_on_known_spectra():
 
 
 def _rotary_model(adjacent: bool, rotary_dim: int):
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=32, n_heads=4, d_head=8, n_ctx=16, d_vocab=50, act_fn="gelu",
-        normalization_type="LN", positional_embedding_type="rotary", rotary_dim=rotary_dim,
-        rotary_adjacent_pairs=adjacent, seed=0, init_weights=True)
-    model = HookedTransformer(cfg)
-    for name, p in model.named_parameters():  # no biases: scores are pure x M x^T
-        if name.split(".")[-1].startswith("b_"):
-            torch.nn.init.zeros_(p)
-    return model
+    """No biases: scores are pure x M x^T."""
+    return rotary_model(biases=False, rotary_dim=rotary_dim, rotary_adjacent_pairs=adjacent)
 
 
 @pytest.mark.parametrize("adjacent, rotary_dim", [(False, 8), (True, 8), (False, 4)])
@@ -124,10 +115,15 @@ def test_rotary_offsets_reported_and_labelled():
 
 
 def test_grouped_query_heads_share_k():
+    from posinterp.models.backend import qk_slots
+
     model = gqa_model()
-    W_Q, W_K = qk_weights(model, 0)
+    W_Q, W_K = qk_weights(model, 0, weights="stored")
     assert torch.equal(W_K[0], W_K[1]) and torch.equal(W_K[2], W_K[3])
-    torch.testing.assert_close(W_K[1], model.blocks[0].attn._W_K[0].double())
+    k = qk_slots(model, 0)["W_K"]  # the stored [n_kv_heads, d_model, d_head] keys
+    assert k.n == 2
+    torch.testing.assert_close(W_K[1], k.to_tl(getattr(k.module, k.name))[0].double())
+    torch.testing.assert_close(W_K[2], k.to_tl(getattr(k.module, k.name))[1].double())
 
 
 def test_bad_selections_and_models():
