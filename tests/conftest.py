@@ -19,22 +19,3 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
-
-
-# On TransformerLens 4 the tests below exercise what posinterp does not yet support there;
-# each skips with the reason (docs/tl4.md, "Status"). Everything else runs on both versions.
-_TL3_ONLY = {
-    "tests/analysis/test_spectral.py::test_raw_and_processed_loads_give_the_same_spectra":
-    "processes weights with HookedTransformer.load_and_process_state_dict",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    from posinterp.models.backend import TL_MAJOR
-
-    if TL_MAJOR < 4:
-        return
-    for item in items:
-        for prefix, reason in _TL3_ONLY.items():
-            if item.nodeid.startswith(prefix):
-                item.add_marker(pytest.mark.skip(reason=f"TransformerLens 4: {reason}"))

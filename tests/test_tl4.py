@@ -161,3 +161,47 @@ def test_cached_generation_gives_the_uncached_tokens_or_is_refused(tmp_path, nam
     else:
         with pytest.raises(backend.MissingFeatureError, match="KV cache"):
             model.generate(toks, use_past_kv_cache=True, **kw)
+
+
+def test_gptj_rotates_by_its_config_s_frequencies(tmp_path, no_network):
+    """GPT-J keeps no inv_freq buffer (TL 4 bridges read RoPE from one elsewhere): its
+    frequencies are base 10000 over the config's rotary_dim, on adjacent pairs, on either
+    line, and hook_q/hook_k rotated with them explain the model's own pattern (the probe
+    behind backend.query_hooks). HF parity: tests/models/test_parity.py."""
+    import posinterp as pi
+
+    arch, make, _ = parity_cases()["gptj-rotary-dim-4"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "gptj")
+    model, info = pi.load_model(tmp_path / "gptj")
+    spec = backend.rotary_spec(model)
+    assert (spec.rotary_dim, spec.adjacent_pairs) == (4, True)
+    assert (info.rotary_dim, info.rotary_adjacent_pairs, info.rotary_base) == (4, True, 10000.0)
+    want = 1.0 / 10000.0 ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4)
+    torch.testing.assert_close(spec.inv_freq, want, rtol=1e-7, atol=0)
+    assert backend.query_hooks(model, 0) == ("blocks.0.attn.hook_q", "blocks.0.attn.hook_k")
+
+
+@tl4_only
+def test_a_gptj_table_that_is_not_its_config_s_is_refused(tmp_path, no_network):
+    import posinterp as pi
+
+    arch, make, _ = parity_cases()["gptj-rotary-dim-4"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "gptj")
+    model, _ = pi.load_model(tmp_path / "gptj")
+    table = dict(model.original_model.named_buffers())["transformer.rotary_emb.embed_positions"]
+    with torch.no_grad():
+        table[:, :2] = table[:, :2].roll(1, dims=0)  # sines of another position
+    with pytest.raises(backend.MissingFeatureError, match="embed_positions"):
+        backend.rotary_spec(model)
+
+
+def test_fold_ln_is_recorded_where_the_loader_did_it(tmp_path, no_network):
+    """TL 4's processing leaves folded LayerNorm gains in place at 1 and its config says LN
+    either way; the record must still say the loader folded them, as on TL 3.9."""
+    import posinterp as pi
+
+    save_tiny_checkpoint("GPT2LMHeadModel", tiny_hf_configs()["gpt2-absolute"], tmp_path / "g")
+    _, folded = pi.load_model(tmp_path / "g")
+    _, raw = pi.load_model(tmp_path / "g", fold_ln=False)
+    assert folded.processing["fold_ln"] and folded.qk_convention["norm_gain"] == "folded by the loader"
+    assert raw.qk_convention["norm_gain"] == "folded by posinterp.spectral"
