@@ -318,9 +318,10 @@ def attention_input_norm(model, layer: int) -> tuple[Tensor | None, bool, str]:
 
     Pre-norm blocks: ``blocks.{layer}.ln1`` (``LN``/``RMS``: gain still there;
     ``LNPre``/``RMSPre``, or a TL 4 load whose gains TL's processing folded and left at 1
-    (:func:`~posinterp.models.backend.norm_gain_folded`): gain folded by the loader). Post-norm encoders (BERT): the
-    previous block's ``ln2``, or ``embed.ln`` for layer 0. ``gain`` is None when it is
-    already folded or there is no norm; ``center`` is True for LayerNorm.
+    (:func:`~posinterp.models.backend.norm_gain_folded`): gain folded by the loader).
+    Post-norm encoders (BERT): the previous block's ``ln2``, or ``embed.ln`` for layer 0.
+    ``gain`` is None when it is already folded or there is no norm; ``center`` is True
+    for LayerNorm.
     """
     from ..models.backend import attention_input_norm_module, norm_gain_folded
 

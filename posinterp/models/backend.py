@@ -43,8 +43,8 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "Missi
            "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
            "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
-           "guard_kv_cache", "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit",
-           "is_bridge", "is_post_ln", "mark_folded", "n_kv_heads", "norm_gain_folded",
+           "guard_kv_cache", "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for",
+           "install_output_edit", "is_bridge", "is_post_ln", "mark_folded", "n_kv_heads", "norm_gain_folded",
            "pattern_edit", "position_limit", "positional_type", "process_weights", "qk_slots",
            "query_hooks", "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached",
            "scores_hook", "site_module", "unhonoured_settings", "unwrap", "z_hook"]
