@@ -140,15 +140,17 @@ def test_a_setting_the_bridge_ignores_is_refused_by_name_and_by_the_hf_check(tmp
         load_model(tmp_path / "g")
 
 
-@pytest.mark.parametrize("name", ["gpt2-absolute", "llama-gqa"])
+@pytest.mark.parametrize("name", ["gpt2-absolute", "llama-gqa", "neox-rotary-pct-0.25"])
 def test_cached_generation_gives_the_uncached_tokens_or_is_refused(tmp_path, name, no_network):
     """Greedy generation with a KV cache (TransformerLens's default) must give the tokens
     generation without one gives, or be refused by name: TL 4.3's bridges over
-    transformers 5.x never show the cached keys to the attention they rebuild, which
-    the load detects (backend.guard_kv_cache). The reference is HF's own generate."""
+    transformers 5.x never show the cached keys to the attention they rebuild (GPT-2,
+    Llama), which the load detects (backend.guard_kv_cache); bridges that run HF's own
+    attention module keep a working cache (GPT-NeoX). The reference is HF's own generate."""
     import posinterp as pi
 
-    arch = {"gpt2-absolute": "GPT2LMHeadModel", "llama-gqa": "LlamaForCausalLM"}[name]
+    arch = {"gpt2-absolute": "GPT2LMHeadModel", "llama-gqa": "LlamaForCausalLM",
+            "neox-rotary-pct-0.25": "GPTNeoXForCausalLM"}[name]
     hf = save_tiny_checkpoint(arch, tiny_hf_configs()[name], tmp_path / name)
     model, _ = pi.load_model(tmp_path / name, fold_ln=False, center_writing_weights=False,
                              center_unembed=False, fold_value_biases=False)

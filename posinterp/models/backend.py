@@ -1241,16 +1241,20 @@ def guard_kv_cache(model) -> bool:
     it does not, make the model refuse a cache by name from then on (a forward pre-hook on
     the HF model), so ``generate`` with TL's default ``use_past_kv_cache=True`` stops with
     the reason instead of returning other tokens. (TransformerLens 4.3 with transformers
-    5.x: the reconstructed attention of GPT-2, Llama and other bridges never sees the
-    cached keys, so each new token attends to itself alone.) Returns the verdict, which
+    5.x: the attention the GPT-2 and Llama bridges rebuild never sees the cached keys, so
+    each new token attends to itself alone; bridges that run HF's own attention module,
+    e.g. GPT-NeoX, OPT, BLOOM, keep a working cache.) Returns the verdict, which
     :func:`has_kv_cache` reads. A no-op returning True on TL 3.9."""
     if not is_bridge(model):
         return True
     if _is_native(model):
         object.__setattr__(model, _KV, False)
         return False
-    tokens = _probe_tokens(model)[:1]
-    with eval_mode(model):
+    from ..devices import model_device
+
+    tokens = _probe_tokens(model)[:1].to(model_device(model))
+    # float32: half precision rounds the two paths apart by more than the tolerance
+    with eval_mode(model), _in_float32(model):
         full = model(tokens)
         try:
             _, cache = model(tokens[:, :-1], return_type="logits_and_cache")
