@@ -241,7 +241,7 @@ def test_symmetrization_refuses_a_kv_cache(source, tmp_path, no_network):
         save_tiny_checkpoint("GPT2LMHeadModel", tiny_hf_configs()["gpt2-absolute"], tmp_path / "g")
         model, _ = load_model(tmp_path / "g")
     toks = random_tokens(model, 1, 5, seed=0)
-    kw = dict(max_new_tokens=3, verbose=False, do_sample=False)
+    kw = dict(max_new_tokens=3, verbose=False, do_sample=False, stop_at_eos=False)
     with intervene(model, QKIntervention("symmetric", 0)):
         plain = model.generate(toks, use_past_kv_cache=False, **kw)
         if backend.has_kv_cache(model):
