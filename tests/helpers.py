@@ -23,15 +23,55 @@ def random_tokens(model, batch: int, pos: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(4, model.cfg.d_vocab, (batch, pos), generator=gen)
 
 
+def tl_weights(config: dict, seed: int = 0, biases: bool = True, std: float = 0.3) -> dict:
+    """Seeded N(0, std) weights in TL 3.9 ``HookedTransformer`` names and shapes for
+    ``config`` (attention biases N(0, std), or absent without ``biases``; norm gains 1 +
+    N(0, std) and LayerNorm biases N(0, std), or 1 and 0 without ``biases``), for
+    ``posinterp.models.native.model_from_tl_weights``."""
+    gen = torch.Generator().manual_seed(seed)
+    D, H, dh, V = config["d_model"], config["n_heads"], config["d_head"], config["d_vocab"]
+    kv = config.get("n_key_value_heads") or H
+    M = config.get("d_mlp") or 4 * D
+    k = "_" if kv != H else ""
+
+    def r(*shape):
+        return std * torch.randn(shape, generator=gen)
+
+    sd = {"embed.W_E": r(V, D), "unembed.W_U": r(D, V), "unembed.b_U": r(V)}
+    norms = ["ln_final"] + [f"blocks.{layer}.{ln}" for layer in range(config["n_layers"])
+                            for ln in ("ln1", "ln2")]
+    for n in norms:
+        sd[f"{n}.w"] = 1 + r(D) if biases else torch.ones(D)
+        if config["normalization_type"] == "LN":
+            sd[f"{n}.b"] = r(D) if biases else torch.zeros(D)
+    for layer in range(config["n_layers"]):
+        p = f"blocks.{layer}."
+        sd.update({p + "attn.W_Q": r(H, D, dh), p + f"attn.{k}W_K": r(kv, D, dh),
+                   p + f"attn.{k}W_V": r(kv, D, dh), p + "attn.W_O": r(H, dh, D),
+                   p + "mlp.W_in": r(D, M), p + "mlp.b_in": r(M), p + "mlp.W_out": r(M, D),
+                   p + "mlp.b_out": r(D)})
+        if biases:
+            sd.update({p + "attn.b_Q": r(H, dh), p + f"attn.{k}b_K": r(kv, dh),
+                       p + f"attn.{k}b_V": r(kv, dh), p + "attn.b_O": r(D)})
+    return sd
+
+
+def rotary_model(seed: int = 0, biases: bool = True, **overrides):
+    """A 1-layer RoPE model of random weights (:func:`tl_weights`) on either TL line."""
+    from posinterp.models.native import model_from_tl_weights
+
+    config = dict(n_layers=1, d_model=32, n_heads=4, d_head=8, n_ctx=16, d_vocab=50, d_mlp=64,
+                  act_fn="gelu", normalization_type="LN", positional_embedding_type="rotary",
+                  rotary_dim=8, rotary_adjacent_pairs=False)
+    config.update(overrides)
+    return model_from_tl_weights(config, tl_weights(config, seed, biases=biases))
+
+
 def gqa_model():
     """A 1-layer rotary model with grouped-query attention: 4 query heads, 2 KV heads."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2,
-                                  d_head=4, n_ctx=8, d_vocab=10, act_fn="silu",
-                                  normalization_type="RMS", positional_embedding_type="rotary",
-                                  rotary_dim=4, seed=0)
-    return HookedTransformer(cfg)
+    return rotary_model(d_model=16, n_heads=4, n_key_value_heads=2, d_head=4, n_ctx=8,
+                        d_vocab=10, d_mlp=64, act_fn="silu", normalization_type="RMS",
+                        rotary_dim=4, biases=False)
 
 
 HF_VOCAB = 97

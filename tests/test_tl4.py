@@ -120,9 +120,9 @@ def test_weight_processing_that_changes_outputs_is_reverted(tmp_path):
 
 
 @tl4_only
-def test_a_setting_the_bridge_ignores_is_caught_by_the_hf_check(tmp_path):
-    """TL 4.3's bridge ignores GPT-2's scale_attn_weights=False; the load compares the
-    model with HF's own and refuses instead of returning different numbers."""
+def test_a_setting_the_bridge_ignores_is_refused_by_name_and_by_the_hf_check(tmp_path, monkeypatch):
+    """TL 4.3's bridge ignores GPT-2's scale_attn_weights=False: the load refuses it by
+    name; and were it not listed, the load's comparison with HF's own model would refuse."""
     import transformers
 
     from posinterp.models import load_model
@@ -132,5 +132,79 @@ def test_a_setting_the_bridge_ignores_is_caught_by_the_hf_check(tmp_path):
     arch, make, _ = parity_cases()["gpt2-no-attn-scale-n-inner-40"]
     save_tiny_checkpoint(arch, make(), tmp_path / "g")
     assert transformers.AutoConfig.from_pretrained(tmp_path / "g").scale_attn_weights is False
+    with pytest.raises(UnsupportedConfigError, match="scale_attn_weights=False is not supported on "
+                                                     "TransformerLens 4.*JointQKVAttentionBridge"):
+        load_model(tmp_path / "g")
+    monkeypatch.setattr(backend, "_BRIDGE_ASSUMES", {})
     with pytest.raises(UnsupportedConfigError, match="differ from HF's"):
         load_model(tmp_path / "g")
+
+
+@pytest.mark.parametrize("name", ["gpt2-absolute", "llama-gqa", "neox-rotary-pct-0.25"])
+def test_cached_generation_gives_the_uncached_tokens_or_is_refused(tmp_path, name, no_network):
+    """Greedy generation with a KV cache (TransformerLens's default) must give the tokens
+    generation without one gives, or be refused by name: TL 4.3's bridges over
+    transformers 5.x never show the cached keys to the attention they rebuild (GPT-2,
+    Llama), which the load detects (backend.guard_kv_cache); bridges that run HF's own
+    attention module keep a working cache (GPT-NeoX). The reference is HF's own generate."""
+    import posinterp as pi
+
+    arch = {"gpt2-absolute": "GPT2LMHeadModel", "llama-gqa": "LlamaForCausalLM",
+            "neox-rotary-pct-0.25": "GPTNeoXForCausalLM"}[name]
+    # unsharpened weights: greedy argmax far from ties, so rounding cannot flip a token
+    hf = save_tiny_checkpoint(arch, tiny_hf_configs()[name], tmp_path / name, sharpen=1.0)
+    model, _ = pi.load_model(tmp_path / name, fold_ln=False, center_writing_weights=False,
+                             center_unembed=False, fold_value_biases=False)
+    toks = torch.randint(4, model.cfg.d_vocab, (1, 6), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=6, verbose=False, do_sample=False, stop_at_eos=False)
+    want = hf.generate(toks, attention_mask=torch.ones_like(toks), max_new_tokens=6, do_sample=False)
+    assert torch.equal(model.generate(toks, use_past_kv_cache=False, **kw), want)
+    if backend.has_kv_cache(model):
+        assert torch.equal(model.generate(toks, use_past_kv_cache=True, **kw), want)
+    else:
+        with pytest.raises(backend.MissingFeatureError, match="KV cache"):
+            model.generate(toks, use_past_kv_cache=True, **kw)
+
+
+def test_gptj_rotates_by_its_config_s_frequencies(tmp_path, no_network):
+    """GPT-J keeps no inv_freq buffer (TL 4 bridges read RoPE from one elsewhere): its
+    frequencies are base 10000 over the config's rotary_dim, on adjacent pairs, on either
+    line, and hook_q/hook_k rotated with them explain the model's own pattern (the probe
+    behind backend.query_hooks). HF parity: tests/models/test_parity.py."""
+    import posinterp as pi
+
+    arch, make, _ = parity_cases()["gptj-rotary-dim-4"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "gptj")
+    model, info = pi.load_model(tmp_path / "gptj")
+    spec = backend.rotary_spec(model)
+    assert (spec.rotary_dim, spec.adjacent_pairs) == (4, True)
+    assert (info.rotary_dim, info.rotary_adjacent_pairs, info.rotary_base) == (4, True, 10000.0)
+    want = 1.0 / 10000.0 ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4)
+    torch.testing.assert_close(spec.inv_freq, want, rtol=1e-7, atol=0)
+    assert backend.query_hooks(model, 0) == ("blocks.0.attn.hook_q", "blocks.0.attn.hook_k")
+
+
+@tl4_only
+def test_a_gptj_table_that_is_not_its_config_s_is_refused(tmp_path, no_network):
+    import posinterp as pi
+
+    arch, make, _ = parity_cases()["gptj-rotary-dim-4"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "gptj")
+    model, _ = pi.load_model(tmp_path / "gptj")
+    table = dict(model.original_model.named_buffers())["transformer.rotary_emb.embed_positions"]
+    with torch.no_grad():
+        table[:, :2] = table[:, :2].roll(1, dims=0)  # sines of another position
+    with pytest.raises(backend.MissingFeatureError, match="embed_positions"):
+        backend.rotary_spec(model)
+
+
+def test_fold_ln_is_recorded_where_the_loader_did_it(tmp_path, no_network):
+    """TL 4's processing leaves folded LayerNorm gains in place at 1 and its config says LN
+    either way; the record must still say the loader folded them, as on TL 3.9."""
+    import posinterp as pi
+
+    save_tiny_checkpoint("GPT2LMHeadModel", tiny_hf_configs()["gpt2-absolute"], tmp_path / "g")
+    _, folded = pi.load_model(tmp_path / "g")
+    _, raw = pi.load_model(tmp_path / "g", fold_ln=False)
+    assert folded.processing["fold_ln"] and folded.qk_convention["norm_gain"] == "folded by the loader"
+    assert raw.qk_convention["norm_gain"] == "folded by posinterp.spectral"

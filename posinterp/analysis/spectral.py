@@ -317,17 +317,20 @@ def attention_input_norm(model, layer: int) -> tuple[Tensor | None, bool, str]:
     """``(gain, center, where)`` of the norm whose output feeds ``layer``'s attention.
 
     Pre-norm blocks: ``blocks.{layer}.ln1`` (``LN``/``RMS``: gain still there;
-    ``LNPre``/``RMSPre``: gain folded by the loader). Post-norm encoders (BERT): the
-    previous block's ``ln2``, or ``embed.ln`` for layer 0. ``gain`` is None when it is
-    already folded or there is no norm; ``center`` is True for LayerNorm.
+    ``LNPre``/``RMSPre``, or a TL 4 load whose gains TL's processing folded and left at 1
+    (:func:`~posinterp.models.backend.norm_gain_folded`): gain folded by the loader).
+    Post-norm encoders (BERT): the previous block's ``ln2``, or ``embed.ln`` for layer 0.
+    ``gain`` is None when it is already folded or there is no norm; ``center`` is True
+    for LayerNorm.
     """
-    from ..models.backend import attention_input_norm_module
+    from ..models.backend import attention_input_norm_module, norm_gain_folded
 
     norm_type = model.cfg.normalization_type
     center = norm_type in ("LN", "LNPre")
     # post-LN encoders: the input is an earlier norm's output (TL 3.9 and TL 4 name it apart)
     norm, where = attention_input_norm_module(model, layer)
-    gain = getattr(norm, "w", None) if norm_type in ("LN", "RMS") else None
+    gain = (getattr(norm, "w", None) if norm_type in ("LN", "RMS") and not norm_gain_folded(model)
+            else None)
     if norm_type is None:
         where = "none"
     # A CPU copy, like attention_weights: spectra are computed on CPU (docs/scale.md).

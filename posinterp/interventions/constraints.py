@@ -218,7 +218,9 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
 
     The parametrization is registered on the parameter that stores the weight
     (:func:`posinterp.models.backend.qk_slots`): TL 3.9's ``attn.W_Q``/``W_K``, or on TL 4
-    the native attention's ``q``/``k`` ``nn.Linear`` weight, reshaped to TL 3.9's per-head
+    the ``nn.Linear`` weight the bridge's ``attn.q``/``attn.k`` wrap (native attention's
+    ``q``/``k``; an HF module's ``q_proj``/``k_proj`` or the split projections TL 4 runs
+    in place of a fused ``c_attn``/``query_key_value``), reshaped to TL 3.9's per-head
     layout and back, so the same weights give the same forward pass and gradients on
     either line (tests/interventions/test_constraints.py).
 
@@ -228,8 +230,8 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
             tied kind (W_K shared by several query heads cannot be tied per head), or
             ``layers`` that are not distinct ints in ``[0, n_layers)`` (checked before
             any layer is changed).
-        MissingFeatureError: a bridged HF model (no native q/k projections to
-            reparametrize; :func:`~posinterp.models.backend.qk_slots`).
+        MissingFeatureError: a bridge whose q/k projections are not ``nn.Linear`` in
+            TransformerLens's per-head row order (:func:`~posinterp.models.backend.qk_slots`).
         ValueError: ``ban_band`` on a model that is not RoPE, without a non-empty
             ``band`` of pair indices in range, or ``band`` with another kind.
     """

@@ -38,15 +38,18 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils import parametrize
 
 __all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
            "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
            "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
-           "hook_meaning", "hooks_at_sites", "hub_repo_for", "install_output_edit", "is_bridge",
-           "is_post_ln", "n_kv_heads", "pattern_edit", "positional_type", "qk_slots", "query_hooks",
-           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
-           "site_module", "unwrap", "verify_pattern_hook", "z_hook"]
+           "guard_kv_cache", "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for",
+           "install_output_edit", "is_bridge", "is_post_ln", "mark_folded", "n_kv_heads", "norm_gain_folded",
+           "pattern_edit", "position_limit", "positional_type", "process_weights", "qk_slots",
+           "query_hooks", "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached",
+           "scores_hook", "site_module", "unhonoured_settings", "unwrap", "verify_pattern_hook",
+           "z_hook"]
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
@@ -189,6 +192,41 @@ def _hf_inv_freq(model) -> Tensor | None:
     return None
 
 
+def _hf_sincos_inv_freq(model) -> Tensor | None:
+    """Frequencies of an HF rotary table stored as ``sin | cos`` per position (GPT-J's
+    ``embed_positions``, ``[max_positions, rotary_dim]``, no ``inv_freq`` buffer), None
+    where there is no such table.
+
+    The frequencies come from HF's config (``hf_config.hf_rotary_inv_freq``: GPT-J's fixed
+    base 10000 over ``rotary_dim``), then are checked against the table the model really
+    reads, at every position it holds.
+
+    Raises:
+        MissingFeatureError: the table is not sin | cos of positions x those frequencies.
+    """
+    table = None
+    for name, buf in model.original_model.named_buffers():
+        if name.endswith("embed_positions") and buf.ndim == 2:
+            table = buf.detach().cpu().double()
+            break
+    if table is None:
+        return None
+    from .hf_config import hf_rotary_inv_freq
+
+    arch = str(getattr(model.cfg, "architecture", "") or "")
+    inv = hf_rotary_inv_freq(arch, model.original_model.config)  # float32, as HF's
+    # the angles rounded as HF rounds them (float32 product), so only sin/cos differ
+    ang = (torch.arange(table.shape[0]).float()[:, None] * inv).double()
+    want = torch.cat([ang.sin(), ang.cos()], -1)
+    inv = inv.double()
+    if want.shape != table.shape or not torch.allclose(table, want, atol=1e-5, rtol=0):
+        raise MissingFeatureError(
+            f"{arch}'s rotary table (embed_positions, {tuple(table.shape)}) is not sin | cos of "
+            f"the frequencies its config gives ({2 * inv.shape[0]} rotary dims, base 10000); "
+            "posinterp cannot tell which frequencies it rotates by")
+    return inv
+
+
 def rotary_spec(model, layer: int = 0) -> RotarySpec:
     """The RoPE ``layer`` applies (see :class:`RotarySpec`).
 
@@ -196,10 +234,12 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
     TL 4 native attention: adjacent pairs, its own frequencies (whatever the config's
     ``rotary_adjacent_pairs`` says); posinterp's attention: TL 3.9's base formula on split
     halves (toy models) or adjacent pairs (llama2.c); bridged HF models: HF's ``inv_freq``
-    buffer (GPT-J adjacent pairs).
+    buffer, or for GPT-J (adjacent pairs), which keeps only a sin | cos table, the
+    frequencies of its config checked against that table.
 
     Raises:
         ValueError: for a model whose positional scheme is not rotary.
+        MissingFeatureError: a bridged HF model whose rotary frequencies cannot be read.
     """
     if positional_type(model) != "rotary":
         raise ValueError(f"a rotary model is needed; this model's positional scheme is "
@@ -221,8 +261,11 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
         return RotarySpec(rot.rotary_dim, True, inv.detach().cpu().double() / position_scale)
     inv = _hf_inv_freq(model)
     if inv is None:
-        raise MissingFeatureError("this bridged model exposes no RoPE inv_freq buffer; posinterp "
-                                  "cannot tell which frequencies it rotates by")
+        inv = _hf_sincos_inv_freq(model)
+    if inv is None:
+        raise MissingFeatureError("this bridged model exposes no RoPE inv_freq buffer and no "
+                                  "sin | cos table (embed_positions); posinterp cannot tell which "
+                                  "frequencies it rotates by")
     arch = str(getattr(cfg, "architecture", "") or "")
     return RotarySpec(2 * inv.shape[0], arch.startswith("GPTJ"), inv)
 
@@ -985,9 +1028,9 @@ class QKSlot:
     """One of a layer's ``W_Q``, ``b_Q``, ``W_K``, ``b_K`` as the parameter that stores it:
     ``getattr(module, name)``, which ``torch.nn.utils.parametrize`` can reparametrize.
 
-    TL 3.9 stores them per head (``[n, d_model, d_head]``, ``[n, d_head]``); TL 4 native
-    attention as ``nn.Linear`` weights (``[n * d_head, d_model]``, ``[n * d_head]``, row
-    h * d_head + e, the layout of TL's ``convert_tl_checkpoint``). :meth:`to_tl` and
+    TL 3.9 stores them per head (``[n, d_model, d_head]``, ``[n, d_head]``); TL 4 bridges
+    as ``nn.Linear`` weights (``[n * d_head, d_model]``, ``[n * d_head]``, row h * d_head
+    + e, the layout of TL's ``convert_tl_checkpoint``). :meth:`to_tl` and
     :meth:`from_tl` convert between the stored layout and TL 3.9's by reshapes only, so a
     function of the per-head tensors has the same values and gradients on either line;
     ``to_tl`` returns a view (in-place edits reach the parameter). ``n`` is ``n_heads`` for
@@ -1020,12 +1063,18 @@ def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
     training-time reparametrization (:func:`posinterp.interventions.constraints.constrain_qk`).
 
     TL 3.9: the attention's own parameters (``_W_K``/``_b_K`` under grouped-query
-    attention). TL 4: the wrapped native attention's ``q``/``k`` ``nn.Linear`` (a bridge's
-    ``attn.W_Q`` is a reshaped copy; parametrizing it would change nothing).
+    attention). TL 4: the ``nn.Linear`` the bridge's ``attn.q`` / ``attn.k`` wrap, which
+    the forward pass multiplies by: native attention's ``q``/``k``, an HF module's
+    ``q_proj``/``k_proj``, or, where HF fuses q, k and v (GPT-2's ``c_attn``, GPT-NeoX's
+    and BLOOM's ``query_key_value``), the split projections TransformerLens 4 builds and
+    runs instead of the fused one. A bridge's ``attn.W_Q`` is a reshaped copy;
+    parametrizing it would change nothing. The per-head view of each weight is checked
+    against the bridge's own ``attn.W_Q`` / ``attn.W_K`` once, so a projection in another
+    layout is refused rather than reparametrized wrongly.
 
     Raises:
-        MissingFeatureError: a bridged HF model (its projections are HF modules, fused in
-            some architectures; posinterp parametrizes only native attention).
+        MissingFeatureError: a bridge whose ``attn.q`` / ``attn.k`` wrap no ``nn.Linear``
+            of shape ``[heads * d_head, d_model]`` in TL's per-head row order.
     """
     H, dh = model.cfg.n_heads, model.cfg.d_head
     if not is_bridge(model):
@@ -1038,20 +1087,39 @@ def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
                 if isinstance(getattr(attn, stored, None), torch.nn.Parameter) \
                 or hasattr(getattr(attn, "parametrizations", {}), stored) else None
         return out
-    if not _is_native(model, layer):
-        raise MissingFeatureError(
-            "training-time QK constraints need a TransformerLens native attention with its own "
-            "q/k nn.Linear (posinterp.build_model's toy models); this bridged HF model's "
-            "projections are HF modules that posinterp does not reparametrize")
-    comp = _native_attention(model, layer)
+    attn = _attn(model, layer)
     out = {}
-    for tl, wrapped, n in (("Q", comp.q, H), ("K", comp.k, n_kv_heads(model))):
-        lin = getattr(wrapped, "original_component", wrapped)  # the bridge's LinearBridge wraps it
-        out[f"W_{tl}"] = QKSlot(lin, "weight", n, dh, True)
+    for tl, n in (("Q", H), ("K", n_kv_heads(model))):
+        wrapped = getattr(attn, tl.lower(), None)
+        lin = getattr(wrapped, "original_component", wrapped)
+        if not isinstance(lin, torch.nn.Linear) or tuple(lin.weight.shape) != (n * dh, model.cfg.d_model):
+            raise MissingFeatureError(
+                f"training-time QK constraints reparametrize the nn.Linear that computes "
+                f"{tl.lower()} ([{n} * {dh}, {model.cfg.d_model}]); layer {layer}'s attn."
+                f"{tl.lower()} wraps {type(lin).__name__}, which posinterp does not reparametrize")
+        slot = QKSlot(lin, "weight", n, dh, True)
+        _check_slot_layout(model, layer, tl, slot)
+        out[f"W_{tl}"] = slot
         has_bias = getattr(lin, "bias", None) is not None or \
             hasattr(getattr(lin, "parametrizations", {}), "bias")
         out[f"b_{tl}"] = QKSlot(lin, "bias", n, dh, True) if has_bias else None
     return out
+
+
+def _check_slot_layout(model, layer: int, tl: str, slot: QKSlot) -> None:
+    """Refuse a projection whose per-head view is not the bridge's own ``attn.W_{tl}``
+    (TransformerLens's reading of the same weight): the reparametrization would then
+    constrain other numbers than the analyses read."""
+    if parametrize.is_parametrized(slot.module, slot.name):
+        return  # constrained already: checked when it was registered
+    with torch.no_grad():
+        mine = slot.to_tl(slot.module.weight).detach().cpu()
+        theirs = getattr(_attn(model, layer), f"W_{tl}").detach().cpu()
+    if mine.shape != theirs.shape or not torch.equal(mine, theirs.to(mine.dtype)):
+        raise MissingFeatureError(
+            f"layer {layer}'s {tl.lower()} projection is not stored in TransformerLens's per-head "
+            f"row order (its [{slot.n} * {slot.d_head}, d_model] weight read per head is not "
+            f"attn.W_{tl}); posinterp does not reparametrize it")
 
 
 # TL 3.9 buffers with no bridge counterpart: RoPE tables (the bridge recomputes them from the
@@ -1137,3 +1205,157 @@ def _run_renamed(model, tokens, mask, names_filter, return_logits, renamed: dict
     out, cache = _run_plain(model, tokens, mask, bridge_filter, True)
     cache = {back.get(k, k): v for k, v in cache.items()}
     return (out, cache) if return_logits else cache
+
+
+# --- What TransformerLens itself runs, per line ---------------------------------------------
+
+# HF config settings that TransformerLens 4's bridge does not honour because it computes
+# that architecture's attention itself: (attribute, the value it assumes, what it does).
+_BRIDGE_ASSUMES = {
+    "GPT2LMHeadModel": (("scale_attn_weights", True,
+                         "its JointQKVAttentionBridge always divides q·k by sqrt(d_head)"),),
+}
+
+
+def unhonoured_settings(architecture: str) -> tuple[tuple[str, object, str], ...]:
+    """``(attribute, assumed value, why)`` for each HF config setting of ``architecture``
+    that this TransformerLens line ignores when it runs the model (TL 4.3's bridge
+    reimplements GPT-2's attention and drops ``scale_attn_weights``); empty on TL 3.9,
+    whose ignored settings posinterp overrides or refuses in :mod:`.hf_config`."""
+    return _BRIDGE_ASSUMES.get(architecture, ()) if TL_MAJOR >= 4 else ()
+
+
+def position_limit(model) -> int | None:
+    """The most positions one input may have for ``model`` to compute its source's
+    function (None: any length).
+
+    ALiBi needs no table (posinterp computes the bias per call on either line). A TL 4
+    bridge over an HF RoPE model whose rotary embedding computes cos/sin from the
+    position ids (an ``inv_freq`` buffer: Llama, Mistral, Qwen2, GPT-NeoX) has no limit,
+    as HF has none; GPT-J's table stops at its ``max_position_embeddings``. Everything
+    else stops at ``n_ctx``: a position table, TL 3.9's RoPE tables, TL 4 native models
+    (which refuse longer inputs).
+    """
+    model = unwrap(model)
+    if positional_type(model) == "alibi":
+        return None
+    if (is_bridge(model) and positional_type(model) == "rotary" and not _is_native(model)
+            and _hf_inv_freq(model) is not None):
+        return None
+    return int(model.cfg.n_ctx)
+
+
+_KV = "posinterp_kv_cache"  # attribute on a TL 4 bridge: its KV cache verified to work
+
+
+def has_kv_cache(model) -> bool:
+    """True where ``model`` runs with a KV cache and gets the numbers it gets without one:
+    TL 3.9 ``HookedTransformer`` (``past_kv_cache``), and TL 4 bridges over HF modules
+    whose cache :func:`guard_kv_cache` verified at load time. TL 4's native model
+    (``model_bridge/sources/native``: posinterp's toy models and llama2.c files) has none:
+    posinterp's native bridges refuse a cache passed to them (TL's would ignore it and run
+    the new tokens alone from position 0), and ``generate`` runs the whole sequence."""
+    model = unwrap(model)
+    if not is_bridge(model):
+        return True
+    return bool(model.__dict__.get(_KV, False))
+
+
+def _refuse_cache(why: str):
+    def hook(module, args, kwargs):
+        for name in ("past_key_values", "past_kv_cache", "cache"):
+            if kwargs.get(name) is not None:
+                raise MissingFeatureError(f"{why}; run without a KV cache "
+                                          "(generate(..., use_past_kv_cache=False))")
+        return None
+    return hook
+
+
+@torch.no_grad()
+def guard_kv_cache(model) -> bool:
+    """Check once, on a TL 4 bridge over HF modules, that a step with the KV cache gives
+    the logits of the full forward pass (an 8-token probe: 7 tokens cached, then 1); where
+    it does not, make the model refuse a cache by name from then on (a forward pre-hook on
+    the HF model), so ``generate`` with TL's default ``use_past_kv_cache=True`` stops with
+    the reason instead of returning other tokens. (TransformerLens 4.3 with transformers
+    5.x: the attention the GPT-2 and Llama bridges rebuild never sees the cached keys, so
+    each new token attends to itself alone; bridges that run HF's own attention module,
+    e.g. GPT-NeoX, OPT, BLOOM, keep a working cache.) Returns the verdict, which
+    :func:`has_kv_cache` reads. A no-op returning True on TL 3.9."""
+    if not is_bridge(model):
+        return True
+    if _is_native(model):
+        object.__setattr__(model, _KV, False)
+        return False
+    from ..devices import model_device
+
+    tokens = _probe_tokens(model)[:1].to(model_device(model))
+    # float32: half precision rounds the two paths apart by more than the tolerance
+    with eval_mode(model), _in_float32(model):
+        full = model(tokens)
+        try:
+            _, cache = model(tokens[:, :-1], return_type="logits_and_cache")
+            step = model(tokens[:, -1:], past_key_values=cache)
+            works = bool(torch.allclose(step[:, -1].double(), full[:, -1].double(),
+                                        atol=1e-4, rtol=1e-4))
+        except Exception:  # noqa: BLE001 - a cache that cannot even run is no cache
+            works = False
+    object.__setattr__(model, _KV, works)
+    if not works:
+        model.original_model.register_forward_pre_hook(_refuse_cache(
+            f"TransformerLens {TL_VERSION}'s bridge over this {getattr(model.cfg, 'architecture', '')} "
+            "model does not use the keys a KV cache holds (checked at load: a cached step's "
+            "logits differ from the full forward pass), so cached generation would give other "
+            "tokens"), with_kwargs=True)
+    return works
+
+
+_FOLDED = "posinterp_fold_ln"  # attribute on a TL 4 model whose norm gains posinterp folded
+
+
+def mark_folded(model) -> None:
+    """Record on a TL 4 bridge that its norm gains were folded into the weights. TL 4's
+    weight processing leaves the gain parameters in place at 1 and its config says
+    ``LN``/``RMS`` either way, so the model cannot tell; :func:`norm_gain_folded` reads this."""
+    object.__setattr__(model, _FOLDED, True)
+
+
+def norm_gain_folded(model) -> bool:
+    """True where the gains of the norms feeding attention were folded into W_Q/W_K/W_V
+    at load time (TL 3.9: ``LNPre``/``RMSPre``; TL 4: :func:`mark_folded`, or a native
+    model built with a param-free norm)."""
+    model = unwrap(model)
+    if str(model.cfg.normalization_type) in ("LNPre", "RMSPre"):
+        return True
+    return bool(model.__dict__.get(_FOLDED, False))
+
+
+def process_weights(model, *, fold_ln: bool = False, center_writing_weights: bool = False,
+                    center_unembed: bool = False, fold_value_biases: bool = False):
+    """A copy of ``model`` with TransformerLens's weight processing applied (the original
+    is left as it is): TL 3.9's ``HookedTransformer.load_and_process_state_dict``, or TL 4's
+    ``enable_compatibility_mode`` on a copy of the bridge. Each step preserves the
+    log-probabilities (up to a constant shift of the logits for ``center_unembed``).
+
+    Raises:
+        ValueError: a ``torch.compile`` wrapper (pass ``model._orig_mod``).
+    """
+    import copy
+
+    if compiled_kind(model) is not None:
+        raise ValueError("process_weights needs an uncompiled model")
+    flags = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                 center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+    if not is_bridge(model):
+        from transformer_lens import HookedTransformer
+
+        twin = HookedTransformer(copy.deepcopy(model.cfg), move_to_device=False)
+        twin.load_and_process_state_dict(model.state_dict(), **flags)
+        return twin.train(model.training)
+    twin = copy.deepcopy(model)
+    twin.__dict__.pop(_VERDICTS, None)  # probed hook meanings belong to the model probed
+    twin.enable_compatibility_mode(disable_warnings=True, no_processing=not any(flags.values()),
+                                   **flags)
+    if fold_ln and getattr(getattr(twin, "adapter", None), "supports_fold_ln", True):
+        mark_folded(twin)
+    return twin.train(model.training)

@@ -65,14 +65,24 @@ def check_supported(architecture: str, hf_config) -> None:
     """Refuse, by name, a config setting that TransformerLens would silently drop.
 
     Raises:
-        UnsupportedConfigError: the setting, its value and what TL assumes.
+        UnsupportedConfigError: the setting, its value and what TL assumes (on TL 4 also
+            the settings its bridge ignores, :func:`.backend.unhonoured_settings`).
     """
+    from .backend import TL_VERSION, unhonoured_settings
+
     for name, assumed in _ASSUMED.get(architecture, ()):
         value = getattr(hf_config, name, assumed)
         if value != assumed:
             raise UnsupportedConfigError(
                 f"{architecture} with {name}={value!r} is not supported: TransformerLens's "
                 f"conversion assumes {name}={assumed!r}, so the numbers would be wrong")
+    for name, assumed, why in unhonoured_settings(architecture):
+        value = getattr(hf_config, name, assumed)
+        if value != assumed:
+            raise UnsupportedConfigError(
+                f"{architecture} with {name}={value!r} is not supported on TransformerLens "
+                f"{TL_VERSION}: {why} (it assumes {name}={assumed!r}), so the numbers would be "
+                "wrong; TransformerLens 3.9 runs it")
     if architecture == "OPTForCausalLM" and hf_config.word_embed_proj_dim != hf_config.hidden_size:
         raise UnsupportedConfigError(
             f"OPTForCausalLM with word_embed_proj_dim={hf_config.word_embed_proj_dim} != "

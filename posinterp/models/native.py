@@ -27,7 +27,8 @@ from torch import nn
 
 from .positions import alibi_bias, alibi_slopes
 
-__all__ = ["PosinterpAttention", "build_native_from_tl", "build_native_toy", "load_tl_state_dict"]
+__all__ = ["PosinterpAttention", "build_native_from_tl", "build_native_toy", "load_tl_state_dict",
+           "model_from_tl_weights"]
 
 
 def _tl39_rotary_tables(rotary_dim: int, n_ctx: int, base: float, adjacent_pairs: bool = False
@@ -327,8 +328,8 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
     Args:
         cfg: a ``TransformerBridgeConfig`` with ``positional_embedding_type="rotary"``.
         tl_state_dict: ``HookedTransformer`` names and shapes (``blocks.{l}.attn.W_Q``
-            ``[n_heads, d_model, d_head]``, ``_W_K`` ``[n_kv_heads, d_model, d_head]``, ...),
-            no attention or unembedding biases.
+            ``[n_heads, d_model, d_head]``, ``_W_K`` ``[n_kv_heads, d_model, d_head]``, ...);
+            attention biases (``b_Q``, ...) all or none; a missing unembedding bias is 0.
 
     Raises:
         ValueError: a weight whose shape does not match ``cfg`` (from ``convert_tl_checkpoint``);
@@ -340,10 +341,12 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
     with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws; weights follow
         native = NativeModel(cfg)
     cls = _attention_class()
+    biased = "blocks.0.attn.b_Q" in tl_state_dict
     for block in native.layers:
         attn = block.attn
         for lin in (attn.q, attn.k, attn.v, attn.o):
-            lin.bias = None  # llama2.c has no attention biases (zeros would be extra parameters)
+            if not biased:
+                lin.bias = None  # llama2.c has no attention biases (zeros would be extra parameters)
         attn.__class__ = cls
         _install_rope(attn, cfg.rotary_dim, cfg.n_ctx, cfg.rotary_base, rotary_adjacent_pairs)
         attn.posinterp_alibi_slopes = None
@@ -354,6 +357,20 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
     bridge.load_state_dict(converted, strict=True)
     bridge.eval()
     return bridge
+
+
+def _refuse_kv_cache(module, args, kwargs):
+    """TL 4's native model takes ``past_key_values``/``past_kv_cache`` and ignores them: the
+    call would run the new tokens alone, from position 0. Refuse instead."""
+    from .backend import MissingFeatureError
+
+    for name in ("past_key_values", "past_kv_cache"):
+        if kwargs.get(name) is not None:
+            raise MissingFeatureError(
+                f"TransformerLens 4's native model (model_bridge/sources/native) has no KV cache: "
+                f"it ignores {name} and would run the new tokens alone from position 0; run the "
+                "whole sequence (generate() does so for this model)")
+    return None
 
 
 def _bridge(native, cfg, tokenizer):
@@ -367,8 +384,44 @@ def _bridge(native, cfg, tokenizer):
     bridge = build_bridge_from_module(native, architecture="TransformerLensNative", tl_config=cfg,
                                       tokenizer=None, model_name=cfg.model_name)
     bridge.tokenizer = tokenizer
+    native.register_forward_pre_hook(_refuse_kv_cache, with_kwargs=True)
     for layer in range(cfg.n_layers):
         hooks = bridge.blocks[layer].attn
         # A plain attribute would register the bridge as a submodule of its own child.
         object.__setattr__(hooks.original_component, "posinterp_hooks", hooks)
     return bridge
+
+
+def model_from_tl_weights(config: dict, tl_state_dict: dict[str, torch.Tensor], tokenizer=None):
+    """A RoPE model running ``tl_state_dict`` (``HookedTransformer`` names and shapes) with
+    ``config`` (``HookedTransformerConfig`` fields: sizes, ``normalization_type``,
+    ``act_fn``, ``rotary_dim``, ``rotary_adjacent_pairs``, ``n_key_value_heads``, ...) on
+    the installed TransformerLens line, unprocessed: TL 3.9's ``HookedTransformer``, or on
+    TL 4 :func:`build_native_from_tl` (TL 3.9's RoPE tables and hooks). The same weights
+    give the same function on either line.
+
+    Raises:
+        ValueError: a config whose ``positional_embedding_type`` is not ``"rotary"``, or
+            weights that do not fit it (named by TransformerLens).
+    """
+    from .backend import TL_MAJOR
+
+    if config.get("positional_embedding_type") != "rotary":
+        raise ValueError("model_from_tl_weights builds RoPE models (positional_embedding_type="
+                         f"'rotary'), got {config.get('positional_embedding_type')!r}")
+    if TL_MAJOR < 4:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+        model = HookedTransformer(HookedTransformerConfig(**{**config, "device": "cpu"}),
+                                  tokenizer=tokenizer, move_to_device=False)
+        model.load_and_process_state_dict(dict(tl_state_dict), fold_ln=False,
+                                          center_writing_weights=False, center_unembed=False,
+                                          fold_value_biases=False)
+        return model.eval()
+    from transformer_lens import TransformerBridgeConfig
+
+    fields = {k: v for k, v in config.items() if k not in ("seed", "init_weights")}
+    cfg = TransformerBridgeConfig(**{**fields, "device": "cpu", "init_weights": False})
+    return build_native_from_tl(cfg, dict(tl_state_dict),
+                                rotary_adjacent_pairs=bool(config.get("rotary_adjacent_pairs")),
+                                tokenizer=tokenizer)

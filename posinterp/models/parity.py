@@ -83,10 +83,13 @@ def hf_parity(folder: str | os.PathLike, *, lengths=None, paddings=PADDINGS, bat
     Raises:
         Whatever :func:`posinterp.load_model` raises for the folder (a refused setting
         is a ValueError naming it); ValueError for ``batch < 2``, a length below 8, or
-        a length past ``n_ctx`` for a model with a position limit (not ALiBi).
+        a length past ``n_ctx`` for a model with a position limit
+        (:func:`~posinterp.models.backend.position_limit`; not ALiBi, not HF's computed
+        RoPE on TL 4).
     """
     import transformers
 
+    from .backend import position_limit
     from .pretrained import load_model
 
     if batch < 2:
@@ -95,10 +98,11 @@ def hf_parity(folder: str | os.PathLike, *, lengths=None, paddings=PADDINGS, bat
     n_ctx = model.cfg.n_ctx
     if lengths is None:
         lengths = tuple(n for n in DEFAULT_LENGTHS if n <= n_ctx) or (n_ctx,)
-    too_long = [n for n in lengths if n > n_ctx]
-    if too_long and info.pe != "alibi":
-        raise ValueError(f"lengths {too_long} are past this model's n_ctx={n_ctx}; pass "
-                         f"lengths <= {n_ctx}")
+    limit = position_limit(model)  # None: no table to run past (ALiBi, HF's computed RoPE)
+    too_long = [n for n in lengths if limit is not None and n > limit]
+    if too_long:
+        raise ValueError(f"lengths {too_long} are past this model's n_ctx={limit}; pass "
+                         f"lengths <= {limit}")
     auto = transformers.AutoModelForCausalLM if info.causal else transformers.AutoModel
     # The folder load_model read: for a hub name, the cache's snapshot of that revision.
     source = info.weights.get("path", str(folder))

@@ -366,6 +366,7 @@ def _bridge_builder(folder: Path, architecture: str, pe: str, hf_config, overrid
     from transformer_lens.model_bridge import TransformerBridge
 
     from ..tasks.tokenizer import build_byte_tokenizer
+    from .backend import guard_kv_cache, mark_folded
 
     has_tokenizer = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
 
@@ -387,7 +388,10 @@ def _bridge_builder(folder: Path, architecture: str, pe: str, hf_config, overrid
         model.eval()
         model.enable_compatibility_mode(disable_warnings=True,
                                         no_processing=not any(processing.values()), **processing)
+        if done["fold_ln"]:
+            mark_folded(model)  # TL 4 leaves the folded gains in place at 1
         model.eval()
+        guard_kv_cache(model)  # refuse a KV cache that TL's bridge does not really use
         slopes = alibi_slopes(model.cfg.n_heads).tolist() if pe == "alibi" else None
         return model, (slopes, done)
     return build

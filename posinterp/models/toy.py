@@ -117,7 +117,8 @@ class ToyModelConfig:
 
     @property
     def n_params(self) -> int:
-        """Parameter count of the model ``build_model`` returns (NoPE's W_pos excluded)."""
+        """Trainable parameters of the model ``build_model`` returns (no position table for
+        NoPE/RoPE/ALiBi; TL 4's native model keeps a zero, frozen one for NoPE/ALiBi)."""
         attn = 4 * self.n_heads * self.d_model * self.d_head + 3 * self.n_heads * self.d_head \
             + self.d_model
         mlp = 0 if self.attn_only else 2 * self.d_model * self.d_mlp + self.d_mlp + self.d_model

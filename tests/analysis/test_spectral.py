@@ -16,8 +16,8 @@ from posinterp.analysis.spectral import (
     spectral_measures,
 )
 from posinterp.models import ToyModelConfig, build_model, load_model
-from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
-from tests.helpers import gqa_model, random_tokens, tiny_model
+from posinterp.models.backend import attn_scale, norm_gain_folded, positional_type  # noqa: F401
+from tests.helpers import gqa_model, random_tokens, rotary_model, tiny_model
 
 
 def test_eigenvalues_equal_dense_numpy_on_random_heads():
@@ -84,17 +84,8 @@ def test_rotational_measures_on_known_spectra():
 
 
 def _rotary_model(adjacent: bool, rotary_dim: int):
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-
-    cfg = HookedTransformerConfig(
-        n_layers=1, d_model=32, n_heads=4, d_head=8, n_ctx=16, d_vocab=50, act_fn="gelu",
-        normalization_type="LN", positional_embedding_type="rotary", rotary_dim=rotary_dim,
-        rotary_adjacent_pairs=adjacent, seed=0, init_weights=True)
-    model = HookedTransformer(cfg)
-    for name, p in model.named_parameters():  # no biases: scores are pure x M x^T
-        if name.split(".")[-1].startswith("b_"):
-            torch.nn.init.zeros_(p)
-    return model
+    """No biases: scores are pure x M x^T."""
+    return rotary_model(biases=False, rotary_dim=rotary_dim, rotary_adjacent_pairs=adjacent)
 
 
 @pytest.mark.parametrize("adjacent, rotary_dim", [(False, 8), (True, 8), (False, 4)])
@@ -124,10 +115,15 @@ def test_rotary_offsets_reported_and_labelled():
 
 
 def test_grouped_query_heads_share_k():
+    from posinterp.models.backend import qk_slots
+
     model = gqa_model()
-    W_Q, W_K = qk_weights(model, 0)
+    W_Q, W_K = qk_weights(model, 0, weights="stored")
     assert torch.equal(W_K[0], W_K[1]) and torch.equal(W_K[2], W_K[3])
-    torch.testing.assert_close(W_K[1], model.blocks[0].attn._W_K[0].double())
+    k = qk_slots(model, 0)["W_K"]  # the stored [n_kv_heads, d_model, d_head] keys
+    assert k.n == 2
+    torch.testing.assert_close(W_K[1], k.to_tl(getattr(k.module, k.name))[0].double())
+    torch.testing.assert_close(W_K[2], k.to_tl(getattr(k.module, k.name))[1].double())
 
 
 def test_bad_selections_and_models():
@@ -182,15 +178,12 @@ def test_measures_table_is_tidy():
 
 
 def _processed_copy(model):
-    """The same weights loaded through TransformerLens's fold_ln (as HF checkpoints are)."""
-    import copy
+    """The same weights through TransformerLens's fold_ln and the rest (as HF checkpoints
+    are loaded): TL 3.9's load_and_process_state_dict, TL 4's compatibility mode."""
+    from posinterp.models.backend import process_weights
 
-    from transformer_lens import HookedTransformer
-
-    twin = HookedTransformer(copy.deepcopy(model.cfg), move_to_device=False)
-    twin.load_and_process_state_dict(model.state_dict(), fold_ln=True, center_writing_weights=True,
-                                     center_unembed=True, fold_value_biases=True)
-    return twin
+    return process_weights(model, fold_ln=True, center_writing_weights=True, center_unembed=True,
+                           fold_value_biases=True)
 
 
 @pytest.mark.parametrize("pe, norm", [("absolute", "LN"), ("rotary", "RMS"), ("alibi", "LN")])
@@ -201,7 +194,7 @@ def test_raw_and_processed_loads_give_the_same_spectra(pe, norm):
         for block in model.blocks:
             block.ln1.w.copy_(torch.rand(block.ln1.w.shape, generator=gen) * 1.5 + 0.25)
     twin = _processed_copy(model)
-    assert twin.cfg.normalization_type == norm + "Pre"
+    assert norm_gain_folded(twin) and not norm_gain_folded(model)
     toks = random_tokens(model, 2, 8)
     # same model (center_unembed shifts logits by a constant: compare log-probs)
     torch.testing.assert_close(model(toks).log_softmax(-1), twin(toks).log_softmax(-1),

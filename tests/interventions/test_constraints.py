@@ -281,3 +281,74 @@ def test_band_ban_is_checked_like_the_inference_band():
         constrain_qk(rotary, "ban_band")
     with pytest.raises(ValueError, match="band applies only"):
         constrain_qk(rotary, "symmetric", band=(0,))
+
+
+_HF_ARCH = {"gpt2-absolute": "GPT2LMHeadModel", "llama-gqa": "LlamaForCausalLM"}
+
+
+@pytest.mark.parametrize("name, kind", [("gpt2-absolute", "tied"), ("gpt2-absolute", "symmetric"),
+                                        ("gpt2-absolute", "ban_complex"),
+                                        ("llama-gqa", "ban_positive_real")])
+def test_constraints_on_loaded_hf_checkpoints(tmp_path, name, kind, no_network):
+    """HF GPT-2 (fused c_attn, biases) and Llama (grouped-query keys) folders as
+    ``load_model`` gives them, weight processing included (TL 3.9: a HookedTransformer;
+    TL 4: a bridge whose attention runs HF's modules, constrained through the q/k
+    ``nn.Linear`` its ``attn.q``/``attn.k`` wrap). The constrained model is the
+    unconstrained one at the effective weights, its gradients are the chain rule through
+    W_K = W_Q X or W_Q = W_Q° P, and a ban keeps the banned channel at 0 through AdamW steps."""
+    from posinterp.models import load_model
+    from tests.helpers import save_tiny_checkpoint, tiny_hf_configs
+
+    save_tiny_checkpoint(_HF_ARCH[name], tiny_hf_configs()[name], tmp_path / name)
+    model, _ = load_model(tmp_path / name)
+    plain, _ = load_model(tmp_path / name)
+    constrain_qk(model, kind, generator=torch.Generator().manual_seed(0))
+    L = model.cfg.n_layers
+    names = ("W_Q", "b_Q", "W_K", "b_K")
+    for layer in range(L):
+        # the slot's per-head view is TransformerLens's own reading of the weight
+        s = qk_slots(plain, layer)
+        read = attention_weights(plain, layer)  # attn.W_Q / attn.W_K, keys expanded
+        for n in ("W_Q", "W_K"):
+            mine = s[n].to_tl(_param(s[n])).detach().double()
+            mine = mine.repeat_interleave(model.cfg.n_heads // s[n].n, dim=0)
+            torch.testing.assert_close(mine, read[n], rtol=0, atol=0)
+        eff = {n: t.float() for n, t in attention_weights(model, layer).items()}
+        with torch.no_grad():
+            for n in names:
+                if s[n] is not None:
+                    stored = eff[n] if s[n].n == model.cfg.n_heads else eff[n][::model.cfg.n_heads // s[n].n]
+                    _param(s[n]).copy_(s[n].from_tl(stored))
+    toks = torch.randint(0, model.cfg.d_vocab, (3, 10), generator=torch.Generator().manual_seed(2))
+    loss, plain_loss = model(toks, return_type="loss"), plain(toks, return_type="loss")
+    assert abs(loss.item() - plain_loss.item()) < 1e-6
+    loss.backward()
+    plain_loss.backward()
+    for layer in range(L):
+        s, ps = qk_slots(model, layer), qk_slots(plain, layer)
+        G = {n: ps[n].to_tl(_param(ps[n]).grad).double() for n in names if ps[n] is not None}
+        got_q = s["W_Q"].to_tl(_param(s["W_Q"]).grad).double()
+        if kind in TIED_CONSTRAINTS:
+            tk = s["W_K"].module.parametrizations[s["W_K"].name][0]
+            X = tk.x().detach().double()
+            W_Q = attention_weights(model, layer)["W_Q"].float().double()
+            b_Q = attention_weights(model, layer)["b_Q"].float().double()
+            dX = W_Q.mT @ G["W_K"] + b_Q[:, :, None] * G["b_K"][:, None, :]
+            dA = dX if kind == "tied" else 0.5 * (dX + dX.mT)
+            torch.testing.assert_close(tk.A.grad.double(), dA, rtol=1e-4, atol=1e-7)
+            torch.testing.assert_close(got_q, G["W_Q"] + G["W_K"] @ X.mT, rtol=1e-4, atol=1e-7)
+            got_bq = s["b_Q"].to_tl(_param(s["b_Q"]).grad).double()
+            torch.testing.assert_close(got_bq, G["b_Q"] + torch.einsum("he,hde->hd", G["b_K"], X),
+                                       rtol=1e-4, atol=1e-7)
+        else:
+            P = s["W_Q"].module.parametrizations[s["W_Q"].name][0].projector().double()
+            torch.testing.assert_close(got_q, G["W_Q"] @ P.mT, rtol=1e-4, atol=1e-7)
+            got_k = s["W_K"].to_tl(_param(s["W_K"]).grad).double()
+            torch.testing.assert_close(got_k, G["W_K"], rtol=1e-4, atol=1e-7)
+    grads = _train_steps(model)
+    assert all(g > 0 for g in grads)
+    lam = eigenvalues(*_effective(model))
+    if kind in BANS:
+        assert channel_masses(lam)[kind.removeprefix("ban_")].max() < 1e-5
+    elif kind == "symmetric":
+        assert (antisymmetric_energy(*_effective(model)) < 1e-10).all()

@@ -152,14 +152,17 @@ def test_decomposition_reports_the_null_remainder_in_closed_form():
 
 
 def test_remove_all_removes_the_nilpotent_part_too():
+    from posinterp.models.backend import qk_slots
+
     model = tiny_model("nope", normalization="RMS")  # RMS: no centering, B stays diag(1, 0)
-    attn = model.blocks[0].attn
     W_Q, W_K = _nilpotent_head()
+    slots = qk_slots(model, 0)  # the stored parameters, viewed per head (a bridge's attn.W_Q is a copy)
+    q, k = (s.to_tl(getattr(s.module, s.name)) for s in (slots["W_Q"], slots["W_K"]))
     with torch.no_grad():
-        attn.W_Q[0].zero_()
-        attn.W_K[0].zero_()
-        attn.W_Q[0, :3, :2] = W_Q.float()
-        attn.W_K[0, :3, :2] = W_K.float()
+        q[0].zero_()
+        k[0].zero_()
+        q[0, :3, :2] = W_Q.float()
+        k[0, :3, :2] = W_K.float()
     toks = random_tokens(model, 2, 8, seed=5)
     _, content = _scores_and_content(model, toks)
     lower = torch.ones(8, 8, dtype=torch.bool).tril()
@@ -167,7 +170,7 @@ def test_remove_all_removes_the_nilpotent_part_too():
     # only e1 e1^T went: the e2 e3^T part still scores
     _, cache = model.run_with_cache(toks)
     x = cache["blocks.0.ln1.hook_normalized"].double()
-    nil = torch.einsum("bi,bj->bij", x[..., 1], x[..., 2]) / model.cfg.attn_scale
+    nil = torch.einsum("bi,bj->bij", x[..., 1], x[..., 2]) / attn_scale(model)
     torch.testing.assert_close(pos[:, 0][:, lower], nil[:, lower], atol=1e-5, rtol=1e-4)
     assert nil[:, lower].abs().max() > 1e-2
     got = _hooked_scores(model, toks, QKIntervention("remove_all", 0, heads=(0,)))
@@ -207,11 +210,14 @@ def test_bad_interventions():
 
 
 def test_grouped_query_symmetrization():
+    from posinterp.models.backend import rotated_qk_hooks
+
     model = gqa_model()
     toks = torch.randint(0, 10, (1, 6), generator=torch.Generator().manual_seed(0))
     _, cache = model.run_with_cache(toks)
-    q = cache["blocks.0.attn.hook_rot_q"].double()
-    k = torch.repeat_interleave(cache["blocks.0.attn.hook_rot_k"].double(), 2, dim=2)
+    q_name, k_name = rotated_qk_hooks(model, 0)  # verified on the model, not trusted by name
+    q = cache[q_name].double()
+    k = torch.repeat_interleave(cache[k_name].double(), 2, dim=2)
     c = torch.einsum("bihd,bjhd->bhij", q, k) / attn_scale(model)
     got = _hooked_scores(model, toks, QKIntervention("symmetric", 0))
     lower = torch.ones(6, 6, dtype=torch.bool).tril()
@@ -219,13 +225,35 @@ def test_grouped_query_symmetrization():
                                atol=1e-5)
 
 
-def test_symmetrization_refuses_a_kv_cache():
-    model = tiny_model("nope")
+@pytest.mark.parametrize("source", ["toy", "hf-gpt2"])
+def test_symmetrization_refuses_a_kv_cache(source, tmp_path, no_network):
+    """Symmetrization needs the full square score matrix: where the model runs with a KV
+    cache (backend.has_kv_cache: TL 3.9 models), generate with it is refused by name.
+    Without a working cache (TL 4's native model has none and generate runs the whole
+    sequence; TL 4.3's HF bridges ignore the cached keys, which the load detects) a cached
+    generate gives what generate without a cache gives, or is refused naming the cache."""
+    from posinterp.models import backend, load_model
+    from tests.helpers import save_tiny_checkpoint, tiny_hf_configs
+
+    if source == "toy":
+        model = tiny_model("nope")
+    else:
+        save_tiny_checkpoint("GPT2LMHeadModel", tiny_hf_configs()["gpt2-absolute"], tmp_path / "g")
+        model, _ = load_model(tmp_path / "g")
     toks = random_tokens(model, 1, 5, seed=0)
+    kw = dict(max_new_tokens=3, verbose=False, do_sample=False, stop_at_eos=False)
     with intervene(model, QKIntervention("symmetric", 0)):
-        with pytest.raises(ValueError, match="KV cache"):
-            model.generate(toks, max_new_tokens=2, use_past_kv_cache=True, verbose=False)
-        model.generate(toks, max_new_tokens=2, use_past_kv_cache=False, verbose=False)
+        plain = model.generate(toks, use_past_kv_cache=False, **kw)
+        if backend.has_kv_cache(model):
+            with pytest.raises(ValueError, match="KV cache"):
+                model.generate(toks, use_past_kv_cache=True, **kw)
+        else:
+            try:
+                cached = model.generate(toks, use_past_kv_cache=True, **kw)
+            except backend.MissingFeatureError as err:
+                assert "KV cache" in str(err)
+            else:
+                assert torch.equal(cached, plain)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

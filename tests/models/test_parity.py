@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from posinterp.models import ARCHITECTURE_SCHEMES, load_model
+from posinterp.models import ARCHITECTURE_SCHEMES, backend, load_model
 from posinterp.models.hf_config import UnsupportedConfigError
 from posinterp.models.parity import hf_parity
 from tests.helpers import parity_cases, save_tiny_checkpoint
@@ -38,8 +38,24 @@ def test_every_listed_architecture_has_a_parity_case():
     assert set(ARCHITECTURE_SCHEMES) == covered
 
 
+def _unhonoured(name) -> list[str]:
+    """Settings of case ``name`` that this TransformerLens line ignores when it runs the
+    model (TL 4.3's bridge: GPT-2's scale_attn_weights), which the load must refuse."""
+    architecture, make_config, _ = CASES[name]
+    config = make_config()
+    return [attr for attr, assumed, _ in backend.unhonoured_settings(architecture)
+            if getattr(config, attr, assumed) != assumed]
+
+
 @pytest.mark.parametrize("name", [n for n, c in CASES.items() if c[2] is None])
 def test_parity_with_hf(folders, name, no_network):
+    """HF parity, or, for a setting this TL line cannot run, a refusal naming it."""
+    unhonoured = _unhonoured(name)
+    if unhonoured:
+        with pytest.raises(UnsupportedConfigError, match=f"{unhonoured[0]}=.*not supported on "
+                                                         "TransformerLens"):
+            load_model(folders(name))
+        return
     table = hf_parity(folders(name), lengths=(8, 64, 512))
     assert len(table) == 12
     worst = table.loc[table.value.idxmax()]
@@ -103,11 +119,22 @@ def test_processing_records_what_tl_did(folders, no_network):
     assert model.blocks[0].mlp.W_out.detach().mean(-1).abs().max() < 1e-6
 
 
-def test_rotary_input_past_n_ctx_is_refused(folders, no_network):
-    model, _ = load_model(folders("llama-gqa"))
-    tokens = torch.zeros(1, model.cfg.n_ctx + 1, dtype=torch.long)
-    with pytest.raises(ValueError, match="longer than this RoPE model's n_ctx"):
-        model(tokens)
+def test_rotary_input_past_n_ctx_is_refused_or_matches_hf(folders, no_network):
+    """Past n_ctx a RoPE model is never silently wrong: TL 3.9 keeps cos/sin tables of
+    n_ctx rows and refuses longer inputs by name; a TL 4 bridge runs HF's rotary
+    embedding, which computes any position (backend.position_limit says which), and must
+    then match HF there."""
+    folder = folders("llama-gqa")
+    model, _ = load_model(folder)
+    n = model.cfg.n_ctx + 8
+    if backend.position_limit(model) is not None:
+        with pytest.raises(ValueError, match="longer than this RoPE model's n_ctx"):
+            model(torch.zeros(1, n, dtype=torch.long))
+        with pytest.raises(ValueError, match="past this model's n_ctx"):
+            hf_parity(folder, lengths=(n,))
+        return
+    table = hf_parity(folder, lengths=(n,), paddings=("none", "left"))
+    assert table.value.max() <= TOL, table.to_dict("records")
 
 
 def test_spectra_rotate_with_the_frequencies_the_model_uses(folders, no_network):
@@ -121,11 +148,15 @@ def test_spectra_rotate_with_the_frequencies_the_model_uses(folders, no_network)
     R = rotary_matrix(info.d_head, info.rotary_dim, 1.0, inv_freq=inv)
     W_Q, W_K1 = qk_weights(model, 0, offset=-1, weights="stored")  # raw load: stored matrices
     torch.testing.assert_close(W_K1, model.blocks[0].attn.W_K.detach().double() @ R.T)
-    # the model's own rotated keys at position 1 are k R(1)
+    # the model's own rotated keys at position 1 are k R(1), read from the hooks the
+    # backend verified (TL 3.9: hook_rot_k; TL 4.3's bridged NeoX never fires it, so
+    # hook_k rotated with the hook_cos/hook_sin tables of the call)
     toks = torch.randint(0, 97, (1, 3))
-    _, cache = model.run_with_cache(toks)
-    k, k_rot = cache["blocks.0.attn.hook_k"][0, 1].double(), cache["blocks.0.attn.hook_rot_k"][0, 1].double()
-    torch.testing.assert_close(k_rot, k @ R, rtol=1e-5, atol=1e-5)
+    names = backend.content_qk_hooks(model, 0)
+    _, cache = model.run_with_cache(toks, names_filter=lambda x: x in names + ("blocks.0.attn.hook_k",))
+    _, k_rot = backend.content_qk_from(names, cache, model.cfg.n_heads)
+    k = cache["blocks.0.attn.hook_k"][0, 1].double()
+    torch.testing.assert_close(k_rot[0, 1], k @ R, rtol=1e-5, atol=1e-5)
 
 
 def test_default_lengths_fit_the_model_and_longer_ones_are_refused(tmp_path, no_network):
@@ -150,6 +181,10 @@ def test_residual_hooks_mean_what_analyses_read(folders, name, no_network):
     from posinterp.models.backend import run_cached
     from tests.helpers import random_tokens
 
+    if _unhonoured(name):  # refused on this line (test_parity_with_hf checks the refusal)
+        with pytest.raises(UnsupportedConfigError):
+            load_model(folders(name))
+        return
     model, _ = load_model(folders(name))
     sites = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post")
     cache = run_cached(model, random_tokens(model, 2, 8, seed=1), None,

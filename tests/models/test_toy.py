@@ -11,8 +11,11 @@ def test_paper_preset_is_baby_gpt_size():
     cfg = PRESETS["paper"]
     assert (cfg.n_layers, cfg.n_heads, cfg.d_model) == (6, 6, 384)
     model = build_model(cfg)
-    n = sum(p.numel() for p in model.parameters())
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert n == cfg.n_params and 10.4e6 < n < 10.8e6
+    # anything else is a frozen zero table that carries nothing (TL 4's native model keeps
+    # a position table for NoPE; TL 3.9's model has none)
+    assert all((p == 0).all() for p in model.parameters() if not p.requires_grad)
     assert PRESETS["small"].d_model >= 192
 
 
@@ -139,12 +142,22 @@ def test_tokenizer_round_trip_as_transformerlens_users_expect():
 
 
 @torch.no_grad()
-def test_alibi_with_a_kv_cache_equals_the_full_forward():
-    """The per-call bias must place cached keys and new queries at their true positions."""
+def test_alibi_with_a_kv_cache_equals_the_full_forward_or_is_refused():
+    """The per-call bias must place cached keys and new queries at their true positions.
+    Where TransformerLens has no KV cache for the model (TL 4's native model, which would
+    ignore the cache and run the new tokens alone from position 0), the cache is refused
+    by name instead."""
     from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+
+    from posinterp.models import backend
 
     model = tiny_model("alibi", n_heads=6, d_model=36, n_layers=1, n_ctx=32)
     toks = random_tokens(model, 2, 12)
     cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, 2)
+    if not backend.has_kv_cache(model):
+        for name in ("past_kv_cache", "past_key_values"):
+            with pytest.raises(backend.MissingFeatureError, match="native model .* has no KV cache"):
+                model(toks[:, :7], **{name: cache})
+        return
     stepped = torch.cat([model(toks[:, :7], past_kv_cache=cache), model(toks[:, 7:], past_kv_cache=cache)], 1)
     torch.testing.assert_close(stepped, model(toks), rtol=1e-5, atol=1e-5)
