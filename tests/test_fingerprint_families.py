@@ -63,3 +63,15 @@ def test_ranking_tokens_are_held_out_text(corpus):  # noqa: F811
     assert all(bytes(row.tolist()) in val for row in toks)
     with pytest.raises(ValueError, match="n and n_ctx"):
         ff.ranking_tokens(0, corpus=corpus)
+
+
+@pytest.mark.parametrize("n", [2, 32, 64])
+def test_the_page_s_uniform_baseline_is_the_score_of_uniform_causal_attention(n):
+    import torch
+
+    from posinterp.analysis.heads import previous_token_score
+    from posinterp.experiments.spectrum import _uniform_prev_score
+
+    pattern = torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]
+    measured = previous_token_score(pattern[None, None]).item()
+    assert _uniform_prev_score(n) == pytest.approx(measured, rel=1e-6)

@@ -46,7 +46,7 @@ __all__ = ["MIN_PREV_SCORE", "PRIMARY_K", "dynamics_summary", "exact_group_test"
 
 # A model's best previous-token score on random tokens must reach this to count as
 # having a previous-token head. Fixed in advance: uniform causal attention over 64
-# tokens scores mean(1/(i+1)) ~ 0.07, a head that puts a third of its attention on the
+# tokens scores mean(1/(i+1)) = 0.059, a head that puts a third of its attention on the
 # previous token is well clear of that.
 MIN_PREV_SCORE = 0.3
 UNITS = ("family", "model")

@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..analysis.fingerprint import (
     MIN_PREV_SCORE,
+    PRIMARY_K,
     UNITS,
     dynamics_summary,
     fingerprint_table,
@@ -21,6 +22,7 @@ from ..analysis.fingerprint import (
     head_dynamics,
     head_table,
     trajectory_correlations,
+    unit_table,
 )
 from ..analysis.spectral import qk_spectrum, spectral_measures
 from ..devices import resolve_device
@@ -346,6 +348,16 @@ def render_markdown(out_dir) -> str:
                      f"previous-token head (>= {run['min_prev_score']})":
                          "yes" if best >= run["min_prev_score"] else "no: left out"})
     p.append(_md_table(pd.DataFrame(rows)) + "\n")
+    obs = unit_table(heads.assign(unit=heads.model, pe=heads.model.map(
+        {m: i["pe"] for m, i in run["models"].items()})), k=PRIMARY_K, threshold=MIN_PREV_SCORE)
+    p.append(f"The families' rule applied to these models (top-{PRIMARY_K} previous-token heads "
+             f"reaching {MIN_PREV_SCORE}, here ranked on random tokens; mean null percentile of "
+             "R), for observation only:\n")
+    p.append(_md_table(pd.DataFrame({
+        "model": obs.unit.map(_name), "pe": obs.pe,
+        "causal": ["yes" if run["models"][m]["causal"] else "no" for m in obs.unit],
+        "heads used": [h or "none" for h in obs.heads_used],
+        "null percentile of R": [_fmt(v, "{:.1f}") for v in obs.value]})) + "\n")
     for spec, g in conv.groupby("model", sort=False):
         diff = (g.value_effective - g.value_stored).abs()
         top = heads[heads.model == spec].sort_values("previous_token_score", ascending=False,
@@ -439,6 +451,12 @@ def _fmt(v, spec: str = "{:.3g}") -> str:
     return "n/a" if v is None or (isinstance(v, float) and np.isnan(v)) else spec.format(v)
 
 
+def _uniform_prev_score(n: int) -> float:
+    """Previous-token score of uniform causal attention over ``n`` tokens: query i >= 1
+    attends 1 / (i + 1) to its previous token; the mean over queries 1 .. n - 1."""
+    return float(np.mean([1 / (i + 1) for i in range(1, n)]))
+
+
 def _families_section(fam: Path) -> list[str]:
     """The unit-level test over the zoo families (``posinterp zoo fingerprint``), read from
     ``fam`` (its ``run.json``, ``units.csv``, ``tests.csv``); nothing when absent."""
@@ -451,8 +469,9 @@ def _families_section(fam: Path) -> list[str]:
     p = ["## Design (fixed before the families were trained)\n",
          f"- **Unit**: {d['unit']}.",
          f"- **Heads are ranked on**: {d['ranking']}.",
-         f"- **Previous-token threshold**: {d['threshold']} (uniform causal attention over 32 "
-         "tokens scores about 0.13).",
+         f"- **Previous-token threshold**: {d['threshold']} (uniform causal attention over "
+         + ", ".join(f"{n} tokens scores {_uniform_prev_score(n):.3f}" for n in sorted(
+             {f["config"]["n_ctx"] for f in run["families"].values()})) + ").",
          f"- **Primary k**: {d['primary_k']}; **aggregation**: {d['aggregation']}.",
          f"- **Measure**: {d['measure']}.",
          f"- **Test**: {d['test']}; the smallest p the design can reach, 1 / C(n_R + n_O, "
@@ -496,7 +515,8 @@ def _families_section(fam: Path) -> list[str]:
         "p (exact permutation)": [_fmt(v) for v in t.p_permutation],
         "smallest reachable p": [_fmt(v) for v in t.min_possible_p],
         "separated": t.separated.map({True: "yes", False: "no"}),
-        "left out (no previous-token head; best score)": [v or "none" for v in t.left_out]}))
+        "left out (no previous-token head; best score)": [
+            v if isinstance(v, str) and v else "none" for v in t.left_out]}))
         + "\n")
     prim = t[t.analysis == "primary"].iloc[0]
     if prim.n_rope and prim.n_other:
