@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -466,6 +467,7 @@ def _families_section(fam: Path) -> list[str]:
     units = pd.read_csv(fam / "units.csv")
     tests = pd.read_csv(fam / "tests.csv", keep_default_na=False, na_values=[""])
     d = run["design"]
+    n_fam = len(run["families"])
     p = ["## Design (fixed before the families were trained)\n",
          f"- **Unit**: {d['unit']}.",
          f"- **Heads are ranked on**: {d['ranking']}.",
@@ -475,7 +477,9 @@ def _families_section(fam: Path) -> list[str]:
          f"- **Primary k**: {d['primary_k']}; **aggregation**: {d['aggregation']}.",
          f"- **Measure**: {d['measure']}.",
          f"- **Test**: {d['test']}; the smallest p the design can reach, 1 / C(n_R + n_O, "
-         "n_R), is printed beside every test.",
+         f"n_R), is printed beside every test. As planned ({n_fam} families: {n_fam} RoPE vs "
+         f"{2 * n_fam} other units, if every unit has a previous-token head) it is "
+         f"1 / {math.comb(3 * n_fam, n_fam)} = {1 / math.comb(3 * n_fam, n_fam):.2g}.",
          "- **Sensitivity rows** (each changes one thing): "
          + "; ".join(f"{a[0]}: {a[1]}" for a in run["analyses"][1:]) + ".\n",
          "## Families\n",
