@@ -538,7 +538,13 @@ def _families_section(fam: Path) -> list[str]:
                     "not reproduce it. Possible reasons: the study's models were pretrained "
                     "at scale, ours are small byte-level models trained for a few hundred "
                     "steps, and its spectra may not have used the effective (norm-folded) "
-                    "weights (the stored-weights row).") + "\n")
+                    "weights (the stored-weights row).")
+                 + (" Both groups sit below the null's median (50): their previous-token heads "
+                    "are less rotational than random heads of their shape."
+                    if max(prim.mean_rope, prim.mean_other) < 50 else "")
+                 + (f" Of the {n_fam * 2} other units planned, {int(prim.n_other)} had a "
+                    "previous-token head by the threshold, so the test has fewer units than "
+                    "designed." if prim.n_other < n_fam * 2 else "") + "\n")
     else:
         p.append("**No primary test was possible**: RoPE and other units with a "
                  "previous-token head are not both present.\n")
