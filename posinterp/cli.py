@@ -15,6 +15,8 @@ from pathlib import Path
 __all__ = ["build_parser", "main"]
 
 SCHEMES = ("nope", "absolute", "rotary", "alibi")
+# posinterp.experiments.zoo.FAMILIES, named here so --help needs no torch (tested equal)
+FAMILY_NAMES = ("base", "heads8", "deep", "wide", "halfdata-lr")
 
 
 def _int_at_least(minimum: int):
@@ -120,13 +122,61 @@ def _demo(args: argparse.Namespace) -> int:
 def _zoo_train(args: argparse.Namespace) -> int:
     from .experiments.zoo import ZooConfig, train_zoo, zoo_home
 
-    cfg = ZooConfig(max_steps=args.max_steps, schemes=tuple(args.schemes))
+    if args.family:
+        return _zoo_train_families(args)
+    cfg = ZooConfig(max_steps=args.max_steps or 2000, schemes=tuple(args.schemes or SCHEMES))
     with _executor(args) as executor:
         df = train_zoo(cfg, seeds=args.seeds, home=args.home, progress=not args.no_progress,
                        first_seed=args.first_seed, executor=executor, threads=args.threads,
                        device=args.device)
     print(_table(df))
     print(f"zoo: {args.home or zoo_home()}")
+    return 0
+
+
+def _zoo_train_families(args: argparse.Namespace) -> int:
+    """``zoo train --family NAME ...``: each family's config and seed, under ``<home>/<NAME>``."""
+    from .experiments.zoo import train_zoo, zoo_family, zoo_home
+
+    if args.max_steps is not None or args.seeds != 1 or args.first_seed != 0:
+        raise SystemExit("posinterp: error: --family fixes the steps and the seed; drop "
+                         "--max-steps, --seeds and --first-seed")
+    families = [zoo_family(name) for name in args.family]  # every name checked first
+    root = Path(args.home) if args.home else zoo_home() / "families"
+    with _executor(args) as executor:
+        for fam in families:
+            df = train_zoo(fam.config, home=fam.home(root), progress=not args.no_progress,
+                           first_seed=fam.seed, executor=executor, threads=args.threads,
+                           device=args.device, only=tuple(args.schemes) if args.schemes else None)
+            print(f"family {fam.name} ({fam.differs_in}):")
+            print(_table(df))
+    print(f"families: {root}")
+    return 0
+
+
+def _zoo_fingerprint(args: argparse.Namespace) -> int:
+    """``zoo fingerprint``: the unit-level fingerprint test over the trained families."""
+    from .experiments.fingerprint_families import run_families
+    from .experiments.zoo import zoo_home
+
+    families = tuple(args.family) if args.family else None
+    root = Path(args.home) if args.home else zoo_home() / "families"
+    resume = ("posinterp zoo train --family " + " ".join(families or FAMILY_NAMES)
+              + (f" --home {args.home}" if args.home else "") + " --threads 1")
+    with _executor(args) as executor:
+        tests = run_families(Path(args.out) / "families", root, families,
+                             progress=not args.no_progress,
+                             command=" ".join(["posinterp", *args.argv]),
+                             resume_command=resume, executor=executor)
+    cols = ["analysis", "n_rope", "n_other", "mean_rope", "mean_other", "p_permutation",
+            "min_possible_p", "separated"]
+    print(_table(tests[cols]))
+    if args.markdown:
+        from .experiments.spectrum import render_markdown
+
+        Path(args.markdown).write_text(render_markdown(args.out))
+        print(f"page: {args.markdown}")
+    print(f"tables: {(Path(args.out) / 'families').resolve()}")
     return 0
 
 
@@ -343,16 +393,39 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seeds per scheme (default 1; fingerprint statistics need >= 3)")
     zt.add_argument("--first-seed", type=pos0, default=0, help="train seeds first-seed .. "
                     "first-seed + seeds - 1, so several processes can share the zoo (default 0)")
-    zt.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES,
+    zt.add_argument("--schemes", nargs="+", default=None, choices=SCHEMES,
                     help="positional schemes (default: all four)")
-    zt.add_argument("--max-steps", type=pos1, default=2000,
+    zt.add_argument("--max-steps", type=pos1, default=None,
                     help="steps per model (default 2000, ~10 min on 2 cores)")
+    zt.add_argument("--family", nargs="+", default=None, choices=sorted(FAMILY_NAMES),
+                    metavar="NAME", help="train these fingerprint-zoo families (each its own "
+                    "architecture, data, optimizer and seed; one model per scheme) under "
+                    "HOME/NAME, HOME defaulting to $POSINTERP_HOME/zoo/families; names: "
+                    + ", ".join(FAMILY_NAMES))
     zt.add_argument("--home", type=_out_folder, default=None,
                     help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")
     zt.add_argument("--threads", type=pos1, default=1, help="torch threads per model, also the "
                     "CPUs each model asks a scheduler for (default 1; the weights depend on it)")
     _executor_options(zt, "--executor process: models trained at once (default: one per core)")
     _no_progress(zt)
+    zf = _parser(zsub, "fingerprint", "the RoPE-vs-other fingerprint test over the trained "
+                 "families (one unit per family x scheme)",
+                 "Writes OUT/families/{heads,units,tests}.csv and run.json; models not trained "
+                 "yet are listed as pending. Each model's table is kept and reused while its "
+                 "card is unchanged.", _zoo_fingerprint, "finished models' tables")
+    zf.add_argument("--family", nargs="+", default=None, choices=sorted(FAMILY_NAMES),
+                    metavar="NAME", help="families to include (default all: "
+                    + ", ".join(FAMILY_NAMES) + ")")
+    zf.add_argument("--home", type=_out_folder, default=None,
+                    help="the families' folder (as for zoo train --family; default "
+                    "$POSINTERP_HOME/zoo/families)")
+    zf.add_argument("--out", type=_out_folder, required=True,
+                    help="a `posinterp spectrum` output folder; the tables go to OUT/families")
+    zf.add_argument("--markdown", default=None, metavar="PAGE",
+                    help="also write the fingerprint page, from OUT (the real models) and "
+                    "OUT/families")
+    _executor_options(zf, "--executor process: models analysed at once")
+    _no_progress(zf)
     zl = _parser(zsub, "list", "show the zoo's models", "One row per model folder.", _zoo_list, "")
     zl.add_argument("--home", default=None,
                     help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")

@@ -104,3 +104,62 @@ def test_a_process_pool_trains_the_same_models(tmp_path, corpus):
         a, b = (load_zoo_model(f"zoo:{pe}", home=tmp_path / h)[0] for h in ("local", "pool"))
         for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
             assert torch.equal(x, y), (pe, name)
+
+
+def test_family_configs_validate_and_derive_their_fields():
+    from posinterp.cli import FAMILY_NAMES
+    from posinterp.experiments.zoo import FAMILIES, ZooFamily, zoo_family
+
+    assert set(FAMILY_NAMES) == set(FAMILIES)  # the CLI names them without importing torch
+    seeds = [f.seed for f in FAMILIES.values()]
+    assert len(set(seeds)) == len(seeds)  # no two families share an initialization
+    assert len(FAMILIES) >= 4
+    for fam in FAMILIES.values():
+        cfg = fam.config
+        assert {"rotary", "absolute", "alibi", "nope"} == set(cfg.schemes)
+        assert cfg.d_head * cfg.n_heads == cfg.d_model
+        mc = cfg.model_config("rotary", fam.seed)
+        assert mc.d_head == cfg.d_head and mc.d_vocab == 256 and mc.n_ctx == cfg.n_ctx
+        tc = cfg.train_config(fam.seed)
+        assert (tc.lr, tc.weight_decay, tc.batch_size) == (cfg.lr, cfg.weight_decay, cfg.batch_size)
+        again = ZooConfig(**{**cfg.to_dict(), "schemes": cfg.schemes})  # the recorded dict rebuilds it
+        assert again == cfg
+    # families that differ only in data/optimizer differ in what they record
+    assert len({json.dumps(f.config.to_dict(), sort_keys=True) for f in FAMILIES.values()}) \
+        == len(FAMILIES)
+    assert zoo_family("heads8").config.d_head == 8
+    with pytest.raises(ValueError, match="family must be one of"):
+        zoo_family("nope")
+    with pytest.raises(ValueError, match="family name"):
+        ZooFamily("a/b", TINY, 0, "x")
+    with pytest.raises(ValueError, match="multiple of n_heads"):
+        ZooConfig(d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match="data_part"):
+        ZooConfig(data_part=(2, 2))
+    with pytest.raises(ValueError, match="weight_decay"):
+        ZooConfig(weight_decay=-1.0)
+
+
+def test_default_zoo_records_the_config_it_recorded_before_families():
+    # models trained before weight_decay/data_part existed must still resume
+    assert set(ZooConfig().to_dict()) == {"n_layers", "d_model", "n_heads", "n_ctx", "batch_size",
+                                          "max_steps", "lr", "warmup_steps", "eval_every",
+                                          "n_val_windows", "n_snapshots", "schemes"}
+
+
+def test_corpus_parts_are_disjoint_and_cover_the_library(corpus):
+    root = corpus.info["root"]
+    parts = [stdlib_corpus(root, part=(i, 2)) for i in range(2)]
+    assert sum(p.info["n_files"] for p in parts) == corpus.info["n_files"]
+    assert sum(len(p.train) + len(p.val) for p in parts) == len(corpus.train) + len(corpus.val)
+    assert parts[0].fingerprint != parts[1].fingerprint
+    with pytest.raises(ValueError, match="part"):
+        stdlib_corpus(root, part=(1, 1))
+
+
+def test_train_zoo_only_trains_the_schemes_asked(tmp_path, corpus):
+    cfg = ZooConfig(**{**TINY.__dict__, "max_steps": 2})
+    df = train_zoo(cfg, home=tmp_path, progress=False, corpus=corpus, only=("absolute",))
+    assert list(df.pe) == ["absolute"]
+    with pytest.raises(ValueError, match="only"):
+        train_zoo(cfg, home=tmp_path, progress=False, corpus=corpus, only=("alibi",))

@@ -23,6 +23,7 @@ value per head); :func:`dynamics_summary` gives one value per model.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -39,15 +40,20 @@ from .spectral import (
     spectral_measures,
 )
 
-__all__ = ["MIN_PREV_SCORE", "dynamics_summary", "fingerprint_table", "fingerprint_test",
+__all__ = ["MIN_PREV_SCORE", "PRIMARY_K", "dynamics_summary", "exact_group_test", "unit_table",
+           "unit_test", "fingerprint_table", "fingerprint_test",
            "head_dynamics", "head_table", "model_unit", "scheme_group", "trajectory_correlations"]
 
 # A model's best previous-token score on random tokens must reach this to count as
 # having a previous-token head. Fixed in advance: uniform causal attention over 64
-# tokens scores mean(1/(i+1)) ~ 0.07, a head that puts a third of its attention on the
+# tokens scores mean(1/(i+1)) = 0.059, a head that puts a third of its attention on the
 # previous token is well clear of that.
 MIN_PREV_SCORE = 0.3
 UNITS = ("family", "model")
+# The unit-level test's primary k (docs/reproductions/fingerprints.md, "Design"): a unit's
+# value is the mean over its top-2 previous-token heads that reach MIN_PREV_SCORE. Fixed
+# before the zoo families were trained; k = 1 and 3 are sensitivity rows.
+PRIMARY_K = 2
 
 
 def model_unit(spec: str, units: str = "family") -> str:
@@ -80,12 +86,17 @@ def _has_bos(model) -> bool:
 
 
 def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 0,
-               k_e: int | None = None, n_null: int = NULL_HEADS, null_std: float = 0.02) -> pd.DataFrame:
+               k_e: int | None = None, n_null: int = NULL_HEADS, null_std: float = 0.02,
+               tokens=None, weights: tuple[str, ...] = ("effective",)) -> pd.DataFrame:
     """One row per head: previous-token score, rotational measures, null percentiles.
 
-    The previous-token score is measured on ``n_sequences`` uniform random token
-    sequences of ``min(n_tokens, n_ctx)`` tokens (BOS first when the tokenizer has one;
-    every query i >= 1 counts). Measures use offset 0 for rotary heads (the raw
+    The previous-token score is measured on ``tokens`` (``[batch, pos]`` ids; every
+    query i >= 1 counts) or, when None, on ``n_sequences`` uniform random token
+    sequences of ``min(n_tokens, n_ctx)`` tokens (BOS first when the tokenizer has
+    one). ``weights``: the conventions whose measures are tabulated (:func:`~posinterp.
+    analysis.spectral.qk_weights`); the first is unprefixed, any other adds its columns
+    with the prefix ``<convention>_`` (``stored_rotational_mass_null_percentile``, ...).
+    Measures use offset 0 for rotary heads (the raw
     W_Q W_K^T) and are compared with a product-Ginibre null of the same d_model and
     d_head (measures are scale-free, so ``null_std`` only matters for reproducibility).
 
@@ -98,18 +109,27 @@ def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 
     Raises:
         ValueError: as :func:`~posinterp.analysis.spectral_measures`.
     """
-    n_tok = min(n_tokens, model.cfg.n_ctx)
-    toks = random_tokens(model, n_sequences, n_tok, seed=seed, bos=_has_bos(model))
-    prev = previous_token_scores(model, toks)[["layer", "head", "value"]]
+    if tokens is None:
+        n_tok = min(n_tokens, model.cfg.n_ctx)
+        tokens = random_tokens(model, n_sequences, n_tok, seed=seed, bos=_has_bos(model))
+    prev = previous_token_scores(model, tokens)[["layer", "head", "value"]]
     prev = prev.rename(columns={"value": "previous_token_score"})
     offset = 0 if is_rotary(model) else None
-    meas = spectral_measures(model, offset=offset, k_e=k_e)
     null = _null(model.cfg.d_model, model.cfg.d_head, n_null, null_std, k_e, seed)
-    long = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
-    wide = long.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
-    wide.columns.name = None
-    wide["offset"] = pd.array([offset] * len(wide), dtype="Int64")
-    return prev.merge(wide, on=["layer", "head"])
+    out = prev
+    for i, convention in enumerate(weights):
+        meas = spectral_measures(model, offset=offset, k_e=k_e, weights=convention)
+        long = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
+        wide = long.pivot_table(index=["layer", "head"], columns="metric",
+                                values="value").reset_index()
+        wide.columns.name = None
+        if i:
+            wide = wide.rename(columns={c: f"{convention}_{c}" for c in wide.columns
+                                        if c not in ("layer", "head")})
+        else:
+            wide["offset"] = pd.array([offset] * len(wide), dtype="Int64")
+        out = out.merge(wide, on=["layer", "head"])
+    return out
 
 
 def scheme_group(pe: str, causal: bool = True, nope: str = "exclude") -> str | None:
@@ -296,3 +316,105 @@ def dynamics_summary(corr: pd.DataFrame, x: str = "previous_token_score") -> pd.
                      "top_head": f"L{int(top.layer)}H{int(top['head'])}",
                      "rho_top_head": float(top.rho)})
     return pd.DataFrame(rows)
+
+
+def unit_table(heads: pd.DataFrame, column: str = "rotational_mass_null_percentile", *,
+               k: int = PRIMARY_K, threshold: float = MIN_PREV_SCORE,
+               nope: str = "exclude") -> pd.DataFrame:
+    """One value per independent unit: the mean ``column`` over the unit's top-k
+    previous-token heads that reach ``threshold``.
+
+    Heads are ranked by ``previous_token_score`` (ties by table order); of the top ``k``,
+    those scoring below ``threshold`` are dropped, and a unit with none left has no
+    previous-token head (``value`` NaN, left out of :func:`unit_test`).
+
+    Args:
+        heads: one row per head with ``unit, pe, previous_token_score`` and ``column``
+            (e.g. :func:`head_table` rows with a ``unit`` column; a unit is one model or
+            the heads of models averaged in advance, never several seeds pooled here).
+        column: the per-head measure, e.g. ``rotational_mass_null_percentile`` (0-100).
+        nope: as :func:`scheme_group`.
+
+    Returns:
+        ``unit, pe, group, best_prev_score, n_heads_used, heads_used, value`` (one row per
+        unit, in first-seen order).
+
+    Raises:
+        ValueError: for k < 1, a missing column, or a unit with two schemes.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    missing = {"unit", "pe", "previous_token_score", column} - set(heads.columns)
+    if missing:
+        raise ValueError(f"heads lacks columns {sorted(missing)}")
+    rows = []
+    for unit, g in heads.groupby("unit", sort=False):
+        if g.pe.nunique() != 1:
+            raise ValueError(f"unit {unit!r} has several schemes: {sorted(g.pe.unique())}")
+        top = g.sort_values("previous_token_score", ascending=False, kind="stable").head(k)
+        used = top[top.previous_token_score >= threshold]
+        names = [f"L{int(r.layer)}H{int(r.head)}" for r in used.itertuples()] \
+            if {"layer", "head"} <= set(used.columns) else []
+        pe = g.pe.iloc[0]
+        rows.append(dict(unit=unit, pe=pe, group=scheme_group(pe, True, nope),
+                         best_prev_score=float(top.previous_token_score.iloc[0]),
+                         n_heads_used=len(used), heads_used=" ".join(names),
+                         value=float(used[column].mean()) if len(used) else np.nan))
+    return pd.DataFrame(rows)
+
+
+def exact_group_test(rope, other) -> dict:
+    """RoPE > other: exact one-sided permutation test of the difference of means.
+
+    All C(n_R + n_O, n_R) relabellings are enumerated (``scipy.stats.permutation_test``
+    with ``n_resamples=inf``; by hand when a group has one unit, which scipy refuses),
+    so with every RoPE value above every other the p-value is the design's floor
+    ``1 / C(n_R + n_O, n_R)``.
+
+    Returns:
+        ``n_rope, n_other, mean_rope, mean_other, p_permutation, p_mannwhitney,
+        min_possible_p, separated`` (NaN p-values when a group is empty).
+    """
+    rope, other = np.asarray(rope, float), np.asarray(other, float)
+    n_r, n_o = len(rope), len(other)
+    row = dict(n_rope=n_r, n_other=n_o, mean_rope=rope.mean() if n_r else np.nan,
+               mean_other=other.mean() if n_o else np.nan, p_permutation=np.nan,
+               p_mannwhitney=np.nan,
+               min_possible_p=1 / math.comb(n_r + n_o, n_r) if n_r and n_o else np.nan,
+               separated=bool(n_r and n_o and rope.min() > other.max()))
+    if not (n_r and n_o):
+        return row
+    row["p_mannwhitney"] = float(stats.mannwhitneyu(rope, other, alternative="greater",
+                                                    method="exact").pvalue)
+    if n_r >= 2 and n_o >= 2:
+        res = stats.permutation_test(
+            (rope, other), lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+            permutation_type="independent", alternative="greater", n_resamples=np.inf,
+            vectorized=True)
+        row["p_permutation"] = float(res.pvalue)
+    else:  # one unit on a side: n relabellings, which scipy does not enumerate
+        both = np.concatenate([rope, other])
+        stat = rope.mean() - other.mean()
+        hits = 0
+        for idx in itertools.combinations(range(len(both)), n_r):
+            mask = np.zeros(len(both), bool)
+            mask[list(idx)] = True
+            hits += both[mask].mean() - both[~mask].mean() >= stat - 1e-12 * max(1, abs(stat))
+        row["p_permutation"] = hits / math.comb(len(both), n_r)
+    return row
+
+
+def unit_test(units: pd.DataFrame) -> dict:
+    """:func:`exact_group_test` over the units of :func:`unit_table` that have a
+    previous-token head and a group; also lists the units left out.
+
+    Returns:
+        The test's fields plus ``left_out`` (units without a previous-token head, as
+        ``"unit (best score)"``, comma-separated).
+    """
+    ok = units[units.group.notna() & units.value.notna()]
+    row = exact_group_test(ok[ok.group == "rope"].value, ok[ok.group == "other"].value)
+    gone = units[units.group.notna() & units.value.isna()]
+    row["left_out"] = ", ".join(f"{u} ({s:.2f})" for u, s in
+                                zip(gone.unit, gone.best_prev_score, strict=True))
+    return row

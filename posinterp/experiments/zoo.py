@@ -17,7 +17,7 @@ Layout under ``$POSINTERP_HOME/zoo`` (default ``~/.cache/posinterp/zoo``)::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +42,8 @@ from ..training import (
     load_weights,
 )
 
-__all__ = ["ZooConfig", "check_zoo_model", "list_zoo", "load_zoo_model", "train_zoo", "zoo_home"]
+__all__ = ["FAMILIES", "ZooConfig", "ZooFamily", "check_zoo_model", "list_zoo", "load_zoo_model",
+           "train_zoo", "zoo_family", "zoo_home"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class ZooConfig:
     n_val_windows: int = 64
     n_snapshots: int = 10
     schemes: tuple[str, ...] = field(default=tuple(PE_SCHEMES))
+    weight_decay: float = 0.1
+    data_part: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schemes", tuple(self.schemes))
@@ -76,6 +79,20 @@ class ZooConfig:
             raise ValueError(f"schemes must be among {sorted(PE_SCHEMES)}, got {bad}")
         require_at_least(self, ("n_layers", "d_model", "n_heads", "n_ctx", "batch_size",
                                 "max_steps", "n_val_windows", "n_snapshots"))
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_heads "
+                             f"({self.n_heads})")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.data_part is not None:
+            part = tuple(self.data_part)
+            if not (len(part) == 2 and 0 <= part[0] < part[1]):
+                raise ValueError(f"data_part must be (i, n) with 0 <= i < n or None, got {part!r}")
+            object.__setattr__(self, "data_part", part)
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
 
     def model_config(self, pe: str, seed: int) -> ToyModelConfig:
         return ToyModelConfig(pe=pe, n_layers=self.n_layers, d_model=self.d_model,
@@ -83,13 +100,96 @@ class ZooConfig:
 
     def train_config(self, seed: int) -> TrainConfig:
         return TrainConfig(max_steps=self.max_steps, batch_size=self.batch_size, lr=self.lr,
-                           warmup_steps=self.warmup_steps, eval_every=self.eval_every,
-                           target_accuracy=None, checkpoint_every=250, seed=seed)
+                           weight_decay=self.weight_decay, warmup_steps=self.warmup_steps,
+                           eval_every=self.eval_every, target_accuracy=None,
+                           checkpoint_every=250, seed=seed)
+
+    def to_dict(self) -> dict:
+        """The config as recorded in checkpoints and cards. Fields added later are left out
+        at their defaults, so a model trained before they existed still resumes."""
+        d = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        if d.get("data_part") is not None:
+            d["data_part"] = list(d["data_part"])
+        return d
 
     def snapshot_steps(self) -> list[int]:
         """0 (init) plus ``n_snapshots`` log-spaced steps up to ``max_steps``."""
         steps = np.unique(np.geomspace(1, self.max_steps, self.n_snapshots).round().astype(int))
         return [0, *steps.tolist()]
+
+    def corpus(self) -> ByteCorpus:
+        """The training text: the standard-library corpus, or its part ``data_part``."""
+        return stdlib_corpus(part=self.data_part)
+
+
+_LATER_FIELDS = {"weight_decay": 0.1, "data_part": None}
+
+
+@dataclass(frozen=True)
+class ZooFamily:
+    """One family of the fingerprint zoo: an architecture, data and optimizer (``config``)
+    trained under each positional scheme from one seed.
+
+    A family x scheme is one independent unit of the fingerprint test
+    (:func:`posinterp.analysis.fingerprint.unit_table`): families differ in depth, width,
+    heads, data or optimizer, so their models share code but not design choices, and
+    each family has its own seed, so no two families share an initialization.
+
+    Raises:
+        ValueError: for a name that is not a plain folder name or a negative seed.
+    """
+
+    name: str
+    config: ZooConfig
+    seed: int
+    differs_in: str
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_" for c in self.name):
+            raise ValueError(f"family name must be letters, digits, '-' or '_', got {self.name!r}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+
+    def home(self, root: str | Path) -> Path:
+        """The family's zoo folder under ``root`` (``<root>/<name>``)."""
+        return Path(root) / self.name
+
+
+def _family(name: str, seed: int, differs_in: str, **changes) -> ZooFamily:
+    return ZooFamily(name, replace(FAMILY_BASE, **changes), seed, differs_in)
+
+
+# Fixed before any family was trained (docs/reproductions/fingerprints.md, "Design"):
+# small enough for ~2-4 min per model on one CPU thread, large enough that byte-level
+# previous-token heads form (checked on `base` rotary with n_ctx 64 first: after 600
+# steps its best head scores 0.49 on held-out text, 0.26 on random bytes, which it never
+# saw). n_ctx 32 halves the cost on a machine shared by ~15 processes.
+FAMILY_BASE = ZooConfig(n_layers=2, d_model=64, n_heads=4, n_ctx=32, batch_size=16,
+                        max_steps=800, lr=1e-3, warmup_steps=50, eval_every=200,
+                        n_val_windows=32, n_snapshots=6)
+FAMILIES: dict[str, ZooFamily] = {f.name: f for f in [
+    _family("base", 100, "reference: 2 layers, d_model 64, 4 heads, all data, AdamW lr 1e-3"),
+    _family("heads8", 101, "heads: 8 heads of d_head 8", n_heads=8),
+    _family("deep", 102, "depth: 3 layers", n_layers=3),
+    _family("wide", 103, "width: d_model 96 (d_head 24)", d_model=96),
+    _family("halfdata-lr", 104, "data and optimizer: half the library (part 1 of 2), "
+            "lr 3e-3, no weight decay, batch 24", data_part=(1, 2), lr=3e-3, weight_decay=0.0,
+            batch_size=24),
+]}
+
+
+def zoo_family(name: str) -> ZooFamily:
+    """The family called ``name`` (:data:`FAMILIES`).
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+    """
+    if name not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {name!r}")
+    return FAMILIES[name]
 
 
 def _val_starts(corpus: ByteCorpus, cfg: ZooConfig) -> torch.Tensor:
@@ -120,7 +220,8 @@ def _strongest_previous_token_heads(model, corpus: ByteCorpus, cfg: ZooConfig) -
 def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path | None = None,
               progress: bool = True, corpus: ByteCorpus | None = None,
               first_seed: int = 0, executor: Executor | None = None,
-              threads: int = 1, device=None) -> pd.DataFrame:
+              threads: int = 1, device=None, only: tuple[str, ...] | None = None
+              ) -> pd.DataFrame:
     """Train (or resume, or skip when done) every (scheme, seed) of the zoo on ``device``
     (:func:`posinterp.devices.resolve_device`; None: CUDA when available, else CPU).
 
@@ -138,25 +239,32 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
     others trained) by :class:`posinterp.executors.CellsFailed`.
 
     Args:
-        corpus: the training text; default :func:`~posinterp.tasks.corpus.stdlib_corpus`,
-            read by each cell itself (so it is not shipped to every worker).
+        corpus: the training text; default ``config.corpus()`` (the standard-library
+            corpus or its ``data_part``), read by each cell itself (so it is not shipped
+            to every worker).
+        only: train only these of ``config.schemes`` (None: all). The models' recorded
+            config stays ``config``, so a later run with another ``only`` resumes them.
 
     Returns:
         One row per model: ``pe, seed, val_loss, steps`` and the strongest
         previous-token head on random bytes and on natural text.
 
     Raises:
-        ValueError: for ``seeds < 1``, ``first_seed < 0``, ``threads < 1`` or a folder
-            trained with another config.
+        ValueError: for ``seeds < 1``, ``first_seed < 0``, ``threads < 1``, ``only`` outside
+            ``config.schemes`` or a folder trained with another config.
         posinterp.executors.CellsFailed: after the other models finished, if some failed.
     """
     if seeds < 1 or first_seed < 0:
         raise ValueError(f"need seeds >= 1 and first_seed >= 0, got {seeds}, {first_seed}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
+    if only is not None and (not only or set(only) - set(config.schemes)):
+        raise ValueError(f"only must name some of the config's schemes {config.schemes}, "
+                         f"got {only!r}")
     home = check_out_dir(Path(home) if home is not None else zoo_home(), "home")
     in_process = executor is None or isinstance(executor, LocalExecutor)
-    keys = [(pe, seed) for seed in range(first_seed, first_seed + seeds) for pe in config.schemes]
+    keys = [(pe, seed) for seed in range(first_seed, first_seed + seeds) for pe in config.schemes
+            if only is None or pe in only]
     cells = [Cell(f"{_model_dir(Path(), pe, seed).name}/card", _train_model,
                   dict(config=config, pe=pe, seed=seed, home=home, corpus=corpus,
                        progress=progress and in_process, device=device),
@@ -176,7 +284,7 @@ def train_zoo(config: ZooConfig = ZooConfig(), seeds: int = 1, home: str | Path 
 def _train_model(config: ZooConfig, pe: str, seed: int, home: Path, corpus: ByteCorpus | None,
                  progress: bool, device=None) -> dict:
     """Train (or resume) one zoo model; return its card (the driver writes card.json)."""
-    corpus = corpus or stdlib_corpus()
+    corpus = corpus or config.corpus()
     folder = _model_dir(home, pe, seed)
     model_cfg, train_cfg = config.model_config(pe, seed), config.train_config(seed)
     model = build_model(model_cfg, device=device)
@@ -186,7 +294,7 @@ def _train_model(config: ZooConfig, pe: str, seed: int, home: Path, corpus: Byte
         starts = torch.randint(n_train, (config.batch_size,), generator=gen)
         return corpus.windows("train", starts, config.n_ctx)
 
-    configs = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "zoo": asdict(config),
+    configs = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "zoo": config.to_dict(),
                "corpus": corpus.fingerprint}
     history, steps = fit(
         model, next_batch, lambda m, toks: m(toks, return_type="loss"),
@@ -196,7 +304,7 @@ def _train_model(config: ZooConfig, pe: str, seed: int, home: Path, corpus: Byte
     return {
         "pe": pe, "seed": seed, "steps": steps, "val_loss": _val_loss(model, corpus, config)["val_loss"],
         "val_loss_unit": "nats per byte", "model": model_cfg.to_dict(), "train": train_cfg.to_dict(),
-        "zoo": asdict(config), "snapshot_steps": config.snapshot_steps(),
+        "zoo": config.to_dict(), "snapshot_steps": config.snapshot_steps(),
         "corpus": {"fingerprint": corpus.fingerprint, **corpus.info},
         "previous_token_heads": _strongest_previous_token_heads(model, corpus, config),
         "history": history[history.metric == "val_loss"][["step", "value"]].values.tolist(),

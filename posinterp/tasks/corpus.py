@@ -45,22 +45,34 @@ class ByteCorpus:
         return data[idx].long()
 
 
-def stdlib_corpus(root: str | Path | None = None, val_every: int = 10) -> ByteCorpus:
+def stdlib_corpus(root: str | Path | None = None, val_every: int = 10,
+                  part: tuple[int, int] | None = None) -> ByteCorpus:
     """Read every ``.py`` file under the standard library (tests and site-packages excluded).
 
     Args:
         root: folder to read; default ``sysconfig.get_paths()["stdlib"]``.
         val_every: about one file in ``val_every`` (chosen by a hash of its relative
             path) goes to validation.
+        part: ``(i, n)``: keep only the files whose path hash is ``i`` mod ``n`` (disjoint
+            parts of the library, so zoo families can differ in their data); None: all.
+            The validation rule is the same, so part ``i``'s files are split as in the
+            whole corpus.
 
     Raises:
-        FileNotFoundError: if ``root`` holds no ``.py`` file.
+        FileNotFoundError: if ``root`` (or that part of it) holds no ``.py`` file.
+        ValueError: for ``part`` not a pair with ``0 <= i < n``.
     """
+    if part is not None and not (len(part) == 2 and 0 <= part[0] < part[1]):
+        raise ValueError(f"part must be (i, n) with 0 <= i < n, got {part!r}")
     root = Path(root or sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py")
                    if not _SKIP_DIRS & set(p.relative_to(root).parts[:-1]))
+    if part is not None:
+        # byte 1 of the hash, independent of byte 0 that picks validation files
+        files = [p for p in files if hashlib.sha256(p.relative_to(root).as_posix().encode())
+                 .digest()[1] % part[1] == part[0]]
     if not files:
-        raise FileNotFoundError(f"no .py files under {root}")
+        raise FileNotFoundError(f"no .py files under {root}" + (f" in part {part}" if part else ""))
     train, val = bytearray(), bytearray()
     digest = hashlib.sha256()
     n_val = 0
@@ -74,6 +86,8 @@ def stdlib_corpus(root: str | Path | None = None, val_every: int = 10) -> ByteCo
         target += content + b"\n"
     info = {"root": str(root), "python": platform.python_version(), "n_files": len(files),
             "n_val_files": n_val, "n_train_bytes": len(train), "n_val_bytes": len(val)}
+    if part is not None:
+        info["part"] = list(part)
     return ByteCorpus(_tensor(train), _tensor(val), digest.hexdigest(), info)
 
 

@@ -7,12 +7,15 @@ from scipy import stats
 
 from posinterp.analysis.fingerprint import (
     dynamics_summary,
+    exact_group_test,
     fingerprint_table,
     fingerprint_test,
     head_dynamics,
     head_table,
     scheme_group,
     trajectory_correlations,
+    unit_table,
+    unit_test,
 )
 from posinterp.analysis.heads import previous_token_scores, random_tokens
 from tests.helpers import tiny_model
@@ -126,3 +129,63 @@ def test_trajectory_correlations_are_within_head():
     assert summ.top_head.iloc[0] == "L0H1"
     with pytest.raises(ValueError, match="snapshots"):
         trajectory_correlations(dyn[dyn.step < 100])
+
+
+def _unit_heads(unit, pe, scores, values):
+    return pd.DataFrame({"unit": unit, "pe": pe, "layer": 0, "head": range(len(scores)),
+                         "previous_token_score": scores, "rotational_mass_null_percentile": values})
+
+
+@pytest.mark.parametrize("n_rope, n_other", [(4, 8), (2, 3), (1, 3), (3, 1)])
+def test_unit_test_floor_is_one_over_n_choose_k_when_separated(n_rope, n_other):
+    """Closed form: every RoPE unit above every other -> p = 1 / C(n, n_R), the floor."""
+    heads = pd.concat([_unit_heads(f"r{i}", "rotary", [0.9, 0.5], [90 + i, 80])
+                       for i in range(n_rope)]
+                      + [_unit_heads(f"o{i}", ["absolute", "alibi"][i % 2], [0.9, 0.5], [10 + i, 5])
+                         for i in range(n_other)])
+    res = unit_test(unit_table(heads, k=2, threshold=0.3))
+    floor = 1 / math.comb(n_rope + n_other, n_rope)
+    assert res["n_rope"] == n_rope and res["n_other"] == n_other
+    assert res["min_possible_p"] == pytest.approx(floor)
+    assert res["p_permutation"] == pytest.approx(floor) and res["separated"]
+    # reversed: the observed difference is the smallest of all relabellings -> p = 1
+    flipped = heads.assign(rotational_mass_null_percentile=100 - heads.rotational_mass_null_percentile)
+    assert unit_test(unit_table(flipped, k=2))["p_permutation"] == pytest.approx(1.0)
+
+
+def test_exact_group_test_with_one_unit_matches_enumeration_by_rank():
+    # 1 vs 3: the statistic orders relabellings as the single RoPE value's rank does
+    assert exact_group_test([5.0], [1.0, 7.0, 3.0])["p_permutation"] == pytest.approx(2 / 4)
+    assert exact_group_test([0.0], [1.0, 7.0, 3.0])["p_permutation"] == pytest.approx(1.0)
+
+
+def test_unit_table_uses_the_top_k_heads_that_reach_the_threshold():
+    heads = pd.concat([
+        _unit_heads("a", "rotary", [0.1, 0.8, 0.35, 0.6], [1.0, 20.0, 99.0, 40.0]),
+        _unit_heads("b", "absolute", [0.2, 0.1, 0.25, 0.05], [50.0, 50.0, 50.0, 50.0]),
+        _unit_heads("c", "nope", [0.9, 0.8, 0.1, 0.1], [70.0, 30.0, 0.0, 0.0])])
+    u = unit_table(heads, k=2, threshold=0.3).set_index("unit")
+    assert u.loc["a", "value"] == pytest.approx(30.0)  # heads 1 and 3 (0.8, 0.6), not head 2
+    assert u.loc["a", "heads_used"] == "L0H1 L0H3"
+    k3 = unit_table(heads, k=3, threshold=0.3).set_index("unit")
+    assert k3.loc["a", "value"] == pytest.approx((20 + 40 + 99) / 3)
+    assert np.isnan(u.loc["b", "value"]) and u.loc["b", "n_heads_used"] == 0  # no head >= 0.3
+    assert pd.isna(u.loc["c", "group"])  # NoPE apart by default
+    assert unit_table(heads, k=2, nope="other").set_index("unit").loc["c", "group"] == "other"
+    res = unit_test(u.reset_index())
+    assert res["n_rope"] == 1 and res["n_other"] == 0 and res["left_out"] == "b (0.25)"
+    with pytest.raises(ValueError, match="k must be"):
+        unit_table(heads, k=0)
+    with pytest.raises(ValueError, match="several schemes"):
+        unit_table(heads.assign(unit="x"))
+
+
+def test_head_table_ranks_on_given_tokens_and_adds_the_stored_convention():
+    model = tiny_model("rotary", n_layers=1)
+    toks = random_tokens(model, 4, 12, seed=3, bos=False)
+    t = head_table(model, tokens=toks, weights=("effective", "stored"))
+    prev = previous_token_scores(model, toks)
+    assert np.allclose(t.previous_token_score, prev.value)
+    assert {"stored_rotational_mass", "stored_rotational_mass_null_percentile"} <= set(t.columns)
+    alone = head_table(model, tokens=toks, weights=("stored",))
+    assert np.allclose(t.stored_rotational_mass, alone.rotational_mass)
