@@ -30,13 +30,14 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
+from .._validate import is_int
 from ..models.backend import MissingFeatureError, eager, hooks_at_sites, scores_hook, unwrap, z_hook
 from ._checks import (
     check_attention_mask,
     check_tokens,
     lengths_from_mask,
     masked_scores,
-    next_token_pairs,
+    next_token_loss,
     run_cached,
 )
 from .adjacency import adjacency_hooks
@@ -270,38 +271,54 @@ def _loss(model, tokens, mask, fwd_hooks=()) -> float:
     # forward on the model's device in eval mode, scores on CPU; eagerly, so the hooks fire
     with eager(model), eval_mode(model), model.hooks(fwd_hooks=list(fwd_hooks)):
         logits = model(tokens.to(device), attention_mask=to_device(mask, device)).cpu()
-    cur, nxt, valid = next_token_pairs(mask, *tokens.shape)
-    rows = torch.arange(tokens.shape[0])[:, None]
-    logp = logits[rows, cur].log_softmax(-1).gather(-1, tokens[rows, nxt][..., None])[..., 0]
-    return float(-logp[valid].double().mean())
+    return float(next_token_loss(logits, tokens, mask))
 
 
-def _zero_head(head: int):
-    def hook(z, hook):  # [batch, pos, head, d_head]
-        z = z.clone()
-        z[:, :, head] = 0.0
-        return z
-    return hook
+ABLATION_METHODS = ("exact", "attribution")
+ATTRIBUTION_NOTE = ("Loss changes marked 'attribution' are first-order estimates (attribution "
+                    "patching, Nanda 2023: the gradient of the loss times the edit, from one "
+                    "forward and one backward pass), not measured losses; the {k} largest by "
+                    "size were rerun exactly and are marked 'exact'.")
 
 
-def _ablation_rows(model, tokens, mask, layers) -> pd.DataFrame:
-    from ..interventions.effects import ablation_effect, per_head_interventions
+def _ablation_method(ablate) -> str | None:
+    if ablate is False or ablate is None:
+        return None
+    if ablate is True:
+        return "exact"
+    if ablate not in ABLATION_METHODS:
+        raise ValueError(f"ablate must be False, True, or one of {ABLATION_METHODS}, got {ablate!r}")
+    return ablate
 
-    clean = _loss(model, tokens, mask)
+
+def _ablation_rows(model, tokens, mask, layers, method: str = "exact", exact_top_k: int = 20
+                   ) -> pd.DataFrame:
+    """Loss-change rows: every (layer, head, kind) exactly, or (``attribution``) estimated,
+    with the ``exact_top_k`` largest estimates rerun exactly."""
+    from ..interventions.head_ablation import (
+        HEAD_ABLATIONS,
+        attribution_estimates,
+        head_ablation_losses,
+    )
+
+    abl = [(layer, head, kind) for layer in layers for head in range(model.cfg.n_heads)
+           for kind in HEAD_ABLATIONS]
     rows = []
-    for layer in layers:
-        for head in range(model.cfg.n_heads):
-            hook = z_hook(model, layer)  # verified as z_h = p_h v_h, editable
-            after = _loss(model, tokens, mask, [(hook, _zero_head(head))])
-            rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
-                             metric="loss_change", value=after - clean,
-                             n_sequences=tokens.shape[0]))
-    eff = ablation_effect(model, tokens, per_head_interventions(model, CHANNEL_ABLATIONS, layers),
-                          attention_mask=mask)
-    eff = eff[eff.metric == "loss"]
-    for r in eff.itertuples():
-        rows.append(dict(hook=r.hook, layer=r.layer, head=int(r.head), ablation=r.kind,
-                         metric="loss_change", value=r.value, n_sequences=tokens.shape[0]))
+
+    def row(a, metric, value):
+        layer, head, kind = a
+        hook = z_hook(model, layer) if kind == "zero_head" else f"blocks.{layer}.attn"
+        return dict(hook=hook, layer=layer, head=head, ablation=kind, metric=metric, value=value,
+                    n_sequences=tokens.shape[0])
+
+    if method == "attribution":
+        clean, est = attribution_estimates(model, tokens, mask, abl)
+        rows += [row(a, "loss_change_attribution", float(e)) for a, e in zip(abl, est, strict=True)]
+        top = np.argsort(-np.abs(est), kind="stable")[:exact_top_k]
+        abl = [abl[i] for i in sorted(top)]
+    clean, losses, _ = head_ablation_losses(model, tokens, mask, abl) if abl else (
+        _loss(model, tokens, mask), np.array([]), "")
+    rows += [row(a, "loss_change", float(v - clean)) for a, v in zip(abl, losses, strict=True)]
     return pd.DataFrame(rows).assign(clean_loss=clean)
 
 
@@ -310,7 +327,8 @@ def inspect_heads(
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     *,
-    ablate: bool = False,
+    ablate: bool | str = False,
+    exact_top_k: int = 20,
     max_offset: int | None = None,
     max_pattern_tokens: int = 96,
     n_null: int = 500,
@@ -328,6 +346,12 @@ def inspect_heads(
         ablate: also measure the loss change (nats per token, real next-token pairs)
             when each head's output ``hook_z`` is zeroed, and when each of its spectral
             channels is removed (:mod:`posinterp.interventions`, Δ = 0 content form).
+            ``True`` or ``"exact"``: every one exactly (one rerun of the layers from the
+            ablated one on, batched; :mod:`posinterp.interventions.head_ablation`).
+            ``"attribution"``: first-order estimates for all (attribution patching, one
+            forward and one backward pass; metric ``loss_change_attribution``) and exact
+            ``loss_change`` only for the ``exact_top_k`` largest estimates.
+        exact_top_k: with ``ablate="attribution"``, how many ablations are rerun exactly.
         max_offset: keep kernel rows for Δ >= -max_offset only (default: every offset).
         max_pattern_tokens: pattern views show the first this many tokens (a note says so).
         n_null: random heads in the product-Ginibre null (percentiles and band).
@@ -355,6 +379,9 @@ def inspect_heads(
     for name, v in (("max_offset", max_offset), ("max_pattern_tokens", max_pattern_tokens)):
         if v is not None and v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")
+    method = _ablation_method(ablate)
+    if not is_int(exact_top_k) or exact_top_k < 0:
+        raise ValueError(f"exact_top_k must be an int >= 0, got {exact_top_k!r}")
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     batch, pos = tokens.shape
@@ -428,10 +455,12 @@ def inspect_heads(
     frames.append(adj_table().drop(columns="position"))
 
     clean_loss = None
-    if ablate:
-        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)))
+    if method is not None:
+        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)), method, exact_top_k)
         clean_loss = float(abl.clean_loss.iloc[0])
         frames.append(abl.drop(columns="clean_loss"))
+        if method == "attribution":
+            notes.append(ATTRIBUTION_NOTE.format(k=int((abl.metric == "loss_change").sum())))
     table = pd.concat([f for f in frames if len(f)], ignore_index=True)
     for col in COLUMNS:
         if col not in table:
@@ -444,7 +473,8 @@ def inspect_heads(
     meta = dict(n_layers=n_layers, n_heads=n_heads, d_model=model.cfg.d_model, d_head=model.cfg.d_head,
                 n_ctx=model.cfg.n_ctx, pe=model.cfg.positional_embedding_type, batch=batch,
                 lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, seed=seed,
-                clean_loss=clean_loss, ablate=ablate)
+                clean_loss=clean_loss, ablate=method or False,
+                exact_top_k=exact_top_k if method == "attribution" else None)
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
     return Inspection(table, patterns, str_tokens, notes, meta)
