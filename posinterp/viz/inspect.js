@@ -204,8 +204,12 @@ function openCard(id) {
   if (abl.length) {
     card.appendChild(el('h3', {}, 'Loss change when removed (clean loss ' + fmt(META.clean_loss) + ' nats)'));
     const at = el('table');
-    at.appendChild(el('tr')).append(el('th', {}, 'removed'), el('th', {}, 'Δ loss (nats/token)'));
-    for (const k of abl) { const tr = el('tr'); tr.append(el('td', {}, HEADS[id][k].ablation), el('td', {}, fmt(HEADS[id][k].value))); at.appendChild(tr); }
+    at.appendChild(el('tr')).append(el('th', {}, 'removed'), el('th', {}, 'Δ loss (nats/token)'), el('th', {}, 'how'));
+    for (const k of abl) {
+      // loss_change_attribution: a first-order estimate (attribution patching), never a measured loss
+      const how = HEADS[id][k].metric === 'loss_change_attribution' ? 'approximate (attribution patching)' : 'exact';
+      const tr = el('tr'); tr.append(el('td', {}, HEADS[id][k].ablation), el('td', {}, fmt(HEADS[id][k].value)), el('td', {}, how)); at.appendChild(tr);
+    }
     card.appendChild(at);
   }
   card.appendChild(el('h3', {}, 'Attention pattern on sequence 0'));

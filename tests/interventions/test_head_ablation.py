@@ -153,3 +153,26 @@ def test_attribution_ranks_the_exact_loss_changes_on_a_tiny_model():
     _, est = attribution_estimates(model, tokens, None, abl)
     rho = stats.spearmanr(est, exact - clean).statistic
     assert rho > 0.5, rho
+
+
+def test_cli_ablate_approx_labels_the_estimates_on_the_page_and_in_the_table(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from posinterp.cli import main
+
+    folder = tmp_path / "llama-gqa"
+    save_tiny_checkpoint("LlamaForCausalLM", tiny_hf_configs()["llama-gqa"], folder)
+    out = tmp_path / "out"
+    assert main(["inspect", str(folder), "--tokens", "8", "--batch", "2", "--ablate-approx", "3",
+                 "--out", str(out), "--no-progress"]) == 0
+    table = pd.read_csv(out / "heads.csv")
+    assert (table.metric == "loss_change_attribution").sum() == 2 * 4 * len(HEAD_ABLATIONS)
+    assert (table.metric == "loss_change").sum() == 3
+    run = json.loads((out / "run.json").read_text())
+    assert run["ablate"] == "attribution" and run["exact_top_k"] == 3
+    page = (out / "inspect.html").read_text()
+    assert "approximate (attribution patching)" in page and "3 largest by size were rerun" in page
+    assert main(["inspect", str(folder), "--ablate", "--ablate-approx", "3",
+                 "--out", str(tmp_path / "o2"), "--no-progress"]) == 2
