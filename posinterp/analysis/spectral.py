@@ -416,7 +416,7 @@ def qk_weights(model, layer: int, offset: int | None = None, weights: str = "eff
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     check_indices("layer", layer if is_int(layer) else [layer], model.cfg.n_layers)
-    stored = attention_weights(model, layer)  # K expanded over grouped-query heads
+    stored = attention_weights(model, layer, ("W_Q", "W_K"))  # K expanded over grouped-query heads
     W_Q, W_K = stored["W_Q"], stored["W_K"]
     if weights == "effective":
         gain, center, _ = attention_input_norm(model, layer)

@@ -146,7 +146,10 @@ def _expand(W: Tensor, n_heads: int) -> Tensor:
     return torch.repeat_interleave(W, n_heads // W.shape[0], dim=0)
 
 
-def attention_weights(model, layer: int) -> dict[str, Tensor]:
+_ATTENTION_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
+
+
+def attention_weights(model, layer: int, names=_ATTENTION_WEIGHTS) -> dict[str, Tensor]:
     """``W_Q, W_K, W_V`` ``[n_heads, d_model, d_head]``, ``W_O`` ``[n_heads, d_head,
     d_model]``, ``b_Q, b_K, b_V`` ``[n_heads, d_head]`` of ``layer``, detached float64
     CPU copies, whatever the model's device (spectra are computed on CPU in float64, so
@@ -154,13 +157,23 @@ def attention_weights(model, layer: int) -> dict[str, Tensor]:
 
     Keys and values are expanded over grouped-query heads (query head h reads KV head
     h // (n_heads / n_kv_heads), as both TL versions and HF do); missing biases are 0.
+    ``names``: only these (a TL 4 bridge assembles each from its HF weights on access).
+
+    Raises:
+        ValueError: for a name not among the seven above.
     """
+    bad = [n for n in names if n not in _ATTENTION_WEIGHTS]
+    if bad:
+        raise ValueError(f"names must be among {_ATTENTION_WEIGHTS}, got {bad}")
     attn = _attn(model, layer)
     H, dh = model.cfg.n_heads, model.cfg.d_head
     out = {}
     for name in ("W_Q", "W_K", "W_V", "W_O"):
-        out[name] = _expand(getattr(attn, name).detach().cpu().double(), H)
+        if name in names:
+            out[name] = _expand(getattr(attn, name).detach().cpu().double(), H)
     for name in ("b_Q", "b_K", "b_V"):
+        if name not in names:
+            continue
         try:
             b = getattr(attn, name)
         except AttributeError:
@@ -181,9 +194,21 @@ class RotarySpec:
     inv_freq: Tensor
 
 
+_ROTARY_AT = ("model.rotary_emb", "gpt_neox.rotary_emb", "transformer.rotary_emb")
+
+
 def _hf_inv_freq(model) -> Tensor | None:
     """The ``inv_freq`` buffer HF's rotary embedding computed (bridged HF models)."""
-    for name, buf in model.original_model.named_buffers():
+    hf = model.original_model
+    for where in _ROTARY_AT:  # where HF's decoders keep it: no walk over every module
+        try:
+            mod = hf.get_submodule(where)
+        except AttributeError:
+            continue
+        for name, buf in mod.named_buffers():  # the bridge may wrap it (_original_component)
+            if name.endswith("inv_freq") and not name.endswith("original_inv_freq"):
+                return buf.detach().cpu().double()
+    for name, buf in hf.named_buffers():
         if name.endswith("inv_freq"):
             return buf.detach().cpu().double()
     return None
