@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ..analysis._checks import next_token_loss
+from ..analysis.spectral import qk_weights
 from ..models.backend import (
     capture_block_inputs,
     eager,
@@ -41,7 +42,7 @@ from ..models.backend import (
     unwrap,
     z_hook,
 )
-from .qk import QKIntervention, _query_projector
+from .channels import channel_projectors
 
 __all__ = ["HEAD_ABLATIONS", "attribution_estimates", "head_ablation_losses"]
 
@@ -66,9 +67,23 @@ def _check(model, ablations) -> list[tuple[int, int, str]]:
 
 
 def _projectors(model, ablations) -> dict[tuple[int, int, str], Tensor]:
-    """(I - Π_c) for every channel ablation, as :mod:`.qk` applies it (float64)."""
-    return {(layer, head, kind): _query_projector(model, QKIntervention(kind, layer, heads=(head,)))[head]
-            for layer, head, kind in ablations if kind != "zero_head"}
+    """(I - Π_c) for every channel ablation, float64: the matrices :mod:`.qk`'s
+    ``remove_<c>`` applies, from one Schur-based decomposition per head (all channels at
+    once) and one read of each layer's weights."""
+    wanted: dict[int, dict[int, list[str]]] = {}
+    for layer, head, kind in ablations:
+        if kind != "zero_head":
+            wanted.setdefault(layer, {}).setdefault(head, []).append(kind)
+    out = {}
+    for layer, heads in wanted.items():
+        W_Q, W_K = qk_weights(model, layer)
+        for head, kinds in heads.items():
+            B = W_K[head].T @ W_Q[head]
+            P = channel_projectors(B)
+            for kind in kinds:
+                out[(layer, head, kind)] = torch.eye(B.shape[0], dtype=torch.float64) - \
+                    P[kind.removeprefix("remove_")]
+    return out
 
 
 def _edit_hooks(model, layer: int, group, projectors, batch: int):

@@ -176,3 +176,14 @@ def test_cli_ablate_approx_labels_the_estimates_on_the_page_and_in_the_table(tmp
     assert "approximate (attribution patching)" in page and "3 largest by size were rerun" in page
     assert main(["inspect", str(folder), "--ablate", "--ablate-approx", "3",
                  "--out", str(tmp_path / "o2"), "--no-progress"]) == 2
+
+
+def test_projectors_are_those_the_qk_interventions_apply():
+    from posinterp.interventions.qk import _query_projector
+
+    model = tiny_model("rotary")
+    abl = [a for a in _all_ablations(model) if a[2] != "zero_head"]
+    got = head_ablation._projectors(model, abl)
+    for layer, head, kind in abl:
+        ref = _query_projector(model, QKIntervention(kind, layer, heads=(head,)))[head]
+        assert torch.equal(got[(layer, head, kind)], ref)
