@@ -247,8 +247,13 @@ def _inspect(args: argparse.Namespace) -> int:
         return _compare(args)
     from .experiments.inspect import run_inspect
 
+    if args.ablate and args.ablate_approx is not None:
+        raise ValueError("--ablate (exact) and --ablate-approx K (approximate) are alternatives; "
+                         "give one of them")
+    approx = args.ablate_approx is not None
     res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
-                      batch=args.batch, ablate=args.ablate, seed=args.seed,
+                      batch=args.batch, ablate="attribution" if approx else args.ablate,
+                      exact_top_k=args.ablate_approx if approx else 20, seed=args.seed,
                       max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
                       device=args.device, input_kind=args.input)
     from .analysis.inspect import head_wide
@@ -370,7 +375,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--batch", type=pos1, default=8,
                    help="number of random-token or sampled sequences (default 8)")
     i.add_argument("--ablate", action="store_true",
-                   help="also measure the loss change when each head or spectral channel is removed")
+                   help="also measure the loss change when each head or spectral channel is removed "
+                   "(exact: one batched rerun of the layers from the ablated one on)")
+    i.add_argument("--ablate-approx", type=pos0, default=None, metavar="K",
+                   help="instead of --ablate: first-order estimates of every loss change "
+                   "(attribution patching: one forward and one backward pass; labelled approximate "
+                   "on the page and in heads.csv as loss_change_attribution) and exact reruns of "
+                   "the K largest")
     i.add_argument("--seed", type=pos0, default=0, help="seed of random tokens and the null (default 0)")
     i.add_argument("--max-pattern-tokens", type=pos1, default=96,
                    help="pattern views of a longer input are pooled into blocks to at most "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask", "on_cpu", "masked_scores",
-           "next_token_pairs"]
+           "next_token_loss", "next_token_pairs"]
 
 
 def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -95,6 +95,19 @@ def next_token_pairs(mask: torch.Tensor | None, batch: int, pos: int
     order = torch.sort((mask == 0).long(), dim=-1, stable=True).indices
     valid = torch.arange(1, pos)[None, :] < mask.sum(-1, keepdim=True)
     return order[:, :-1], order[:, 1:], valid
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None
+                    ) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats, a float64 scalar tensor, differentiable) over
+    real-token pairs (:func:`next_token_pairs`), from ``[batch, pos, d_vocab]`` logits on
+    any device."""
+    cur, nxt, valid = next_token_pairs(None if mask is None else mask.cpu(), *tokens.shape)
+    dev = logits.device
+    cur, nxt, valid, tokens = cur.to(dev), nxt.to(dev), valid.to(dev), tokens.to(dev)
+    rows = torch.arange(tokens.shape[0], device=dev)[:, None]
+    logp = logits[rows, cur].log_softmax(-1).gather(-1, tokens[rows, nxt][..., None])[..., 0]
+    return -logp[valid].double().mean()
 
 
 def masked_scores(scores: torch.Tensor) -> torch.Tensor:

@@ -30,13 +30,14 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
+from .._validate import is_int
 from ..models.backend import MissingFeatureError, eager, hooks_at_sites, scores_hook, unwrap, z_hook
 from ._checks import (
     check_attention_mask,
     check_tokens,
     lengths_from_mask,
     masked_scores,
-    next_token_pairs,
+    next_token_loss,
     run_cached,
 )
 from .adjacency import adjacency_hooks
@@ -351,71 +352,71 @@ def _loss(model, tokens, mask, fwd_hooks=()) -> float:
     # forward on the model's device in eval mode, scores on CPU; eagerly, so the hooks fire
     with eager(model), eval_mode(model), model.hooks(fwd_hooks=list(fwd_hooks)):
         logits = model(tokens.to(device), attention_mask=to_device(mask, device)).cpu()
-    cur, nxt, valid = next_token_pairs(mask, *tokens.shape)
-    rows = torch.arange(tokens.shape[0])[:, None]
-    logp = logits[rows, cur].log_softmax(-1).gather(-1, tokens[rows, nxt][..., None])[..., 0]
-    return float(-logp[valid].double().mean())
+    return float(next_token_loss(logits, tokens, mask))
 
 
-def _zero_head(head: int):
-    def hook(z, hook):  # [batch, pos, head, d_head]
-        z = z.clone()
-        z[:, :, head] = 0.0
-        return z
-    return hook
+ABLATION_METHODS = ("exact", "attribution")
+ATTRIBUTION_NOTE = ("Loss changes marked 'attribution' are first-order estimates (attribution "
+                    "patching, Nanda 2023: the gradient of the loss times the edit, from one "
+                    "forward and one backward pass), not measured losses; the {k} largest by "
+                    "size were rerun exactly and are marked 'exact'.")
 
 
-def _band_interventions(model, layers) -> list:
-    """RoPE models: per head, remove its fastest and its slowest frequency band (a quarter
-    of the rotary pairs each, :func:`~posinterp.analysis.frequencies.frequency_bands`)."""
-    from ..interventions.qk import QKIntervention
+def _band_kinds(model, layer: int) -> list[str]:
+    """RoPE models: a head's fastest and its slowest frequency band (a quarter of the rotary
+    pairs each, :func:`~posinterp.analysis.frequencies.frequency_bands`), as ablation kinds
+    ``remove_band_<band>``; none on other schemes."""
     from ..models.backend import positional_type, rotary_spec
 
     if positional_type(model) != "rotary":
         return []
-    out = []
-    for layer in layers:
-        bands = frequency_bands(rotary_spec(model, layer).inv_freq)
-        for band in dict.fromkeys((bands[0], bands[-1])):  # one band when there is one pair
-            out += [QKIntervention("remove_band", layer, heads=(head,), band=band)
-                    for head in range(model.cfg.n_heads)]
-    return out
+    bands = frequency_bands(rotary_spec(model, layer).inv_freq)
+    # one band when there is one pair
+    return [f"remove_band_{band_label(b)}" for b in dict.fromkeys((bands[0], bands[-1]))]
 
 
-def _ablation_rows(model, tokens, mask, layers, progress: bool = False) -> pd.DataFrame:
+def _ablation_method(ablate) -> str | None:
+    if ablate is False or ablate is None:
+        return None
+    if ablate is True:
+        return "exact"
+    if ablate not in ABLATION_METHODS:
+        raise ValueError(f"ablate must be False, True, or one of {ABLATION_METHODS}, got {ablate!r}")
+    return ablate
+
+
+def _ablation_rows(model, tokens, mask, layers, method: str = "exact", exact_top_k: int = 20,
+                   progress: bool = False) -> pd.DataFrame:
+    """Loss-change rows: every (layer, head, kind) exactly, or (``attribution``) estimated,
+    with the ``exact_top_k`` largest estimates rerun exactly."""
     from tqdm.auto import tqdm
 
-    from ..interventions.effects import ablation_effect, per_head_interventions
+    from ..interventions.head_ablation import (
+        HEAD_ABLATIONS,
+        attribution_estimates,
+        head_ablation_losses,
+    )
 
-    n_heads = model.cfg.n_heads
-    per_layer = {layer: per_head_interventions(model, CHANNEL_ABLATIONS, [layer])
-                 + _band_interventions(model, [layer]) for layer in layers}
-    # forward passes: the clean one, one per head zeroed, and per layer of channel and
-    # band ablations its own clean pass plus one per intervention
-    bar = tqdm(total=1 + len(layers) * (n_heads + 1) + sum(map(len, per_layer.values())),
-               disable=not progress, desc="ablations (forward passes)", unit="pass",
-               dynamic_ncols=True)
-    with bar:
-        clean = _loss(model, tokens, mask)
-        bar.update(1)
-        rows = []
-        for layer in layers:
-            for head in range(n_heads):
-                hook = z_hook(model, layer)  # verified as z_h = p_h v_h, editable
-                after = _loss(model, tokens, mask, [(hook, _zero_head(head))])
-                rows.append(dict(hook=hook, layer=layer, head=head, ablation="zero_head",
-                                 metric="loss_change", value=after - clean,
-                                 n_sequences=tokens.shape[0]))
-                bar.update(1)
-        for layer in layers:  # a layer at a time, so the bar moves
-            eff = ablation_effect(model, tokens, per_layer[layer], attention_mask=mask)
-            bar.update(len(per_layer[layer]) + 1)
-            eff = eff[eff.metric == "loss"]
-            for r in eff.itertuples():
-                label = (r.kind if pd.isna(r.band)
-                         else f"remove_band_{band_label(map(int, r.band.split(',')))}")
-                rows.append(dict(hook=r.hook, layer=r.layer, head=int(r.head), ablation=label,
-                                 metric="loss_change", value=r.value, n_sequences=tokens.shape[0]))
+    abl = [(layer, head, kind) for layer in layers for head in range(model.cfg.n_heads)
+           for kind in (*HEAD_ABLATIONS, *_band_kinds(model, layer))]
+    rows = []
+
+    def row(a, metric, value):
+        layer, head, kind = a
+        hook = z_hook(model, layer) if kind == "zero_head" else f"blocks.{layer}.attn"
+        return dict(hook=hook, layer=layer, head=head, ablation=kind, metric=metric, value=value,
+                    n_sequences=tokens.shape[0])
+
+    if method == "attribution":
+        clean, est = attribution_estimates(model, tokens, mask, abl)
+        rows += [row(a, "loss_change_attribution", float(e)) for a, e in zip(abl, est, strict=True)]
+        top = np.argsort(-np.abs(est), kind="stable")[:exact_top_k]
+        abl = [abl[i] for i in sorted(top)]
+    with tqdm(total=len(abl), disable=not progress, desc="ablations", unit="ablation",
+              dynamic_ncols=True) as bar:
+        clean, losses, _ = head_ablation_losses(model, tokens, mask, abl, on_done=bar.update) \
+            if abl else (_loss(model, tokens, mask), np.array([]), "")
+    rows += [row(a, "loss_change", float(v - clean)) for a, v in zip(abl, losses, strict=True)]
     return pd.DataFrame(rows).assign(clean_loss=clean)
 
 
@@ -435,7 +436,8 @@ def inspect_heads(
     tokens: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None = None,
     *,
-    ablate: bool = False,
+    ablate: bool | str = False,
+    exact_top_k: int = 20,
     max_offset: int | None = None,
     max_pattern_tokens: int = 96,
     n_null: int = NULL_HEADS,
@@ -457,6 +459,12 @@ def inspect_heads(
             channels is removed (:mod:`posinterp.interventions`, Δ = 0 content form);
             on RoPE models also its fastest and its slowest frequency band
             (``remove_band``: the query's components in those rotary pairs zeroed).
+            ``True`` or ``"exact"``: every one exactly (one rerun of the layers from the
+            ablated one on, batched; :mod:`posinterp.interventions.head_ablation`).
+            ``"attribution"``: first-order estimates for all (attribution patching, one
+            forward and one backward pass; metric ``loss_change_attribution``) and exact
+            ``loss_change`` only for the ``exact_top_k`` largest estimates.
+        exact_top_k: with ``ablate="attribution"``, how many ablations are rerun exactly.
         max_offset: keep kernel rows for Δ >= -max_offset only (default: every offset).
         max_pattern_tokens: pattern views of a longer sequence are pooled into blocks of
             ceil(n / max_pattern_tokens) tokens (:func:`pool_pattern`; a note states the
@@ -502,6 +510,9 @@ def inspect_heads(
             raise ValueError(f"{name} must be >= 1, got {v}")
     if not isinstance(explain_values, int) or explain_values < 0:
         raise ValueError(f"explain_values must be an integer >= 0, got {explain_values!r}")
+    method = _ablation_method(ablate)
+    if not is_int(exact_top_k) or exact_top_k < 0:
+        raise ValueError(f"exact_top_k must be an int >= 0, got {exact_top_k!r}")
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     batch, pos = tokens.shape
@@ -591,8 +602,9 @@ def inspect_heads(
     frames.append(adj_table().drop(columns="position"))
 
     clean_loss = None
-    if ablate:
-        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)), progress)
+    if method is not None:
+        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)), method, exact_top_k,
+                             progress)
         clean_loss = float(abl.clean_loss.iloc[0])
         if clean_loss >= uniform_guess_loss(model):
             notes.append(
@@ -603,6 +615,8 @@ def inspect_heads(
                 "on noise, not how it uses position. Use --text or --input sampled for "
                 "loss ablations.")
         frames.append(abl.drop(columns="clean_loss"))
+        if method == "attribution":
+            notes.append(ATTRIBUTION_NOTE.format(k=int((abl.metric == "loss_change").sum())))
     table = pd.concat([f for f in frames if len(f)], ignore_index=True)
     for col in COLUMNS:
         if col not in table:
@@ -616,7 +630,8 @@ def inspect_heads(
                 n_ctx=model.cfg.n_ctx, pe=model.cfg.positional_embedding_type, batch=batch,
                 lengths=lengths.tolist(), max_lag=max_lag, n_null=n_null, n_null_band=n_band,
                 seed=seed, clean_loss=clean_loss, uniform_guess_loss=uniform_guess_loss(model),
-                ablate=ablate, pattern_block=block,
+                ablate=method or False, pattern_block=block,
+                exact_top_k=exact_top_k if method == "attribution" else None,
                 pattern_tokens=first_len, **_input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")

@@ -2,9 +2,9 @@
 
 For head h, the bilinear form is M = W_Q W_K^T (d_model x d_model), so with no biases
 the content score is c_ij = x_i M x_j^T / attn_scale. Its nonzero eigenvalues are those
-of the small form B = W_K^T W_Q (d_head x d_head), computed in float64 with
-TransformerLens's ``FactoredMatrix`` (never W_Q^T W_K = B^T, whose eigen-channels
-differ).
+of the small form B = W_K^T W_Q (d_head x d_head), computed in float64 as
+TransformerLens's ``FactoredMatrix`` reduces it (never W_Q^T W_K = B^T, whose
+eigen-channels differ), every head of every layer in one batched call.
 
 **Rotary heads.** Key j and query i are rotated by R(j), R(i), so the score is
 x_i W_Q R(i - j) W_K^T x_j^T: the form depends on the offset Δ = j - i,
@@ -85,17 +85,32 @@ def eigenvalues(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tensor, "..
     Sorted by decreasing modulus. fp16/bf16/fp32 inputs are upcast to float64 first. A
     pair that rounding split off a real double eigenvalue (:func:`real_within_rounding`)
     is returned real, so the rotational measures do not jump on rounding.
-    Source: docs/concepts.md ("QK circuit of head h"); ``FactoredMatrix.eigenvalues``.
+    Source: docs/concepts.md ("QK circuit of head h"); ``FactoredMatrix.eigenvalues``
+    (the d_head x d_head form BA instead of the d_model x d_model AB).
 
     Raises:
         ValueError: if the shapes differ or are not ``[..., d_model, d_head]``.
     """
-    from transformer_lens import FactoredMatrix
-
     q, k = qk_float64(W_Q, W_K)
-    lam = FactoredMatrix(q, k.mT).eigenvalues
+    return small_form_eigenvalues(k.mT @ q)
+
+
+def small_form_eigenvalues(B: Float[Tensor, "... d_head d_head"]) -> Complex[Tensor, "... d_head"]:
+    """:func:`eigenvalues` from the small forms B = W_K^T W_Q themselves, any leading dims.
+
+    One batched ``torch.linalg.eigvals`` call (LAPACK geev without eigenvectors: the
+    same eigenvalues as ``FactoredMatrix.eigenvalues``' ``linalg.eig``, at less than half
+    the cost), then :func:`real_within_rounding` and a stable sort by decreasing |λ|.
+
+    Raises:
+        ValueError: if ``B`` is not ``[..., n, n]``.
+    """
+    if B.ndim < 2 or B.shape[-1] != B.shape[-2]:
+        raise ValueError(f"B must be [..., n, n] square matrices, got {tuple(B.shape)}")
+    B = B.detach().double()
+    lam = torch.linalg.eigvals(B)
     # A real pair that rounding split (a defective or nearly defective real block) is real.
-    lam = torch.where(real_within_rounding(k.mT @ q, lam), lam.real.to(lam.dtype), lam)
+    lam = torch.where(real_within_rounding(B, lam), lam.real.to(lam.dtype), lam)
     order = torch.argsort(lam.abs(), dim=-1, descending=True, stable=True)
     return torch.gather(lam, -1, order)
 
@@ -288,12 +303,15 @@ def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float 
     if inv_freq is not None and tuple(inv_freq.shape) != (half,):
         raise ValueError(f"inv_freq must have rotary_dim/2 = {half} entries, got {tuple(inv_freq.shape)}")
     R = torch.eye(d_head, dtype=torch.float64)
-    for p in range(half):
-        theta = angle_steps * float(inv_freq[p]) if inv_freq is not None else angle_steps / base ** (p / half)
-        a, b = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
-        c, s = math.cos(theta), math.sin(theta)
-        # new_a = a c - b s, new_b = b c + a s  (TransformerLens's x cos + rotate(x) sin)
-        R[a, a], R[b, a], R[a, b], R[b, b] = c, -s, s, c
+    freqs = inv_freq.tolist() if inv_freq is not None else None
+    theta = [angle_steps * freqs[p] if freqs is not None else angle_steps / base ** (p / half)
+             for p in range(half)]
+    c = torch.tensor([math.cos(t) for t in theta], dtype=torch.float64)
+    s = torch.tensor([math.sin(t) for t in theta], dtype=torch.float64)
+    p = torch.arange(half)
+    a, b = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
+    # new_a = a c - b s, new_b = b c + a s  (TransformerLens's x cos + rotate(x) sin)
+    R[a, a], R[b, a], R[a, b], R[b, b] = c, -s, s, c
     return R
 
 
@@ -401,7 +419,7 @@ def qk_weights(model, layer: int, offset: int | None = None, weights: str = "eff
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
     check_indices("layer", layer if is_int(layer) else [layer], model.cfg.n_layers)
-    stored = attention_weights(model, layer)  # K expanded over grouped-query heads
+    stored = attention_weights(model, layer, ("W_Q", "W_K"))  # K expanded over grouped-query heads
     W_Q, W_K = stored["W_Q"], stored["W_K"]
     if weights == "effective":
         gain, center, _ = attention_input_norm(model, layer)
@@ -448,14 +466,14 @@ def _selected_qk_only(qk, layers, heads, offset, weights):
     layer_ids = _select("layers", layers, qk.n_layers)
     head_ids = _select("heads", heads, qk.n_heads)
     for off in offsets:
+        R = (rotary_matrix(qk.d_head, qk.rotary_dim, -off, adjacent_pairs=qk.adjacent_pairs,
+                           inv_freq=qk.inv_freq) if off else None)  # one RoPE for every layer
         for layer in layer_ids:
             W_Q, W_K = qk.W_Q[layer], qk.W_K[layer]
             if weights == "effective":
                 W_Q = effective_weights(W_Q, qk.gain[layer], qk.center)
                 W_K = effective_weights(W_K, qk.gain[layer], qk.center)
-            if off:
-                R = rotary_matrix(qk.d_head, qk.rotary_dim, -off, adjacent_pairs=qk.adjacent_pairs,
-                                  inv_freq=qk.inv_freq)
+            if R is not None:
                 W_K = W_K @ R.T
             yield off, layer, head_ids, W_Q[head_ids], W_K[head_ids]
 
@@ -507,18 +525,25 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
         ValueError: layers/heads out of range, a model without ``W_Q``, or ``offset`` on
             a non-rotary model.
     """
-    frames = []
+    keys, forms = [], []
     for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
-        lam = eigenvalues(W_Q, W_K)  # [heads, d_head]
-        n = lam.shape[-1]
-        frames.append(pd.DataFrame({
-            "hook": f"blocks.{layer}.attn", "layer": layer,
-            "head": np.repeat(head_ids, n), "offset": off,
-            "rank": np.tile(np.arange(n), len(head_ids)),
-            "real": lam.real.flatten().numpy(), "imag": lam.imag.flatten().numpy(),
-            "abs": lam.abs().flatten().numpy()}))
-    df = pd.concat(frames, ignore_index=True)
-    return df.astype({"offset": "Int64"})
+        q, k = qk_float64(W_Q, W_K)
+        keys.append((off, layer, head_ids))
+        forms.append(k.mT @ q)  # [heads, d_head, d_head]
+    # every head of every layer and offset in one eigvals call: 540 64 x 64 problems for
+    # SmolLM2-135M (docs/performance.md)
+    lam = small_form_eigenvalues(torch.cat(forms)).numpy()  # [sum heads, d_head]
+    n = lam.shape[-1]
+    n_rows = [len(h) * n for _, _, h in keys]
+    offs = [pd.NA if off is None else off for off, _, _ in keys]
+    df = pd.DataFrame({
+        "hook": np.repeat([f"blocks.{layer}.attn" for _, layer, _ in keys], n_rows),
+        "layer": np.repeat([layer for _, layer, _ in keys], n_rows),
+        "head": np.concatenate([np.repeat(h, n) for _, _, h in keys]),
+        "offset": pd.array(np.repeat(np.array(offs, dtype=object), n_rows), dtype="Int64"),
+        "rank": np.tile(np.arange(n), sum(len(h) for _, _, h in keys)),
+        "real": lam.real.flatten(), "imag": lam.imag.flatten(), "abs": np.abs(lam).flatten()})
+    return df
 
 
 def spectral_measures(model, layers=None, heads=None, offset: int | None = None,

@@ -134,7 +134,8 @@ def _bos_id(model, info) -> int:
 
 
 def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = None,
-                n_tokens: int = 64, batch: int = 8, ablate: bool = False, seed: int = 0,
+                n_tokens: int = 64, batch: int = 8, ablate: bool | str = False,
+                exact_top_k: int = 20, seed: int = 0,
                 max_pattern_tokens: int = 96, progress: bool = True,
                 device=None, input_kind: str = "random") -> InspectResult:
     """Inspect every head of the model ``spec`` and write the page to ``out_dir``.
@@ -147,8 +148,11 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             (seeded by ``seed``; a BOS first when the tokenizer has one).
         n_tokens: random-token length, at most the model's ``n_ctx``.
         batch: number of random-token sequences (intervals are over sequences).
-        ablate: also measure loss changes when heads or spectral channels are removed
-            (with ``progress``, a tqdm bar on stderr counts their forward passes).
+        ablate: also measure loss changes when heads or spectral channels are removed:
+            ``True``/``"exact"``, or ``"attribution"`` (first-order estimates, with exact
+            reruns of the ``exact_top_k`` largest; :func:`posinterp.analysis.inspect_heads`);
+            with ``progress``, a tqdm bar on stderr counts their forward passes.
+        exact_top_k: see ``ablate``.
         progress: log lines on stdout and the ablations' bar on stderr.
         seed: seed of the random tokens and the random-head null.
         input_kind: without ``text``: ``"random"`` (uniform ids) or ``"sampled"``, the
@@ -206,9 +210,11 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             source = (f"{batch} random-token sequences of {n_tokens} tokens (seed {seed}"
                       f"{', BOS first' if _has_bos(model) else ''})")
     log(f"[posinterp] inspecting {model.cfg.n_layers} layers x {model.cfg.n_heads} heads on {source}"
-        + (" with ablations" if ablate else ""))
-    res = inspect_heads(model, tokens, mask, ablate=ablate, seed=seed, model_name=str(spec),
-                        max_pattern_tokens=max_pattern_tokens, progress=progress)
+        + ((" with approximate ablations" if ablate == "attribution" else " with ablations")
+           if ablate else ""))
+    res = inspect_heads(model, tokens, mask, ablate=ablate, exact_top_k=exact_top_k, seed=seed,
+                        model_name=str(spec), max_pattern_tokens=max_pattern_tokens,
+                        progress=progress)
     res.notes[:0] = notes
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:
@@ -223,7 +229,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
              + f". Input: {source}. Weight processing: "
              + (", ".join(k for k, v in info.processing.items() if v) or "none") + ".")
     atomic_write_json(out / "run.json", {"spec": str(spec), "model": info.to_dict(), "input": source,
-                                         "ablate": ablate, "seed": seed, "notes": res.notes,
+                                         "ablate": res.meta["ablate"],
+                                         "exact_top_k": res.meta["exact_top_k"], "seed": seed,
+                                         "notes": res.notes,
                                          "versions": versions(), "seconds": seconds})
     path = save_inspect_page(res, out / "inspect.html", f"posinterp inspect: {spec}", facts)
     return InspectResult(res.table, path, seconds)

@@ -24,3 +24,7 @@ __all__ += ["BANS", "CONSTRAINTS", "TIED_CONSTRAINTS", "ChannelBan", "TiedKey", 
 from .effects import ablation_effect, per_head_interventions  # noqa: E402
 
 __all__ += ["ablation_effect", "per_head_interventions"]
+
+from .head_ablation import HEAD_ABLATIONS, attribution_estimates, head_ablation_losses  # noqa: E402
+
+__all__ += ["HEAD_ABLATIONS", "attribution_estimates", "head_ablation_losses"]

@@ -40,8 +40,9 @@ import torch
 from torch import Tensor
 from torch.nn.utils import parametrize
 
-__all__ = ["TL_MAJOR", "TL_VERSION", "CompiledModelError", "HookMeaning", "MissingFeatureError",
-           "QKSlot", "RotarySpec", "arm_output_edit", "attention_input_norm_module",
+__all__ = ["TL_MAJOR", "TL_VERSION", "BlockInputs", "CompiledModelError", "HookMeaning",
+           "MissingFeatureError", "QKSlot", "RotarySpec", "arm_output_edit", "capture_block_inputs",
+           "final_logits", "run_blocks_from", "suffix_replay_matches", "attention_input_norm_module",
            "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
            "guard_kv_cache", "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for",
@@ -149,7 +150,10 @@ def _expand(W: Tensor, n_heads: int) -> Tensor:
     return torch.repeat_interleave(W, n_heads // W.shape[0], dim=0)
 
 
-def attention_weights(model, layer: int) -> dict[str, Tensor]:
+_ATTENTION_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")
+
+
+def attention_weights(model, layer: int, names=_ATTENTION_WEIGHTS) -> dict[str, Tensor]:
     """``W_Q, W_K, W_V`` ``[n_heads, d_model, d_head]``, ``W_O`` ``[n_heads, d_head,
     d_model]``, ``b_Q, b_K, b_V`` ``[n_heads, d_head]`` of ``layer``, detached float64
     CPU copies, whatever the model's device (spectra are computed on CPU in float64, so
@@ -157,13 +161,23 @@ def attention_weights(model, layer: int) -> dict[str, Tensor]:
 
     Keys and values are expanded over grouped-query heads (query head h reads KV head
     h // (n_heads / n_kv_heads), as both TL versions and HF do); missing biases are 0.
+    ``names``: only these (a TL 4 bridge assembles each from its HF weights on access).
+
+    Raises:
+        ValueError: for a name not among the seven above.
     """
+    bad = [n for n in names if n not in _ATTENTION_WEIGHTS]
+    if bad:
+        raise ValueError(f"names must be among {_ATTENTION_WEIGHTS}, got {bad}")
     attn = _attn(model, layer)
     H, dh = model.cfg.n_heads, model.cfg.d_head
     out = {}
     for name in ("W_Q", "W_K", "W_V", "W_O"):
-        out[name] = _expand(getattr(attn, name).detach().cpu().double(), H)
+        if name in names:
+            out[name] = _expand(getattr(attn, name).detach().cpu().double(), H)
     for name in ("b_Q", "b_K", "b_V"):
+        if name not in names:
+            continue
         try:
             b = getattr(attn, name)
         except AttributeError:
@@ -184,9 +198,21 @@ class RotarySpec:
     inv_freq: Tensor
 
 
+_ROTARY_AT = ("model.rotary_emb", "gpt_neox.rotary_emb", "transformer.rotary_emb")
+
+
 def _hf_inv_freq(model) -> Tensor | None:
     """The ``inv_freq`` buffer HF's rotary embedding computed (bridged HF models)."""
-    for name, buf in model.original_model.named_buffers():
+    hf = model.original_model
+    for where in _ROTARY_AT:  # where HF's decoders keep it: no walk over every module
+        try:
+            mod = hf.get_submodule(where)
+        except AttributeError:
+            continue
+        for name, buf in mod.named_buffers():  # the bridge may wrap it (_original_component)
+            if name.endswith("inv_freq") and not name.endswith("original_inv_freq"):
+                return buf.detach().cpu().double()
+    for name, buf in hf.named_buffers():
         if name.endswith("inv_freq"):
             return buf.detach().cpu().double()
     return None
@@ -1359,3 +1385,143 @@ def process_weights(model, *, fold_ln: bool = False, center_writing_weights: boo
     if fold_ln and getattr(getattr(twin, "adapter", None), "supports_fold_ln", True):
         mark_folded(twin)
     return twin.train(model.training)
+# --- Running a suffix of the blocks (exact ablations from a cached prefix) -----------------
+#
+# An edit at layer l leaves every layer below l unchanged, so ablations of layer-l heads
+# rerun only blocks l.. from the cached resid_pre of layer l. TL 3.9's start_at_layer does
+# this; TL 4's bridge accepts start_at_layer but still runs blocks 0..l-1 (its docstring).
+# So on both lines each block is called as the model itself called it: its inputs (the
+# residual, plus the mask, positions and RoPE tables the model passed) are recorded once
+# on a clean pass and replayed, tiled along the batch axis for several ablations at once.
+# The replay is checked against the model's own logits before any ablation uses it
+# (:func:`suffix_replay_matches`), never assumed.
+
+
+@dataclass(frozen=True)
+class BlockInputs:
+    """What every block received on one clean forward pass (:func:`capture_block_inputs`).
+
+    ``resid_pre[l]``: ``[batch, pos, d_model]``, block l's input, on the model's device;
+    ``args[l]`` / ``kwargs[l]``: the rest of that call (attention mask, position ids,
+    RoPE tables; a KV cache is dropped); ``logits``: the clean ``[batch, pos, d_vocab]``
+    logits on the model's device; ``batch``: the batch size the inputs were recorded at.
+    """
+
+    resid_pre: dict
+    args: dict
+    kwargs: dict
+    logits: Tensor
+    batch: int
+
+
+def _without_kv_cache(kwargs: dict) -> dict:
+    """A replayed block call must not read or append to the clean pass's KV cache."""
+    try:
+        from transformers.cache_utils import Cache
+    except ImportError:  # pragma: no cover - transformers is a TransformerLens dependency
+        Cache = None  # noqa: N806
+    out = {}
+    for k, v in kwargs.items():
+        if Cache is not None and isinstance(v, Cache):
+            v = None
+        if k == "use_cache":
+            v = False
+        out[k] = v
+    return out
+
+
+def capture_block_inputs(model, tokens: Tensor, mask: Tensor | None) -> BlockInputs:
+    """One clean forward pass recording every block's inputs (for :func:`run_blocks_from`).
+
+    Runs eagerly, in eval mode, without autograd, on the model's device.
+
+    Returns:
+        :class:`BlockInputs`.
+    """
+    from ..devices import model_device
+
+    model = unwrap(model)
+    device = model_device(model)
+    tokens = tokens.to(device)
+    mask = None if mask is None else mask.to(device)
+    resid, args, kwargs, handles = {}, {}, {}, []
+
+    def recorder(layer):
+        def hook(_module, a, kw):
+            resid[layer] = a[0] if a else kw["hidden_states"]
+            args[layer] = tuple(a[1:])
+            kwargs[layer] = _without_kv_cache({k: v for k, v in kw.items() if k != "hidden_states"})
+        return hook
+
+    try:
+        for layer, block in enumerate(model.blocks):
+            handles.append(block.register_forward_pre_hook(recorder(layer), with_kwargs=True))
+        with torch.no_grad(), eager(model), eval_mode(model):
+            logits = model(tokens, attention_mask=mask)
+    finally:
+        for h in handles:
+            h.remove()
+    return BlockInputs(resid, args, kwargs, logits, tokens.shape[0])
+
+
+def _tile(obj, batch: int, copies: int):
+    """``obj`` with every tensor whose dim 0 is the batch repeated ``copies`` times along
+    it (copy g holds rows g*batch .. (g+1)*batch - 1); other values (and broadcast
+    tensors of dim 0 = 1 when batch > 1) unchanged."""
+    if isinstance(obj, Tensor):
+        if copies > 1 and obj.ndim and obj.shape[0] == batch:
+            return obj.repeat(copies, *([1] * (obj.ndim - 1)))
+        return obj
+    if isinstance(obj, tuple):
+        return tuple(_tile(o, batch, copies) for o in obj)
+    if isinstance(obj, list):
+        return [_tile(o, batch, copies) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _tile(v, batch, copies) for k, v in obj.items()}
+    return obj
+
+
+def run_blocks_from(model, inputs: BlockInputs, layer: int, resid: Tensor) -> Tensor:
+    """Blocks ``layer`` .. n_layers - 1 on ``resid`` (``[copies * batch, pos, d_model]``),
+    each called with the inputs the clean pass gave it, tiled to ``copies``; hooks fire as
+    in a full pass. Returns the last block's output (before ``ln_final``).
+
+    Raises:
+        ValueError: if ``resid``'s batch is not a multiple of the recorded batch.
+    """
+    if resid.shape[0] % inputs.batch:
+        raise ValueError(f"resid batch {resid.shape[0]} is not a multiple of the recorded "
+                         f"batch {inputs.batch}")
+    copies = resid.shape[0] // inputs.batch
+    x = resid
+    for j in range(layer, model.cfg.n_layers):
+        out = model.blocks[j](x, *_tile(inputs.args[j], inputs.batch, copies),
+                              **_tile(inputs.kwargs[j], inputs.batch, copies))
+        x = out[0] if isinstance(out, tuple) else out
+    return x
+
+
+def final_logits(model, resid: Tensor) -> Tensor:
+    """``unembed(ln_final(resid))``: logits from the last block's output (``[batch, pos,
+    d_vocab]``); ``ln_final`` is skipped where the model has none."""
+    norm = getattr(model, "ln_final", None)
+    return model.unembed(norm(resid) if norm is not None else resid)
+
+
+def suffix_replay_matches(model, inputs: BlockInputs, rtol: float = 1e-5) -> bool:
+    """True when replaying the last block on its recorded input, tiled to two copies, gives
+    the clean pass's logits in both copies (max error <= ``rtol`` times the largest
+    |logit|): the check :func:`run_blocks_from` must pass before ablations rely on it."""
+    last = model.cfg.n_layers - 1
+    with torch.no_grad(), eager(model), eval_mode(model):
+        resid = inputs.resid_pre[last]
+        out = run_blocks_from(model, inputs, last, resid.repeat(2, 1, 1))
+        b = inputs.batch
+        scale = float(inputs.logits.abs().max()) or 1.0
+        for g in range(2):
+            got = final_logits(model, out[g * b:(g + 1) * b])
+            if got.shape != inputs.logits.shape:
+                return False
+            if float((got - inputs.logits).abs().max()) > rtol * scale:
+                return False
+    return True

@@ -259,8 +259,12 @@ function openCard(id) {
       card.appendChild(el('p', {class: 'note'}, 'The clean loss is at or above log(d_vocab) = ' + fmt(META.uniform_guess_loss) +
         ' nats, a uniform guess: the model cannot predict this input, so these changes are changes to its guesses on noise (see the note at the top).'));
     const at = el('table');
-    at.appendChild(el('tr')).append(el('th', {}, 'removed'), el('th', {}, 'Δ loss (nats/token)'));
-    for (const k of abl) { const tr = el('tr'); tr.append(el('td', {}, HEADS[id][k].ablation), el('td', {}, fmt(HEADS[id][k].value))); at.appendChild(tr); }
+    at.appendChild(el('tr')).append(el('th', {}, 'removed'), el('th', {}, 'Δ loss (nats/token)'), el('th', {}, 'how'));
+    for (const k of abl) {
+      // loss_change_attribution: a first-order estimate (attribution patching), never a measured loss
+      const how = HEADS[id][k].metric === 'loss_change_attribution' ? 'approximate (attribution patching)' : 'exact';
+      const tr = el('tr'); tr.append(el('td', {}, HEADS[id][k].ablation), el('td', {}, fmt(HEADS[id][k].value)), el('td', {}, how)); at.appendChild(tr);
+    }
     card.appendChild(at);
     if (abl.some(k => k.includes('remove_band_')))
       card.appendChild(el('p', {class: 'facts'}, 'remove_band_pA-B: the head\'s query zeroed in rotary pairs A to B, its fastest and its slowest quarter of pairs (pair 0 turns fastest); those pairs then add exactly 0 to every score.'));

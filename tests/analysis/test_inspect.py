@@ -141,6 +141,30 @@ def test_zero_head_loss_change_matches_zeroed_output_weights():
     assert kinds == {"zero_head", "remove_positive_real", "remove_negative_real", "remove_complex"}
 
 
+def test_attribution_ablations_are_labelled_and_their_top_k_rerun_exactly():
+    model = tiny_model("rotary")
+    toks = random_tokens(model, 3, 10)
+    exact = inspect_heads(model, toks, ablate="exact", n_null=50).table
+    approx = inspect_heads(model, toks, ablate="attribution", exact_top_k=5, n_null=50)
+    t = approx.table
+    est = t[t.metric == "loss_change_attribution"]
+    assert len(est) == 4 * model.cfg.n_layers * model.cfg.n_heads  # every head and kind
+    rerun = t[t.metric == "loss_change"]
+    assert len(rerun) == 5
+    # the reruns are the 5 largest estimates by size, with the exact path's numbers
+    key = ["layer", "head", "ablation"]
+    top = est.assign(size=est.value.abs()).nlargest(5, "size")[key]
+    assert sorted(map(tuple, top.to_numpy())) == sorted(map(tuple, rerun[key].to_numpy()))
+    ref = exact[exact.metric == "loss_change"].merge(rerun, on=key, suffixes=("_exact", "_rerun"))
+    np.testing.assert_allclose(ref.value_rerun, ref.value_exact, rtol=0, atol=1e-6)
+    assert approx.meta["ablate"] == "attribution" and approx.meta["exact_top_k"] == 5
+    assert any("attribution patching" in n and "5 largest" in n for n in approx.notes)
+    with pytest.raises(ValueError, match="ablate must be"):
+        inspect_heads(model, toks, ablate="approximate")
+    with pytest.raises(ValueError, match="exact_top_k"):
+        inspect_heads(model, toks, ablate="attribution", exact_top_k=-1)
+
+
 def test_rotary_spectra_at_offsets_zero_and_minus_one_with_percentiles():
     model = tiny_model("rotary")
     t = inspect_heads(model, random_tokens(model, 2, 8), n_null=100).table

@@ -17,7 +17,7 @@ from posinterp.analysis.spectral import (
 )
 from posinterp.models import ToyModelConfig, build_model, load_model
 from posinterp.models.backend import attn_scale, norm_gain_folded, positional_type  # noqa: F401
-from tests.helpers import gqa_model, random_tokens, rotary_model, tiny_model
+from tests.helpers import gqa_model, random_tokens, rotary_model, set_norm_gains, tiny_model
 
 
 def test_eigenvalues_equal_dense_numpy_on_random_heads():
@@ -230,3 +230,57 @@ def test_stories260k_raw_and_folded_loads_agree_under_the_convention():
     np.testing.assert_allclose(a.value, b.value, atol=1e-6)
     assert np.abs(spectral_measures(raw, weights="stored").value.to_numpy()
                   - b.value.to_numpy()).max() > 0.1  # the gains are far from 1
+
+
+def _per_layer_reference(W_Q, W_K):
+    """The former implementation, one layer at a time: FactoredMatrix's linalg.eig (with
+    eigenvectors), the rounding test, a stable sort by |λ|."""
+    from transformer_lens import FactoredMatrix
+
+    from posinterp.analysis.spectral import real_within_rounding
+
+    q, k = W_Q.double(), W_K.double()
+    lam = FactoredMatrix(q, k.mT).eigenvalues
+    lam = torch.where(real_within_rounding(k.mT @ q, lam), lam.real.to(lam.dtype), lam)
+    return torch.gather(lam, -1, torch.argsort(lam.abs(), dim=-1, descending=True, stable=True))
+
+
+def _assert_same_spectrum(df, reference, n_heads):
+    for (off, layer), ref in reference.items():
+        sel = df[(df.layer == layer) & ((df.offset == off) if off is not None else df.offset.isna())]
+        got = torch.complex(torch.tensor(sel.real.to_numpy()), torch.tensor(sel.imag.to_numpy()))
+        got = got.reshape(n_heads, -1)
+        scale = ref.abs().amax(-1, keepdim=True)
+        assert float(((got - ref).abs() / scale).max()) <= 1e-10, (off, layer)
+
+
+def test_batched_qk_spectrum_equals_the_per_layer_eig_within_1e_10():
+    model = set_norm_gains(tiny_model("rotary", n_layers=3))
+    df = qk_spectrum(model)
+    ref = {(off, layer): _per_layer_reference(*qk_weights(model, layer, off))
+           for off in (0, -1) for layer in range(3)}
+    _assert_same_spectrum(df, ref, model.cfg.n_heads)
+
+
+def test_batched_qk_spectrum_from_weights_alone_equals_the_per_layer_eig():
+    from posinterp.analysis.spectral import effective_weights, rotary_matrix
+    from posinterp.models.qk_only import QKWeights
+
+    gen = torch.Generator().manual_seed(3)
+    L, H, KV, D, dh = 3, 6, 2, 48, 8
+    W_Q = tuple(torch.randn(H, D, dh, generator=gen, dtype=torch.float64) for _ in range(L))
+    W_K = tuple(torch.randn(KV, D, dh, generator=gen, dtype=torch.float64).repeat_interleave(H // KV, 0)
+                for _ in range(L))
+    gain = tuple(0.5 + torch.rand(D, generator=gen, dtype=torch.float64) for _ in range(L))
+    inv = 1e4 ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    qk = QKWeights("random", "LlamaForCausalLM", "rotary", L, H, KV, D, dh, W_Q, W_K, gain, False,
+                   dh, False, inv)
+    df = qk_spectrum(qk)
+    ref = {}
+    for off in (0, -1):
+        R = rotary_matrix(dh, dh, -off, inv_freq=inv)
+        for layer in range(L):
+            q = effective_weights(W_Q[layer], gain[layer], False)
+            k = effective_weights(W_K[layer], gain[layer], False) @ R.T
+            ref[(off, layer)] = _per_layer_reference(q, k)
+    _assert_same_spectrum(df, ref, H)
