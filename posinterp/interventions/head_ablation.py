@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..analysis._checks import next_token_loss
+from ..analysis.frequencies import parse_band_label
 from ..analysis.spectral import qk_weights
 from ..models.backend import (
     capture_block_inputs,
@@ -45,7 +46,6 @@ from ..models.backend import (
     unwrap,
     z_hook,
 )
-from ..analysis.frequencies import parse_band_label
 from .channels import channel_projectors
 from .qk import QKIntervention, _query_projector
 
