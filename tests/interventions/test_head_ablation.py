@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+import posinterp as pi
 from posinterp.analysis._checks import next_token_loss
+from posinterp.analysis.frequencies import parse_band_label
+from posinterp.analysis.inspect import _band_kinds
 from posinterp.devices import move_model
 from posinterp.interventions import head_ablation
 from posinterp.interventions.head_ablation import (
@@ -26,6 +29,14 @@ def _padded_mask(batch, pos):
     return mask
 
 
+def _intervention(kind, layer, head):
+    """The QKIntervention an ablation kind names (``remove_band_<band>`` included)."""
+    if kind.startswith("remove_band_"):
+        band = parse_band_label(kind.removeprefix("remove_band_"))
+        return QKIntervention("remove_band", layer, heads=(head,), band=band)
+    return QKIntervention(kind, layer, heads=(head,))
+
+
 def _naive_loss(model, tokens, mask, layer, head, kind):
     """One whole forward pass with the ablation, the way posinterp ran it before."""
     def zero(z, hook):
@@ -38,14 +49,17 @@ def _naive_loss(model, tokens, mask, layer, head, kind):
             with model.hooks(fwd_hooks=[(z_hook(model, layer), zero)]):
                 logits = model(tokens, attention_mask=mask)
         else:
-            with intervene(model, QKIntervention(kind, layer, heads=(head,))):
+            with intervene(model, _intervention(kind, layer, head)):
                 logits = model(tokens, attention_mask=mask)
     return float(next_token_loss(logits, tokens, mask))
 
 
 def _all_ablations(model):
+    """Every kind inspect runs: zero_head, the channels and, on RoPE, the fastest and the
+    slowest frequency band."""
     return [(layer, head, kind) for layer in range(model.cfg.n_layers)
-            for head in range(model.cfg.n_heads) for kind in HEAD_ABLATIONS]
+            for head in range(model.cfg.n_heads)
+            for kind in (*HEAD_ABLATIONS, *_band_kinds(model, layer))]
 
 
 def _check_exact(model, tokens, mask, max_tokens=head_ablation.MAX_TOKENS, route="suffix"):
@@ -116,7 +130,7 @@ def _scaled_loss(model, tokens, mask, layer, head, kind, eps):
             return x
     else:
         name = query_hooks(model, layer)[0]
-        P = _query_projector(model, QKIntervention(kind, layer, heads=(head,)))[head]
+        P = _query_projector(model, _intervention(kind, layer, head))[head]
 
         def edit(x, hook):
             x = x.clone()
@@ -168,7 +182,8 @@ def test_cli_ablate_approx_labels_the_estimates_on_the_page_and_in_the_table(tmp
     assert main(["inspect", str(folder), "--tokens", "8", "--batch", "2", "--ablate-approx", "3",
                  "--out", str(out), "--no-progress"]) == 0
     table = pd.read_csv(out / "heads.csv")
-    assert (table.metric == "loss_change_attribution").sum() == 2 * 4 * len(HEAD_ABLATIONS)
+    model, _ = pi.load_model(folder)
+    assert (table.metric == "loss_change_attribution").sum() == len(_all_ablations(model))
     assert (table.metric == "loss_change").sum() == 3
     run = json.loads((out / "run.json").read_text())
     assert run["ablate"] == "attribution" and run["exact_top_k"] == 3
@@ -183,7 +198,8 @@ def test_projectors_are_those_the_qk_interventions_apply():
 
     model = tiny_model("rotary")
     abl = [a for a in _all_ablations(model) if a[2] != "zero_head"]
+    assert any(k.startswith("remove_band_") for _, _, k in abl)
     got = head_ablation._projectors(model, abl)
     for layer, head, kind in abl:
-        ref = _query_projector(model, QKIntervention(kind, layer, heads=(head,)))[head]
+        ref = _query_projector(model, _intervention(kind, layer, head))[head]
         assert torch.equal(got[(layer, head, kind)], ref)
