@@ -59,7 +59,16 @@ from ..analysis.survival import kaplan_meier, km_median, logrank_test
 from ..devices import model_device, resolve_device, to_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..interventions.channels import CHANNELS
-from ..interventions.constraints import BANS, CONSTRAINTS, constrain_qk, match_qk_norm, qk_norms
+from ..interventions.constraints import (
+    BANS,
+    CONSTRAINTS,
+    RANK_MATCHED,
+    constrain_qk,
+    match_qk_norm,
+    qk_norms,
+    removed_energy,
+    removed_ranks,
+)
 from ..io import (
     atomic_path,
     atomic_write_json,
@@ -71,9 +80,10 @@ from ..io import (
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..training import TrainConfig, fit
 
-__all__ = ["ConstraintGrid", "claims_table", "heads_table", "induction_batch",
-           "induction_ceiling", "induction_scores", "km_figure", "render_markdown", "run_qk_constraints",
-           "survival_table", "write_page"]
+__all__ = ["SENSITIVITY", "ConstraintGrid", "claims_table", "heads_table", "induction_batch",
+           "induction_ceiling", "induction_scores", "km_figure", "render_markdown", "restore_run",
+           "run_qk_constraints", "run_sensitivity", "sensitivity_grids", "survival_table",
+           "write_page"]
 
 
 @dataclass(frozen=True)
@@ -95,13 +105,15 @@ class ConstraintGrid:
     """
 
     pes: tuple[str, ...] = ("absolute", "rotary")
-    constraints: tuple[str, ...] = ("none", "ban_positive_real", "ban_negative_real",
-                                    "ban_complex", "tied", "symmetric")
+    constraints: tuple[str, ...] = ("none", "ban_positive_real", "rank_matched_positive_real",
+                                    "ban_negative_real", "rank_matched_negative_real",
+                                    "ban_complex", "rank_matched_complex", "tied", "symmetric")
     seeds: int = 5
     n_ctx: int = 32
     d_vocab: int = 32
     d_model: int = 64
     n_heads: int = 4
+    n_layers: int = 2
     batch_size: int = 32
     lr: float = 3e-3
     max_steps: int = 3000
@@ -111,7 +123,7 @@ class ConstraintGrid:
     workers: int = 2
 
     def __post_init__(self):
-        require_at_least(self, ("seeds", "max_steps", "eval_every", "workers"))
+        require_at_least(self, ("seeds", "max_steps", "eval_every", "workers", "n_layers"))
         if not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
         if not self.init_scale > 0:
@@ -241,8 +253,8 @@ EVAL_SEQUENCES = 256  # held-out induction sequences each cell evaluates every e
 
 
 def _cell_config(grid: ConstraintGrid, pe: str, seed: int) -> ToyModelConfig:
-    """The model a grid cell trains: 2 attention-only layers, LayerNorm, the grid's sizes."""
-    return ToyModelConfig(pe=pe, n_layers=2, d_model=grid.d_model, n_heads=grid.n_heads,
+    """The model a grid cell trains: attention-only layers, LayerNorm, the grid's sizes."""
+    return ToyModelConfig(pe=pe, n_layers=grid.n_layers, d_model=grid.d_model, n_heads=grid.n_heads,
                           n_ctx=grid.n_ctx, tokenizer=None, d_vocab=grid.d_vocab, attn_only=True,
                           normalization="LN", seed=seed)
 
@@ -257,6 +269,11 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
     match_qk_norm(model, target_norms)
     banned = constraint.removeprefix("ban_") if constraint in BANS else None
     init = _channel_summary(model, "init", banned)
+    # rank removed from q over the model's heads: a ban's Π_c at init (it follows the
+    # weights), its rank-matched control's fixed random subspace
+    removes = constraint in (*BANS, *RANK_MATCHED)
+    if removes:
+        init["init_removed_rank"] = int(removed_ranks(model).sum())
     eval_gen = torch.Generator().manual_seed(10_000 + seed)
     eval_tokens, eval_mask = to_device(induction_batch(eval_gen, EVAL_SEQUENCES, grid.n_ctx,
                                                        grid.d_vocab),
@@ -284,6 +301,10 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
             "induction_head": f"L{int(best['layer'])}H{int(best['head'])}",
             "induction_score": float(best["value"]),
             **init, **_channel_summary(model, "final", banned)}
+    if removes:
+        row["final_removed_rank"] = int(removed_ranks(model).sum())
+    if constraint in RANK_MATCHED:
+        row["final_max_removed_energy"] = float(removed_energy(model).max())
     return (row, model) if keep_model else row
 
 
@@ -390,10 +411,13 @@ def _summarize(runs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     for (pe, constraint), g in runs.groupby(["pe", "constraint"], sort=False):
         base = dict(pe=pe, constraint=constraint, n=len(g), censored=int(g.censored.sum()),
                     median_steps=float(g.steps.median()))
-        # bans act on untied weights: their control is the untied model; the tied
-        # family is compared with its own control and with the untied model
-        controls = ([] if constraint == "none" else ["none"] if constraint in (*BANS, "tied")
-                    else ["tied", "none"])
+        # bans act on untied weights: their control is the untied model, and their
+        # rank-matched random-subspace control (same rank removed, another subspace); the
+        # tied family is compared with its own control and with the untied model
+        controls = ([] if constraint == "none"
+                    else ["none", "rank_matched_" + constraint.removeprefix("ban_")]
+                    if constraint in BANS
+                    else ["none"] if constraint in (*RANK_MATCHED, "tied") else ["tied", "none"])
         controls = [c for c in controls if (runs[runs.pe == pe].constraint == c).any()]
         if not controls:
             rows.append({**base, "control": "", "control_censored": np.nan, "ratio": np.nan,
@@ -477,16 +501,18 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                  heads: pd.DataFrame | None = None) -> pd.DataFrame:
     """The published claims set against a summary from :func:`run_qk_constraints`.
 
-    Rows: each single-channel ban (``ban_*``, exact, on untied weights) slows learning
-    (one-sided q <= 0.05 vs the untied ``none``) but never prevents it (no run censored
-    at ``grid.max_steps``); symmetrizing M slows absolute-PE learning ~2.9x (vs ``tied``
-    and vs ``none``). A side whose median run is censored turns the ratio into a bound,
-    and the verdict into "undetermined" unless the bound already refutes the claim;
-    when the control itself never reached the target, neither "slows" (if every
-    constrained run is censored too) nor "prevents" can be judged. With ``heads`` (from
-    :func:`heads_table`): each ban left its channel empty (max mass <= 1e-5), and a
-    RoPE model whose M(0) is symmetric still routes by position (its strongest
-    previous-token head has a(M(0)) < 1e-6 and a median previous-token score >= 0.5).
+    Rows: each single-channel ban (``ban_*``, exact, on untied weights) slows learning (one-
+    sided q <= 0.05 vs the untied ``none``) but never prevents it (no run censored at
+    ``grid.max_steps``); where the summary has the ban's rank-matched control, the ban is
+    slower than it (q <= 0.05; "undetermined" when every run of both is censored);
+    symmetrizing M slows absolute-PE learning ~2.9x (vs ``tied`` and vs ``none``). A side
+    whose median run is censored turns the ratio into a bound, and the verdict into
+    "undetermined" unless the bound already refutes the claim; when the control itself never
+    reached the target, neither "slows" (if every constrained run is censored too) nor
+    "prevents" can be judged. With ``heads`` (from :func:`heads_table`): each ban left its
+    channel empty (max mass <= 1e-5), and a RoPE model whose M(0) is symmetric still routes
+    by position (its strongest previous-token head has a(M(0)) < 1e-6 and a median previous-
+    token score >= 0.5).
     ``verdict`` is "holds", "fails" or "undetermined".
 
     Raises:
@@ -522,6 +548,19 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                                   f"within {grid.max_steps} steps (control "
                                   f"{int(r.n - r.control_censored)}/{r.n})",
                          verdict=prevented))
+    matched = summary[summary.constraint.isin(BANS)
+                      & summary.control.astype(str).str.startswith("rank_matched_")]
+    for _, r in matched.iterrows():
+        # both sides at the cap: the order of the two is unknown
+        both = r.censored == r.n and r.control_censored == r.n
+        _, bound = _ratio_verdict(r, CLAIMED_SLOWDOWN)
+        rows.append(dict(claim=f"{r.pe}: {r.constraint} slows learning more than removing a "
+                               f"random subspace of the same rank (q <= 0.05 vs {r.control})",
+                         measured=f"{bound}{r.ratio:.2f}x [{r.ci_low:.2f}, {r.ci_high:.2f}], "
+                                  f"q = {r.q_bh:.3g}, censored {int(r.censored)}/{r.n} vs "
+                                  f"{int(r.control_censored)}/{r.n}",
+                         verdict="undetermined" if both else
+                         "holds" if r.q_bh <= 0.05 else "fails"))
     if heads is not None:
         if "max_banned_mass" in heads:
             for _, r in heads[heads.constraint.isin(BANS)].iterrows():
@@ -620,6 +659,9 @@ def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.
     grid_file = out / "grid.json"
     try:
         old = json.loads(grid_file.read_text()) if grid_file.exists() else budget
+        # a field added to the grid after the folder was written had its default then
+        defaults = asdict(ConstraintGrid())
+        old = {**{k: defaults[k] for k in budget if k not in old and k in defaults}, **old}
     except ValueError as err:
         raise ValueError(f"{grid_file} is unreadable ({err}); it records the budget the cells "
                          f"in {out / 'cells'} were trained with, so they cannot be reused "
@@ -670,11 +712,138 @@ def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.
                                  "seconds": round(sum(c["seconds"] for c in calls
                                                       if c["cells_run"]), 1)})
     _report(grid, summary, heads, claims).save(out / "report.html")
-    if "rotary" in grid.pes and "symmetric" in grid.constraints:
+    if "rotary" in grid.pes and "symmetric" in grid.constraints and not _phase_done(out, runs):
         run_phase_ablation(out, device=device, progress=progress)  # claim 3's control
     if markdown is not None:
         write_page(out, markdown)
     return summary
+
+
+def _phase_done(out: Path, runs: pd.DataFrame, constraint: str = "symmetric") -> bool:
+    """phase.csv already holds every rotary ``constraint`` run of ``runs`` (same seeds,
+    steps and head): the ablation retrains them, so a resumed grid does not redo it."""
+    try:
+        phase = pd.read_csv(out / "phase.csv")
+    except (OSError, ValueError):
+        return False
+    cells = runs[(runs.pe == "rotary") & (runs.constraint == constraint)]
+    key = ["seed", "steps", "prev_head"]
+    try:
+        done = phase[key].sort_values("seed").reset_index(drop=True)
+    except KeyError:
+        return False
+    want = cells[key].sort_values("seed").reset_index(drop=True)
+    return len(done) == len(want) and bool((done.astype(str) == want.astype(str)).all().all())
+
+
+def restore_run(data_dir, out_dir) -> list[str]:
+    """Turn committed run outputs back into a resumable run folder; returns the cells written.
+
+    ``data_dir`` holds a finished grid's ``runs.csv`` and ``run.json`` (as committed in
+    docs/reproductions/data/qk-constraints, which keeps no ``cells/``). Every row of
+    runs.csv becomes ``out_dir/cells/<pe>-<constraint>-seed<s>.json`` (its non-empty
+    fields: a cell's row is its result), its compute seconds (a ``cell_seconds`` column,
+    or none) go to ``cells/_seconds.json``, the budget to ``grid.json``, and run.json and
+    phase.csv are copied, so :func:`run_qk_constraints` into ``out_dir`` runs only the
+    cells the data lacks. Sub-grids under ``data_dir/sensitivity/<name>`` are restored
+    into ``out_dir/sensitivity/<name>`` the same way. A cell file already in ``out_dir``
+    is kept (never overwritten).
+
+    Raises:
+        FileNotFoundError: without ``data_dir``'s runs.csv or run.json.
+        ValueError: if ``out_dir`` holds cells from another grid budget.
+    """
+    import shutil
+
+    data, out = Path(data_dir), Path(out_dir)
+    runs = pd.read_csv(data / "runs.csv")
+    run = json.loads((data / "run.json").read_text())
+    budget = {k: v for k, v in run["grid"].items()
+              if k not in ("pes", "constraints", "seeds", "workers")}
+    defaults = asdict(ConstraintGrid())
+    budget = {**{k: v for k, v in defaults.items()
+                 if k not in budget and k not in ("pes", "constraints", "seeds", "workers")},
+              **budget}
+    cells = out / "cells"
+    cells.mkdir(parents=True, exist_ok=True)
+    grid_file = out / "grid.json"
+    if grid_file.exists():
+        old = json.loads(grid_file.read_text())
+        old = {**{k: defaults[k] for k in budget if k not in old and k in defaults}, **old}
+        if old != budget:
+            raise ValueError(f"out_dir {str(out)!r} holds cells from another grid budget; "
+                             "use a new out_dir")
+    atomic_write_json(grid_file, budget)
+    written, seconds = [], (read_json_record(cells / "_seconds.json") or {})
+    for row in runs.to_dict("records"):
+        name = f"{row['pe']}-{row['constraint']}-seed{int(row['seed'])}"
+        if "cell_seconds" in row and pd.notna(row["cell_seconds"]):
+            seconds.setdefault(name, float(row["cell_seconds"]))
+        path = cells / f"{name}.json"
+        if path.exists():
+            continue
+        cell = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()
+                if k != "cell_seconds" and not (isinstance(v, float) and math.isnan(v))}
+        atomic_write_json(path, cell)
+        written.append(name)
+    if seconds:
+        atomic_write_json(cells / "_seconds.json", seconds)
+    if not (out / "run.json").exists():
+        atomic_write_json(out / "run.json", run)
+    if (data / "phase.csv").exists() and not (out / "phase.csv").exists():
+        shutil.copyfile(data / "phase.csv", out / "phase.csv")
+    for sub in sorted((data / "sensitivity").glob("*/runs.csv")):
+        written += [f"sensitivity/{sub.parent.name}/{n}"
+                    for n in restore_run(sub.parent, out / "sensitivity" / sub.parent.name)]
+    return written
+
+
+# Sensitivity of claim 2 (symmetrization's slowdown of absolute-PE models): each variant
+# changes one thing of the default grid: absolute PE, symmetric vs none (the untied model).
+SENSITIVITY = {
+    "init_scale-0.5": {"init_scale": 0.5},
+    "init_scale-2": {"init_scale": 2.0},
+    "lr-0.001": {"lr": 1e-3},
+    "lr-0.01": {"lr": 1e-2},
+    "n_layers-3": {"n_layers": 3},
+    "d_model-128": {"d_model": 128, "n_heads": 8},
+}
+SENSITIVITY_CONSTRAINTS = ("none", "symmetric")
+
+
+def sensitivity_grids(base: ConstraintGrid = ConstraintGrid()) -> dict[str, ConstraintGrid]:
+    """{variant: grid} of :data:`SENSITIVITY`: ``base`` with absolute PE only, the
+    constraints none and symmetric, and the variant's fields changed."""
+    import dataclasses
+
+    return {name: dataclasses.replace(base, pes=("absolute",),
+                                      constraints=SENSITIVITY_CONSTRAINTS, **change)
+            for name, change in SENSITIVITY.items()}
+
+
+def run_sensitivity(out_dir, base: ConstraintGrid = ConstraintGrid(), variants=None,
+                    progress: bool = True, command: str | None = None,
+                    executor: Executor | None = None, device=None) -> dict[str, pd.DataFrame]:
+    """Run (or resume) the sensitivity grids of claim 2 into ``out_dir/sensitivity/<variant>``.
+
+    Each variant (:data:`SENSITIVITY`; ``variants`` picks some, in that order) is a
+    :func:`run_qk_constraints` grid of its own (its own budget, checked on resume, and
+    its cells resumed one by one); the page reads them with the main grid's outputs
+    (:func:`render_markdown`). Returns ``{variant: summary}``.
+
+    Raises:
+        ValueError: for a variant not in :data:`SENSITIVITY`, or as
+            :func:`run_qk_constraints`.
+    """
+    grids = sensitivity_grids(base)
+    names = list(grids) if variants is None else list(variants)
+    bad = [n for n in names if n not in grids]
+    if bad:
+        raise ValueError(f"variants must be among {tuple(grids)}, got {bad}")
+    return {name: run_qk_constraints(grids[name], Path(out_dir) / "sensitivity" / name,
+                                     progress=progress, command=command, executor=executor,
+                                     device=device)
+            for name in names}
 
 
 def _readable(path: Path) -> bool:
@@ -693,6 +862,140 @@ def _where(call: dict) -> str:
     if executor == "local" or call.get("workers") in (None, 1):
         return "in one process with one torch thread"
     return f"with {call['workers']} worker processes of one torch thread each"
+
+
+def _calls_text(calls: list[dict]) -> str:
+    """Where and how long each call that ran cells ran, as the page says it."""
+    ran = [c for c in calls if c.get("cells_run")]
+    if len(ran) <= 1:
+        return _where(ran[-1] if ran else calls[-1])
+    return "over {} calls ({})".format(len(ran), "; ".join(
+        f"{c['cells_run']} cells {_where(c)}, {c['seconds'] / 60:.1f} min" for c in ran))
+
+
+def _rank_matched_section(runs: pd.DataFrame, g: dict) -> list[str]:
+    """The rank-matched controls (``rank_matched_<channel>``) as page text, or nothing."""
+    ctrl = runs[runs.constraint.isin(RANK_MATCHED)]
+    if not len(ctrl):
+        return []
+    per_model = g["n_heads"] * g.get("n_layers", 2) * (g["d_model"] // g["n_heads"])
+    rows = []
+    for (pe, constraint), c in ctrl.groupby(["pe", "constraint"], sort=False):
+        ban = "ban_" + constraint.removeprefix("rank_matched_")
+        b = runs[(runs.pe == pe) & (runs.constraint == ban)]
+        final = (b.final_removed_rank.dropna() if "final_removed_rank" in b
+                 else pd.Series(dtype=float))
+
+        def span(v: pd.Series) -> str:
+            return (f"{v.median():.0f} [{v.min():.0f}, {v.max():.0f}]" if len(v)
+                    else "not recorded")
+
+        def reached(d: pd.DataFrame) -> str:
+            return f"{int((~d.censored.astype(bool)).sum())}/{len(d)}"
+
+        rows.append({"pe": pe, "channel": constraint.removeprefix("rank_matched_"),
+                     "rank removed at init": span(c.init_removed_rank),
+                     "ban's rank at the end": span(final),
+                     "control's max removed energy": f"{c.final_max_removed_energy.max():.1e}",
+                     "reached: ban / control": f"{reached(b)} / {reached(c)}",
+                     "median steps: ban / control": f"{b.steps.median():.0f} / "
+                                                    f"{c.steps.median():.0f}"})
+    return [
+        "## Rank-matched controls of the bans\n",
+        "Does a ban cost what it costs because of *which* directions it removes, or only "
+        "because of *how many*? Each `rank_matched_<channel>` cell starts from the same "
+        "untied model as `ban_<channel>` and removes, per head, a random subspace of q's "
+        "d_head space (Haar, seeded by the cell's seed, then fixed) of the rank the ban "
+        "removes at init: the rank of the ban's projector Π_c, i.e. the number of the head's "
+        "eigenvalues in channel c (a complex pair counts 2), read as trace(Π_c) "
+        "(`constraints.banned_ranks`). W_Q := W_Q° (I - U U^T), so q U = 0 at every step. "
+        "The ban's Π_c follows the weights and may remove another rank later; the control's "
+        "rank is fixed. Ranks are summed over a model's heads, of "
+        f"{per_model} dimensions of q in all, median [min, max] over seeds; the removed "
+        "energy is ||W_Q U||_F^2 / ||W_Q||_F^2 of the final models' effective W_Q, the "
+        "largest over heads and seeds:\n",
+        _md_table(pd.DataFrame(rows)) + "\n",
+        "Their log-rank comparisons (ban vs control, control vs `none`) are in the tables "
+        "below.\n"]
+
+
+def _sensitivity_runs(out: Path) -> dict[str, Path]:
+    """{variant: folder} of the finished sensitivity grids under ``out/sensitivity``, in
+    :data:`SENSITIVITY`'s order (others after, by name)."""
+    root = out / "sensitivity"
+    found = {d.name: d for d in sorted(root.glob("*")) if (d / "summary.csv").exists()}
+    return {n: found[n] for n in [*SENSITIVITY, *sorted(set(found) - set(SENSITIVITY))]
+            if n in found}
+
+
+def _sensitivity_section(out: Path, g: dict) -> list[str]:
+    """Claim 2's sensitivity grids (:func:`run_sensitivity`) as page text, or nothing when
+    ``out`` has none."""
+    done = _sensitivity_runs(out)
+    if not done:
+        return []
+    summary = pd.read_csv(out / "summary.csv", keep_default_na=False, na_values=[""])
+    runs = pd.read_csv(out / "runs.csv")
+    parts = [("default", runs, summary, g, None)]
+    for name, folder in done.items():
+        run = json.loads((folder / "run.json").read_text())
+        parts.append((name, pd.read_csv(folder / "runs.csv"),
+                      pd.read_csv(folder / "summary.csv", keep_default_na=False, na_values=[""]),
+                      run["grid"], run))
+    keys = ("init_scale", "lr", "n_layers", "d_model", "n_heads")
+    rows = []
+    for name, r_runs, r_summary, rg, _ in parts:
+        sel = r_summary[(r_summary.pe == "absolute") & (r_summary.constraint == "symmetric")
+                        & (r_summary.control == "none")]
+        if not len(sel):
+            continue
+        surv = survival_table(r_runs, sel).iloc[0]
+        untied = r_runs[(r_runs.pe == "absolute") & (r_runs.constraint == "none")].steps.median()
+        r = sel.iloc[0]
+        verdict, _ = _ratio_verdict(r, CLAIMED_SLOWDOWN)
+        changed = [k for k in keys if rg.get(k, 2 if k == "n_layers" else None)
+                   != g.get(k, 2 if k == "n_layers" else None)]
+        rows.append({"setting": ("default grid (this page)" if name == "default" else
+                                 ", ".join(f"{k} {rg[k]:g}" for k in changed)),
+                     "reached": f"{surv.reached}/{surv.n} vs {surv.control_reached}/{surv.control_n}",
+                     "median steps": f"{r.median_steps:.0f} vs {untied:.0f}",
+                     "ratio [95% CI]": _fmt_ratio(r), "p": surv.p_exact, "floor": surv.min_p,
+                     "~2.9x": verdict, "sensitivity": name != "default"})
+    table = pd.DataFrame(rows)
+    extra = table.sensitivity.to_numpy()
+    q = np.full(len(table), np.nan)
+    if extra.any():
+        q[extra] = stats.false_discovery_control(table.p[extra], method="bh")
+    table["log-rank p (exact)"] = table.p.map("{:.3g}".format)
+    table["smallest possible p"] = table.floor.map("{:.3g}".format)
+    table["q (BH)"] = [f"{v:.3g}" if np.isfinite(v) else "(main table)" for v in q]
+    table = table[["setting", "reached", "median steps", "ratio [95% CI]", "log-rank p (exact)",
+                   "smallest possible p", "q (BH)", "~2.9x"]]
+    ran = [c for _, _, _, _, run in parts[1:] for c in run["calls"] if c.get("cells_run")]
+    pending = [n for n in SENSITIVITY if n not in done]
+    text = [
+        "## Sensitivity of symmetrization's slowdown (claim 2)\n",
+        "The default grid measures claim 2 at one init scale, one learning rate and one "
+        "architecture. Each row below is a grid of its own (`run_sensitivity`, "
+        "`--sensitivity` on the command line, outputs under `sensitivity/<variant>/`) that "
+        "changes one thing of the default grid: absolute PE, `symmetric` vs the untied "
+        f"model (`none`), {g['seeds']} seeds each unless the row says otherwise, the same "
+        "task, cap and target. Ratio of median steps (symmetric / none) with its 95% "
+        "bootstrap CI; one-sided exact log-rank p (symmetric slower) beside the smallest p "
+        "the design can give; q: Benjamini-Hochberg over the sensitivity rows (the default "
+        "row's q is in the survival table above); '~2.9x' is the verdict of the claimed "
+        "slowdown as in the claims table (the CI must cover 2.9).\n",
+        _md_table(table) + "\n",
+        f"The sensitivity grids took {sum(c['seconds'] for c in ran) / 60:.1f} min of wall time "
+        f"({sum(c['cells_run'] for c in ran)} cells run, "
+        f"{'; '.join(sorted({_where(c) for c in ran}))}).\n"]
+    if pending:
+        text.append("**Pending** (not run yet): " + ", ".join(
+            f"`{n}` ({', '.join(f'{k} {v:g}' for k, v in SENSITIVITY[n].items())})"
+            for n in pending) + ". Resume with the command above plus `--sensitivity` "
+            "(finished cells are kept; `--restore-from docs/reproductions/data/qk-constraints` "
+            "first turns the committed outputs into finished cells of a fresh folder).\n")
+    return text
 
 
 def _cell_seconds(cells_dir: Path, names: list[str], results: list[dict]) -> float | None:
@@ -856,18 +1159,21 @@ def _phase_section(phase: pd.DataFrame) -> list[str]:
 
 def km_figure(runs: pd.DataFrame, max_steps: int):
     """Kaplan-Meier curves of steps to target, one panel per PE, one line per constraint
-    (crosses: censored runs at the cap)."""
+    (crosses: censored runs at the cap; a ban's rank-matched control dashed, in its colour)."""
     from ..viz.figures import _subplots
 
     pes = list(dict.fromkeys(runs.pe))
     fig, axes = _subplots(1, len(pes), figsize=(4.6 * len(pes), 3.4), squeeze=False,
                           layout="constrained")
     for ax, pe in zip(axes[0], pes, strict=True):
-        for i, (constraint, g) in enumerate(runs[runs.pe == pe].groupby("constraint", sort=False)):
+        colours: dict[str, str] = {}
+        for constraint, g in runs[runs.pe == pe].groupby("constraint", sort=False):
             reached = ~g.censored.astype(bool).to_numpy()
             km = kaplan_meier(g.steps, reached)
-            colour = f"C{i}"
-            ax.step(km.step, km.survival, where="post", color=colour, label=constraint)
+            family = constraint.replace("rank_matched_", "ban_")
+            colour = colours.setdefault(family, f"C{len(colours) % 10}")
+            ax.step(km.step, km.survival, where="post", color=colour, label=constraint,
+                    linestyle="--" if constraint in RANK_MATCHED else "-")
             cens = g.steps[~reached]
             if len(cens):
                 s_at = [float(km.survival[km.step <= c].iloc[-1]) for c in cens]
@@ -926,6 +1232,7 @@ def render_markdown(out_dir) -> str:
     g = run["grid"]
     command = next((c["command"] for c in reversed(run["calls"]) if c.get("command")),
                    "posinterp experiment qk-constraints")
+    n_layers = g.get("n_layers", 2)  # grids before the field was added had 2
     n_pes, n_con = len(g["pes"]), len(g["constraints"])
     untied = runs[runs.constraint == "none"]
     p = []
@@ -942,12 +1249,13 @@ def render_markdown(out_dir) -> str:
     p.append("## How it was run\n")
     p.append(f"```bash\n{command}\n```\n")
     p.append(f"{run['cells']} cells ({n_pes} PEs x {n_con} constraints x {g['seeds']} seeds: "
-             f"{', '.join(g['pes'])}; {', '.join(g['constraints'])}), 2-layer attention-only "
+             f"{', '.join(g['pes'])}; {', '.join(g['constraints'])}), {n_layers}-layer "
+             f"attention-only "
              f"models (d_model {g['d_model']}, {g['n_heads']} heads, n_ctx {g['n_ctx']}, "
              f"vocabulary {g['d_vocab']}), AdamW lr {g['lr']}, batch {g['batch_size']}, cap "
              f"{g['max_steps']} steps, evaluation every {g['eval_every']} steps, target "
              f"accuracy {g['target']}. Wall time **{run['seconds'] / 60:.1f} min** "
-             f"{_where(run['calls'][-1])}, on a "
+             f"{_calls_text(run['calls'])}, on a "
              f"2-core machine shared with other jobs (torch {run['versions'].get('torch', '?')}); "
              + (f"the cells' own times sum to {runs.cell_seconds.sum() / 60:.1f} min. "
                 if "cell_seconds" in runs else
@@ -978,7 +1286,7 @@ def render_markdown(out_dir) -> str:
              f"||M||_F (norm gain folded, [Spectra](../spectra.md)) is set to the untied "
              f"model's times init_scale = {g['init_scale']}. Mean over heads, median over "
              "seeds; spectral mass = share of sum |lambda| per channel at init:\n")
-    n_heads_total = g["n_heads"] * 2  # 2 layers
+    n_heads_total = g["n_heads"] * n_layers
     # a head whose whole spectrum lies in the banned channel has M = 0 (masses all 0)
     runs = runs.assign(dead=((1 - runs[[f"init_mass_{c}" for c in CHANNELS]].sum(axis=1))
                              * n_heads_total).round().astype(int))
@@ -990,11 +1298,15 @@ def render_markdown(out_dir) -> str:
         "pe": init.pe, "constraint": init.constraint, "‖M‖_F at init": init.norm.map("{:.4f}".format),
         "mass +real / -real / complex": [f"{a:.2f} / {b:.2f} / {c:.2f}" for a, b, c in
                                          zip(init.pos, init.neg, init.cplx, strict=True)],
-        "heads emptied by the ban": init.dead})) + "\n")
+        "heads emptied (M = 0)": init.dead})) + "\n")
     if init.dead.sum():
-        p.append(f"A head whose whole spectrum lies in the banned channel has M = 0 after the "
-                 f"ban and cannot be rescaled ({int(init.dead.sum())} heads in all, of "
-                 f"{n_heads_total} per model): its model starts below the matched norm.\n")
+        p.append("A head whose whole spectrum lies in the banned channel has M = 0 after the "
+                 "ban and cannot be rescaled ("
+                 + ("its rank-matched control removes all d_head dimensions of the same "
+                    "head, so M = 0 there too; " if runs.constraint.isin(RANK_MATCHED).any()
+                    else "")
+                 + f"{int(init.dead.sum())} heads in all, "
+                 f"of {n_heads_total} per model): its model starts below the matched norm.\n")
     p.append("The tied control starts from a random (Ginibre) X, so its spectrum matches the "
              "untied model's; the constrained families' spectra differ by construction.\n")
     bans = heads[heads.constraint.isin(BANS)]
@@ -1011,6 +1323,7 @@ def render_markdown(out_dir) -> str:
                 f"{a:.3f} / {b:.3f} / {c:.3f}" for a, b, c in
                 zip(bans.final_mass_positive_real, bans.final_mass_negative_real,
                     bans.final_mass_complex, strict=True)]})) + "\n")
+    p.extend(_rank_matched_section(runs, g))
     p.append("## Steps to target\n")
     p.append(f"Median steps to {g['target']} over {g['seeds']} seeds. `censored` counts runs "
              f"that hit the {g['max_steps']}-step cap (counted at the cap, never dropped): "
@@ -1019,8 +1332,10 @@ def render_markdown(out_dir) -> str:
              "an upper bound (<=). Ratio of medians to the control with a "
              "95% bootstrap CI; q: Benjamini-Hochberg over all "
              f"{int(summary.p_one_sided.notna().sum())} one-sided Mann-Whitney tests "
-             "(slower than the control). Bans are compared with the untied model (`none`); "
-             "the tied family with `tied` and with `none`.\n")
+             "(slower than the control). Bans are compared with the untied model (`none`) "
+             "and, where the grid has it, with their rank-matched control "
+             "(`rank_matched_<channel>`, itself compared with `none`); the tied family with "
+             "`tied` and with `none`.\n")
     p.append(_md_table(pd.DataFrame({
         "pe": summary.pe, "constraint": summary.constraint, "control": summary.control.fillna(""),
         "censored": [f"{int(r.censored)}/{int(r.n)}" for r in summary.itertuples()],
@@ -1094,6 +1409,8 @@ def render_markdown(out_dir) -> str:
         p.append("No run was censored.\n")
     if (out / "phase.csv").exists():
         p.extend(_phase_section(pd.read_csv(out / "phase.csv")))
+    sensitivity = _sensitivity_section(out, g)
+    p.extend(sensitivity)
     p.append("## Claims\n")
     p.append(_md_table(claims.fillna("")) + "\n")
     p.append("Verdicts are computed by `claims_table` from the tables above (thresholds "
@@ -1103,11 +1420,17 @@ def render_markdown(out_dir) -> str:
              + ", ".join(f"{pe} {v:.0f}" for pe, v in
                          untied.groupby("pe", sort=False).steps.median().items()) + ").\n")
     p.append("## Caveats\n")
-    p.append("- One task, one architecture (2 layers, attention only) and one init scale "
-             f"({g['init_scale']} x the untied norm); issue 14 found that the init scale alone "
-             "can decide whether a tied absolute-PE model reaches the target, so a comparison "
-             "holds at this matched scale only (`init_scale` is a field of the grid).\n"
-             "- A ban removes channel c of M(0) at every step; for RoPE heads the phase "
+    p.append(("- One task. The sensitivity rows vary the init scale, learning rate, depth and "
+              "width for the symmetrization claim only; the bans, their controls and the phase "
+              f"ablation ran at one architecture ({n_layers} layers, attention only) and one "
+              f"init scale ({g['init_scale']} x the untied norm).\n"
+              if sensitivity else
+              f"- One task, one architecture ({n_layers} layers, attention only) and one init "
+              f"scale ({g['init_scale']} x the untied norm); issue 14 found that the init "
+              "scale alone can decide whether a tied absolute-PE model reaches the target, so "
+              "a comparison holds at this matched scale only (`init_scale` is a field of the "
+              "grid).\n")
+             + "- A ban removes channel c of M(0) at every step; for RoPE heads the phase "
              "between q and k still rotates M(Δ) at other offsets.\n"
              "- A censored ratio is a bound set by the cap, not a measurement.")
     return "\n".join(p) + "\n"
