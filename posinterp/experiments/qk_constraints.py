@@ -501,8 +501,8 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                  heads: pd.DataFrame | None = None) -> pd.DataFrame:
     """The published claims set against a summary from :func:`run_qk_constraints`.
 
-    Rows: each single-channel ban (``ban_*``, exact, on untied weights) slows learning (one-
-    sided q <= 0.05 vs the untied ``none``) but never prevents it (no run censored at
+    Rows: each single-channel ban (``ban_*``, exact, on untied weights) slows learning
+    (one-sided q <= 0.05 vs the untied ``none``) but never prevents it (no run censored at
     ``grid.max_steps``); where the summary has the ban's rank-matched control, the ban is
     slower than it (q <= 0.05; "undetermined" when every run of both is censored);
     symmetrizing M slows absolute-PE learning ~2.9x (vs ``tied`` and vs ``none``). A side
@@ -511,8 +511,8 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
     reached the target, neither "slows" (if every constrained run is censored too) nor
     "prevents" can be judged. With ``heads`` (from :func:`heads_table`): each ban left its
     channel empty (max mass <= 1e-5), and a RoPE model whose M(0) is symmetric still routes
-    by position (its strongest previous-token head has a(M(0)) < 1e-6 and a median previous-
-    token score >= 0.5).
+    by position (its strongest previous-token head has a(M(0)) < 1e-6 and a median
+    previous-token score >= 0.5).
     ``verdict`` is "holds", "fails" or "undetermined".
 
     Raises:
