@@ -237,10 +237,12 @@ def _experiment(args: argparse.Namespace) -> int:
     with _executor(args, default, grid.workers) as executor:
         summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
                                      markdown=None if args.sensitivity else args.markdown,
-                                     command=command, executor=executor, device=args.device)
+                                     command=command, executor=executor, device=args.device,
+                                     only_finished=args.tables_only)
         if args.sensitivity:
             run_sensitivity(args.out, base=grid, progress=not args.no_progress, command=command,
-                            executor=executor, device=args.device)
+                            executor=executor, device=args.device,
+                            only_finished=args.tables_only)
     if args.sensitivity and args.markdown:
         write_page(args.out, args.markdown)
     print(_table(summary))
@@ -411,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after the grid, run (or resume) the sensitivity grids of the "
                          "symmetrization claim (absolute PE; other init scales, learning rates, "
                          "depth, width) into OUT/sensitivity/")
+    ex.add_argument("--tables-only", action="store_true",
+                    help="run no cell: write the tables and page from the finished cells, "
+                         "listing the others as pending (the same command without this flag "
+                         "resumes them)")
     ex.add_argument("--restore-from", default=None, metavar="DATA",
                     help="first turn committed run outputs (e.g. "
                          "docs/reproductions/data/qk-constraints) into finished cells in OUT, "

@@ -325,3 +325,28 @@ def test_workers_1_runs_the_cells_in_process():
         assert isinstance(ex, LocalExecutor)
     with pytest.raises(ValueError, match="workers applies"):  # asked for explicitly: refused
         _executor(argparse.Namespace(executor="local", workers=2, address=None))
+
+
+def test_tables_of_the_finished_cells_name_the_pending_ones(tmp_path):
+    """only_finished trains nothing: the tables hold the finished cells, run.json and the
+    page name the others with the command that resumes them, and that command runs them."""
+    small = ConstraintGrid(**{**TINY, "constraints": ("none", "symmetric")}, workers=1)
+    run_qk_constraints(small, tmp_path, progress=False)
+    grid = dataclasses.replace(small, constraints=("none", "tied", "symmetric"))
+    with pytest.raises(ValueError, match="none of the grid"):
+        run_qk_constraints(dataclasses.replace(grid, pes=("rotary",)), tmp_path / "empty",
+                           progress=False, only_finished=True)
+    run_qk_constraints(grid, tmp_path, progress=False, only_finished=True,
+                       markdown=tmp_path / "page.md",
+                       command="posinterp experiment qk-constraints --tables-only --out x")
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["pending"] == ["absolute-tied-seed0", "absolute-tied-seed1"]
+    assert run["calls"][-1]["cells_run"] == 0 and len(pd.read_csv(tmp_path / "runs.csv")) == 4
+    page = (tmp_path / "page.md").read_text()
+    assert page == render_markdown(tmp_path)
+    assert "**Pending: 2 cells have not run yet** (absolute tied: 2 of 2 seeds)" in page
+    assert "```bash\nposinterp experiment qk-constraints --out x\n```" in page
+    run_qk_constraints(grid, tmp_path, progress=False)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["pending"] == [] and run["calls"][-1]["cells_run"] == 2
+    assert "Pending" not in render_markdown(tmp_path)

@@ -583,8 +583,13 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
 def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinterp-qk-constraints",
                        progress: bool = True, markdown: str | Path | None = None,
                        command: str | None = None, executor: Executor | None = None,
-                       device=None) -> pd.DataFrame:
+                       device=None, only_finished: bool = False) -> pd.DataFrame:
     """Run (or resume) every cell, then write ``runs.csv``, ``summary.csv``, ``report.html``.
+
+    With ``only_finished`` no cell runs: the tables are written from the grid's cells
+    already finished in ``out_dir``, and the others are listed in run.json's ``pending``
+    (the page names them, with the command that resumes them); a later call without it
+    runs them.
 
     Cells train on ``device`` (:func:`posinterp.devices.resolve_device`; None: CUDA when
     available, else CPU); the initial weights and batches are the same on every device.
@@ -617,6 +622,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         executor: where the cells run (default: from ``grid.workers``, see above).
         markdown: also write the reproduction page here (:func:`render_markdown`).
         command: the command line to record in ``run.json`` (and on the page).
+        only_finished: write the tables of the finished cells only (see above).
 
     Returns:
         The summary table, one row per (pe, constraint, control): ``n``, ``censored``,
@@ -625,7 +631,8 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
 
     Raises:
         ValueError: if ``out_dir`` holds cells from a different grid (resuming them
-            would mix budgets); :class:`posinterp.io.FolderInUse` (a ValueError) if another
+            would mix budgets), or with ``only_finished`` none of the grid's cells is
+            finished; :class:`posinterp.io.FolderInUse` (a ValueError) if another
             run is writing ``out_dir``.
         posinterp.executors.CellsFailed: after the other cells finished, if some raised.
 
@@ -639,10 +646,12 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     check_out_dir(out, "out_dir")
     # run.json is read, extended and written again: one run per folder (io.FolderInUse).
     with folder_lock(out):
-        return _run_locked(grid, out, progress, markdown, command, executor, device)
+        return _run_locked(grid, out, progress, markdown, command, executor, device,
+                           only_finished)
 
 
-def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.DataFrame:
+def _run_locked(grid, out, progress, markdown, command, executor, device, only_finished=False
+                ) -> pd.DataFrame:
     (out / "cells").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     ceiling = induction_ceiling(*induction_batch(torch.Generator().manual_seed(10_000), 256,
@@ -676,6 +685,14 @@ def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.
                   num_cpus=1, num_gpus=gpus_for(device))
              for name, (pe, c, s) in zip(names, cells, strict=True)]
     todo = [n for n in names if not _readable(out / "cells" / f"{n}.json")]  # damaged: rerun
+    pending = todo if only_finished else []
+    if only_finished:
+        if len(todo) == len(names):
+            raise ValueError(f"only_finished: none of the grid's {len(names)} cells is finished "
+                             f"in {out / 'cells'}")
+        names = [n for n in names if n not in todo]
+        specs = [c for c in specs if c.name not in todo]
+        todo = []
     own = executor is None
     if own:
         executor = LocalExecutor() if grid.workers == 1 else ProcessExecutor(grid.workers)
@@ -707,12 +724,13 @@ def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.
                   "command": command})
     atomic_write_json(run_file, {"grid": asdict(grid), "versions": versions(),
                                  "induction_ceiling": ceiling, "qk_convention": QK_CONVENTION,
-                                 "cells": len(cells), "calls": calls,
+                                 "cells": len(cells), "calls": calls, "pending": pending,
                                  "cell_seconds": cell_seconds,
                                  "seconds": round(sum(c["seconds"] for c in calls
                                                       if c["cells_run"]), 1)})
     _report(grid, summary, heads, claims).save(out / "report.html")
-    if "rotary" in grid.pes and "symmetric" in grid.constraints and not _phase_done(out, runs):
+    if ("rotary" in grid.pes and "symmetric" in grid.constraints and not pending
+            and not _phase_done(out, runs)):
         run_phase_ablation(out, device=device, progress=progress)  # claim 3's control
     if markdown is not None:
         write_page(out, markdown)
@@ -823,13 +841,16 @@ def sensitivity_grids(base: ConstraintGrid = ConstraintGrid()) -> dict[str, Cons
 
 def run_sensitivity(out_dir, base: ConstraintGrid = ConstraintGrid(), variants=None,
                     progress: bool = True, command: str | None = None,
-                    executor: Executor | None = None, device=None) -> dict[str, pd.DataFrame]:
+                    executor: Executor | None = None, device=None,
+                    only_finished: bool = False) -> dict[str, pd.DataFrame]:
     """Run (or resume) the sensitivity grids of claim 2 into ``out_dir/sensitivity/<variant>``.
 
     Each variant (:data:`SENSITIVITY`; ``variants`` picks some, in that order) is a
     :func:`run_qk_constraints` grid of its own (its own budget, checked on resume, and
     its cells resumed one by one); the page reads them with the main grid's outputs
-    (:func:`render_markdown`). Returns ``{variant: summary}``.
+    (:func:`render_markdown`). Returns ``{variant: summary}``. With ``only_finished``
+    (as :func:`run_qk_constraints`) nothing is trained and a variant without a finished
+    cell is left out (the page lists it as pending).
 
     Raises:
         ValueError: for a variant not in :data:`SENSITIVITY`, or as
@@ -840,10 +861,15 @@ def run_sensitivity(out_dir, base: ConstraintGrid = ConstraintGrid(), variants=N
     bad = [n for n in names if n not in grids]
     if bad:
         raise ValueError(f"variants must be among {tuple(grids)}, got {bad}")
-    return {name: run_qk_constraints(grids[name], Path(out_dir) / "sensitivity" / name,
-                                     progress=progress, command=command, executor=executor,
-                                     device=device)
-            for name in names}
+    out = {}
+    for name in names:
+        folder = Path(out_dir) / "sensitivity" / name
+        if only_finished and not any((folder / "cells").glob("*-seed*.json")):
+            continue
+        out[name] = run_qk_constraints(grids[name], folder, progress=progress, command=command,
+                                       executor=executor, device=device,
+                                       only_finished=only_finished)
+    return out
 
 
 def _readable(path: Path) -> bool:
@@ -862,6 +888,20 @@ def _where(call: dict) -> str:
     if executor == "local" or call.get("workers") in (None, 1):
         return "in one process with one torch thread"
     return f"with {call['workers']} worker processes of one torch thread each"
+
+
+def _pending_text(pending: list[str], seeds: int, command: str) -> str:
+    """The page's line on cells not run yet (run.json's ``pending``) and how to resume."""
+    groups: dict[str, int] = {}
+    for name in pending:
+        pe, constraint = name.rsplit("-seed", 1)[0].split("-", 1)
+        groups[f"{pe} {constraint}"] = groups.get(f"{pe} {constraint}", 0) + 1
+    resume = " ".join(w for w in command.split() if w != "--tables-only")
+    return (f"**Pending: {len(pending)} cells have not run yet** ("
+            + ", ".join(f"{k}: {v} of {seeds} seeds" for k, v in groups.items())
+            + f"); every table below is of the finished cells only (its `n` says how many), "
+            f"and a row with fewer than {seeds} seeds is partial. Resume with\n\n"
+            f"```bash\n{resume}\n```\n")
 
 
 def _calls_text(calls: list[dict]) -> str:
@@ -944,7 +984,7 @@ def _sensitivity_section(out: Path, g: dict) -> list[str]:
                       run["grid"], run))
     keys = ("init_scale", "lr", "n_layers", "d_model", "n_heads")
     rows = []
-    for name, r_runs, r_summary, rg, _ in parts:
+    for name, r_runs, r_summary, rg, run in parts:
         sel = r_summary[(r_summary.pe == "absolute") & (r_summary.constraint == "symmetric")
                         & (r_summary.control == "none")]
         if not len(sel):
@@ -955,8 +995,10 @@ def _sensitivity_section(out: Path, g: dict) -> list[str]:
         verdict, _ = _ratio_verdict(r, CLAIMED_SLOWDOWN)
         changed = [k for k in keys if rg.get(k, 2 if k == "n_layers" else None)
                    != g.get(k, 2 if k == "n_layers" else None)]
+        partial = f" (partial: {len(run['pending'])} cells pending)" if run and run.get(
+            "pending") else ""
         rows.append({"setting": ("default grid (this page)" if name == "default" else
-                                 ", ".join(f"{k} {rg[k]:g}" for k in changed)),
+                                 ", ".join(f"{k} {rg[k]:g}" for k in changed)) + partial,
                      "reached": f"{surv.reached}/{surv.n} vs {surv.control_reached}/{surv.control_n}",
                      "median steps": f"{r.median_steps:.0f} vs {untied:.0f}",
                      "ratio [95% CI]": _fmt_ratio(r), "p": surv.p_exact, "floor": surv.min_p,
@@ -1269,6 +1311,8 @@ def render_markdown(out_dir) -> str:
                 "those cells from a finished grid's folder)" if (out / "phase.csv").exists() else "")
              + "; the CSVs and run.json are committed in "
              "`docs/reproductions/data/qk-constraints`.\n")
+    if run.get("pending"):
+        p.append(_pending_text(run["pending"], g["seeds"], command))
     p.append("## Task and its ceiling\n")
     p.append("Induction at random offsets: a period of p distinct random tokens "
              f"(p uniform in [{max(2, g['n_ctx'] // 4)}, {g['n_ctx'] // 2}], per sequence), "
