@@ -940,6 +940,10 @@ def _rank_matched_section(runs: pd.DataFrame, g: dict) -> list[str]:
                      "reached: ban / control": f"{reached(b)} / {reached(c)}",
                      "median steps: ban / control": f"{b.steps.median():.0f} / "
                                                     f"{c.steps.median():.0f}"})
+    table = pd.DataFrame(rows)
+    recorded = (table["ban's rank at the end"] != "not recorded").any()
+    if not recorded:
+        table = table.drop(columns="ban's rank at the end")
     return [
         "## Rank-matched controls of the bans\n",
         "Does a ban cost what it costs because of *which* directions it removes, or only "
@@ -952,9 +956,12 @@ def _rank_matched_section(runs: pd.DataFrame, g: dict) -> list[str]:
         "The ban's Π_c follows the weights and may remove another rank later; the control's "
         "rank is fixed. Ranks are summed over a model's heads, of "
         f"{per_model} dimensions of q in all, median [min, max] over seeds; the removed "
-        "energy is ||W_Q U||_F^2 / ||W_Q||_F^2 of the final models' effective W_Q, the "
-        "largest over heads and seeds:\n",
-        _md_table(pd.DataFrame(rows)) + "\n",
+        "energy is ||W_Q U||_F^2 / ||W_Q°||_F^2 of the final models (W_Q the weight the "
+        "model uses, W_Q° the free parameter behind it; `constraints.removed_energy`), the "
+        "largest over heads and seeds"
+        + ("" if recorded else "; the ban cells of this grid were run before the ban's "
+           "rank at the end was recorded") + ":\n",
+        _md_table(table) + "\n",
         "Their log-rank comparisons (ban vs control, control vs `none`) are in the tables "
         "below.\n"]
 
