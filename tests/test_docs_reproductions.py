@@ -67,7 +67,7 @@ def test_committed_qk_run_is_the_grid_the_page_claims():
 
     cfg = ConstraintGrid(**{k: tuple(v) if isinstance(v, list) else v for k, v in grid.items()})
     ctrl = runs[runs.constraint.str.startswith("rank_matched_")]
-    assert (ctrl.final_max_removed_energy <= 1e-10).all()
+    assert not len(ctrl) or (ctrl.final_max_removed_energy <= 1e-10).all()
     for r in ctrl.itertuples():
         model = build_model(_cell_config(cfg, r.pe, int(r.seed)))
         want = banned_ranks(model, r.constraint.removeprefix("rank_matched_")).sum()
