@@ -975,7 +975,7 @@ def _sensitivity_runs(out: Path) -> dict[str, Path]:
             if n in found}
 
 
-def _sensitivity_section(out: Path, g: dict) -> list[str]:
+def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
     """Claim 2's sensitivity grids (:func:`run_sensitivity`) as page text, or nothing when
     ``out`` has none."""
     done = _sensitivity_runs(out)
@@ -990,12 +990,13 @@ def _sensitivity_section(out: Path, g: dict) -> list[str]:
                       pd.read_csv(folder / "summary.csv", keep_default_na=False, na_values=[""]),
                       run["grid"], run))
     keys = ("init_scale", "lr", "n_layers", "d_model", "n_heads")
-    rows = []
+    rows, shown = [], []
     for name, r_runs, r_summary, rg, run in parts:
         sel = r_summary[(r_summary.pe == "absolute") & (r_summary.constraint == "symmetric")
                         & (r_summary.control == "none")]
-        if not len(sel):
+        if not len(sel):  # no finished pair yet: pending
             continue
+        shown.append(name)
         surv = survival_table(r_runs, sel).iloc[0]
         untied = r_runs[(r_runs.pe == "absolute") & (r_runs.constraint == "none")].steps.median()
         r = sel.iloc[0]
@@ -1021,7 +1022,9 @@ def _sensitivity_section(out: Path, g: dict) -> list[str]:
     table = table[["setting", "reached", "median steps", "ratio [95% CI]", "log-rank p (exact)",
                    "smallest possible p", "q (BH)", "~2.9x"]]
     ran = [c for _, _, _, _, run in parts[1:] for c in run["calls"] if c.get("cells_run")]
-    pending = [n for n in SENSITIVITY if n not in done]
+    pending = [n for n in SENSITIVITY if n not in shown]
+    words = [w for w in command.split() if w != "--tables-only"]
+    resume = " ".join(words + ([] if "--sensitivity" in words else ["--sensitivity"]))
     text = [
         "## Sensitivity of symmetrization's slowdown (claim 2)\n",
         "The default grid measures claim 2 at one init scale, one learning rate and one "
@@ -1041,9 +1044,9 @@ def _sensitivity_section(out: Path, g: dict) -> list[str]:
     if pending:
         text.append("**Pending** (not run yet): " + ", ".join(
             f"`{n}` ({', '.join(f'{k} {v:g}' for k, v in SENSITIVITY[n].items())})"
-            for n in pending) + ". Resume with the command above plus `--sensitivity` "
-            "(finished cells are kept; `--restore-from docs/reproductions/data/qk-constraints` "
-            "first turns the committed outputs into finished cells of a fresh folder).\n")
+            for n in pending) + f". Resume with `{resume}` (finished cells are kept; "
+            "`--restore-from docs/reproductions/data/qk-constraints` first turns the committed "
+            "outputs into finished cells of a fresh folder).\n")
     return text
 
 
@@ -1460,7 +1463,7 @@ def render_markdown(out_dir) -> str:
         p.append("No run was censored.\n")
     if (out / "phase.csv").exists():
         p.extend(_phase_section(pd.read_csv(out / "phase.csv")))
-    sensitivity = _sensitivity_section(out, g)
+    sensitivity = _sensitivity_section(out, g, command)
     p.extend(sensitivity)
     p.append("## Claims\n")
     p.append(_md_table(claims.fillna("")) + "\n")
