@@ -51,8 +51,10 @@ def _executor(args: argparse.Namespace, default: str = "local", workers: int | N
     from .executors import make_executor
 
     name = args.executor or default
-    return make_executor(name, workers=args.workers if args.workers is not None
-                         else (workers if name == "process" else None), address=args.address)
+    count = args.workers if args.workers is not None else (workers if name == "process" else None)
+    if name == "local" and args.executor is None and count == 1:
+        count = None  # --workers 1 chose the in-process executor (qk-constraints): one worker
+    return make_executor(name, workers=count, address=args.address)
 
 
 def _executor_options(p, workers_help: str, default: str = "local") -> None:
@@ -284,7 +286,13 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _experiment(args: argparse.Namespace) -> int:
-    from .experiments.qk_constraints import ConstraintGrid, run_qk_constraints
+    from .experiments.qk_constraints import (
+        ConstraintGrid,
+        restore_run,
+        run_qk_constraints,
+        run_sensitivity,
+        write_page,
+    )
 
     grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
     if args.pes is not None:
@@ -300,10 +308,20 @@ def _experiment(args: argparse.Namespace) -> int:
     command = " ".join(["posinterp", *args.argv])
     # without --executor, --workers (default 2) processes share the cells, as before
     default = "local" if grid.workers == 1 else "process"
+    if args.restore_from is not None:
+        restored = restore_run(args.restore_from, args.out)
+        print(f"restored {len(restored)} finished cells from {args.restore_from} into {args.out}")
     with _executor(args, default, grid.workers) as executor:
         summary = run_qk_constraints(grid, args.out, progress=not args.no_progress,
-                                     markdown=args.markdown, command=command, executor=executor,
-                                     device=args.device)
+                                     markdown=None if args.sensitivity else args.markdown,
+                                     command=command, executor=executor, device=args.device,
+                                     only_finished=args.tables_only)
+        if args.sensitivity:
+            run_sensitivity(args.out, base=grid, progress=not args.no_progress, command=command,
+                            executor=executor, device=args.device,
+                            only_finished=args.tables_only)
+    if args.sensitivity and args.markdown:
+        write_page(args.out, args.markdown)
     print(_table(summary))
     run = json.loads((Path(args.out) / "run.json").read_text())
     print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
@@ -507,6 +525,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output folder (default posinterp-qk-constraints)")
     ex.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (tables from this run's outputs)")
+    ex.add_argument("--sensitivity", action="store_true",
+                    help="after the grid, run (or resume) the sensitivity grids of the "
+                         "symmetrization claim (absolute PE; other init scales, learning rates, "
+                         "depth, width) into OUT/sensitivity/")
+    ex.add_argument("--tables-only", action="store_true",
+                    help="run no cell: write the tables and page from the finished cells, "
+                         "listing the others as pending (the same command without this flag "
+                         "resumes them)")
+    ex.add_argument("--restore-from", default=None, metavar="DATA",
+                    help="first turn committed run outputs (e.g. "
+                         "docs/reproductions/data/qk-constraints) into finished cells in OUT, "
+                         "so only the cells they lack are run")
     _no_progress(ex)
     return p
 

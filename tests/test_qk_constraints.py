@@ -330,3 +330,117 @@ def test_claims_a_small_grid_cannot_test_are_not_scored_as_failing():
     assert routes == UNTESTABLE
     heads.loc[0, "censored"] = 1  # 1 of 3: the models learned, and the score is low
     assert claims_table(pd.DataFrame([none, ban]), quick, heads).verdict.iloc[-1] == "fails"
+
+
+def test_rank_matched_controls_remove_the_bans_rank_and_are_compared(tmp_path):
+    """A ban and its rank-matched control start from the same untied model and remove
+    the same rank (one read off the ban's projector, one off the control's fixed
+    subspace); the control's subspace stays empty; the ban is compared with both."""
+    grid = ConstraintGrid(**{**TINY, "pes": ("rotary",), "constraints": (
+        "none", "ban_complex", "rank_matched_complex")}, workers=1)
+    summary = run_qk_constraints(grid, tmp_path, progress=False, markdown=tmp_path / "page.md")
+    runs = pd.read_csv(tmp_path / "runs.csv")
+    ban = runs[runs.constraint == "ban_complex"].set_index("seed")
+    ctrl = runs[runs.constraint == "rank_matched_complex"].set_index("seed")
+    assert (ban.init_removed_rank == ctrl.init_removed_rank).all()
+    assert (ctrl.init_removed_rank == ctrl.final_removed_rank).all()  # fixed subspace
+    assert (ctrl.init_removed_rank > 0).all() and (ctrl.final_max_removed_energy < 1e-10).all()
+    assert ban.final_removed_rank.notna().all()
+    assert runs[runs.constraint == "none"].init_removed_rank.isna().all()
+    assert list(zip(summary.constraint, summary.control, strict=True)) == [
+        ("none", ""), ("ban_complex", "none"), ("ban_complex", "rank_matched_complex"),
+        ("rank_matched_complex", "none")]
+    claims = pd.read_csv(tmp_path / "claims.csv")
+    row = claims[claims.claim.str.contains("random subspace of the same rank")]
+    assert len(row) == 1 and row.verdict.iloc[0] == "undetermined"  # all censored at 4 steps
+    page = (tmp_path / "page.md").read_text()
+    assert page == render_markdown(tmp_path) and "## Rank-matched controls of the bans" in page
+
+
+def test_committed_outputs_are_restored_as_finished_cells(tmp_path):
+    """restore_run turns a grid's committed CSVs and run.json (no cells/) back into a run
+    folder: the same grid then runs nothing and writes the same tables; a larger one runs
+    only its new cells. A grid.json written before a field existed resumes."""
+    import shutil
+
+    from posinterp.experiments.qk_constraints import restore_run
+
+    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "symmetric")}, workers=1)
+    run_qk_constraints(grid, tmp_path / "first", progress=False)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "run.json"):
+        shutil.copyfile(tmp_path / "first" / name, data / name)
+    assert len(restore_run(data, tmp_path / "again")) == 4
+    run_qk_constraints(grid, tmp_path / "again", progress=False)
+    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv"):
+        assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "first" / name).read_bytes()
+    run = json.loads((tmp_path / "again" / "run.json").read_text())
+    assert [c["cells_run"] for c in run["calls"]] == [4, 0]
+    assert restore_run(data, tmp_path / "again") == []  # nothing overwritten
+    budget = json.loads((tmp_path / "again" / "grid.json").read_text())
+    del budget["n_layers"]  # as written before the field existed (its default then: 2)
+    (tmp_path / "again" / "grid.json").write_text(json.dumps(budget))
+    run_qk_constraints(dataclasses.replace(grid, constraints=("none", "tied", "symmetric")),
+                       tmp_path / "again", progress=False)
+    run = json.loads((tmp_path / "again" / "run.json").read_text())
+    assert run["calls"][-1]["cells_run"] == 2
+
+
+def test_sensitivity_grids_are_their_own_grids_on_the_page(tmp_path):
+    from posinterp.experiments.qk_constraints import SENSITIVITY, run_sensitivity, write_page
+
+    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "symmetric")}, workers=1)
+    run_qk_constraints(grid, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="variants must be among"):
+        run_sensitivity(tmp_path, grid, variants=["lr-1"])
+    out = run_sensitivity(tmp_path, grid, variants=["lr-0.01"], progress=False)
+    sub = json.loads((tmp_path / "sensitivity" / "lr-0.01" / "run.json").read_text())["grid"]
+    assert sub["lr"] == 0.01 and sub["pes"] == ["absolute"] and sub["max_steps"] == grid.max_steps
+    assert list(out["lr-0.01"].constraint) == ["none", "symmetric"]
+    page = write_page(tmp_path, tmp_path / "page.md").read_text()
+    assert page == render_markdown(tmp_path)
+    section = page.split("## Sensitivity")[1].split("\n## ")[0]
+    assert "| lr 0.01 |" in section and "default grid (this page)" in section
+    pending = section.split("**Pending**")[1]
+    assert all(f"`{n}`" in pending for n in SENSITIVITY if n != "lr-0.01")
+
+
+def test_workers_1_runs_the_cells_in_process():
+    """--workers 1 picks the in-process executor for qk-constraints (it used to be refused:
+    'workers applies to executor process only')."""
+    import argparse
+
+    from posinterp.cli import _executor
+    from posinterp.executors import LocalExecutor
+
+    args = argparse.Namespace(executor=None, workers=1, address=None)
+    with _executor(args, "local", 1) as ex:
+        assert isinstance(ex, LocalExecutor)
+    with pytest.raises(ValueError, match="workers applies"):  # asked for explicitly: refused
+        _executor(argparse.Namespace(executor="local", workers=2, address=None))
+
+
+def test_tables_of_the_finished_cells_name_the_pending_ones(tmp_path):
+    """only_finished trains nothing: the tables hold the finished cells, run.json and the
+    page name the others with the command that resumes them, and that command runs them."""
+    small = ConstraintGrid(**{**TINY, "constraints": ("none", "symmetric")}, workers=1)
+    run_qk_constraints(small, tmp_path, progress=False)
+    grid = dataclasses.replace(small, constraints=("none", "tied", "symmetric"))
+    with pytest.raises(ValueError, match="none of the grid"):
+        run_qk_constraints(dataclasses.replace(grid, pes=("rotary",)), tmp_path / "empty",
+                           progress=False, only_finished=True)
+    run_qk_constraints(grid, tmp_path, progress=False, only_finished=True,
+                       markdown=tmp_path / "page.md",
+                       command="posinterp experiment qk-constraints --tables-only --out x")
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["pending"] == ["absolute-tied-seed0", "absolute-tied-seed1"]
+    assert run["calls"][-1]["cells_run"] == 0 and len(pd.read_csv(tmp_path / "runs.csv")) == 4
+    page = (tmp_path / "page.md").read_text()
+    assert page == render_markdown(tmp_path)
+    assert "**Pending: 2 cells have not run yet** (absolute tied: 2 of 2 seeds)" in page
+    assert "```bash\nposinterp experiment qk-constraints --out x\n```" in page
+    run_qk_constraints(grid, tmp_path, progress=False)
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["pending"] == [] and run["calls"][-1]["cells_run"] == 2
+    assert "Pending" not in render_markdown(tmp_path)

@@ -68,9 +68,12 @@ from ..interventions.constraints import (
     BAND_BAN,
     BANS,
     CONSTRAINTS,
+    RANK_MATCHED,
     constrain_qk,
     match_qk_norm,
     qk_norms,
+    removed_energy,
+    removed_ranks,
 )
 from ..io import (
     atomic_path,
@@ -83,9 +86,10 @@ from ..io import (
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..training import TrainConfig, fit
 
-__all__ = ["BAND_BAN_PREFIX", "ConstraintGrid", "band_of", "claims_table", "heads_table", "induction_batch",
-           "induction_ceiling", "induction_scores", "km_figure", "render_markdown", "run_qk_constraints",
-           "survival_table", "write_page"]
+__all__ = ["BAND_BAN_PREFIX", "SENSITIVITY", "ConstraintGrid", "band_of", "claims_table",
+           "heads_table", "induction_batch", "induction_ceiling", "induction_scores", "km_figure",
+           "render_markdown", "restore_run", "run_qk_constraints", "run_sensitivity",
+           "sensitivity_grids", "survival_table", "write_page"]
 
 
 BAND_BAN_PREFIX = BAND_BAN + "_"  # "ban_band_p0-1": a ban of rotary pairs 0 and 1
@@ -127,13 +131,15 @@ class ConstraintGrid:
     """
 
     pes: tuple[str, ...] = ("absolute", "rotary")
-    constraints: tuple[str, ...] = ("none", "ban_positive_real", "ban_negative_real",
-                                    "ban_complex", "tied", "symmetric")
+    constraints: tuple[str, ...] = ("none", "ban_positive_real", "rank_matched_positive_real",
+                                    "ban_negative_real", "rank_matched_negative_real",
+                                    "ban_complex", "rank_matched_complex", "tied", "symmetric")
     seeds: int = 5
     n_ctx: int = 32
     d_vocab: int = 32
     d_model: int = 64
     n_heads: int = 4
+    n_layers: int = 2
     batch_size: int = 32
     lr: float = 3e-3
     max_steps: int = 3000
@@ -143,7 +149,7 @@ class ConstraintGrid:
     workers: int = 2
 
     def __post_init__(self):
-        require_at_least(self, ("seeds", "max_steps", "eval_every", "workers"))
+        require_at_least(self, ("seeds", "max_steps", "eval_every", "workers", "n_layers"))
         if not 0 < self.target <= 1:
             raise ValueError(f"target must be in (0, 1], got {self.target}")
         if not self.init_scale > 0:
@@ -309,8 +315,8 @@ EVAL_SEQUENCES = 256  # held-out induction sequences each cell evaluates every e
 
 
 def _cell_config(grid: ConstraintGrid, pe: str, seed: int) -> ToyModelConfig:
-    """The model a grid cell trains: 2 attention-only layers, LayerNorm, the grid's sizes."""
-    return ToyModelConfig(pe=pe, n_layers=2, d_model=grid.d_model, n_heads=grid.n_heads,
+    """The model a grid cell trains: attention-only layers, LayerNorm, the grid's sizes."""
+    return ToyModelConfig(pe=pe, n_layers=grid.n_layers, d_model=grid.d_model, n_heads=grid.n_heads,
                           n_ctx=grid.n_ctx, tokenizer=None, d_vocab=grid.d_vocab, attn_only=True,
                           normalization="LN", seed=seed)
 
@@ -328,6 +334,11 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
         constrain_qk(model, constraint, generator=torch.Generator().manual_seed(seed))
     match_qk_norm(model, target_norms)
     init = {**_channel_summary(model, "init", banned), **_band_summary(model, "init", band)}
+    # rank removed from q over the model's heads: a ban's Π_c at init (it follows the
+    # weights), its rank-matched control's fixed random subspace
+    removes = constraint in (*BANS, *RANK_MATCHED)
+    if removes:
+        init["init_removed_rank"] = int(removed_ranks(model).sum())
     eval_gen = torch.Generator().manual_seed(10_000 + seed)
     eval_tokens, eval_mask = to_device(induction_batch(eval_gen, EVAL_SEQUENCES, grid.n_ctx,
                                                        grid.d_vocab),
@@ -355,6 +366,10 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
             "induction_head": f"L{int(best['layer'])}H{int(best['head'])}",
             "induction_score": float(best["value"]),
             **init, **_channel_summary(model, "final", banned), **_band_summary(model, "final", band)}
+    if removes:
+        row["final_removed_rank"] = int(removed_ranks(model).sum())
+    if constraint in RANK_MATCHED:
+        row["final_max_removed_energy"] = float(removed_energy(model).max())
     return (row, model) if keep_model else row
 
 
@@ -461,10 +476,14 @@ def _summarize(runs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
     for (pe, constraint), g in runs.groupby(["pe", "constraint"], sort=False):
         base = dict(pe=pe, constraint=constraint, n=len(g), censored=int(g.censored.sum()),
                     median_steps=float(g.steps.median()))
-        # bans act on untied weights: their control is the untied model; the tied
-        # family is compared with its own control and with the untied model
-        controls = ([] if constraint == "none" else ["none"]
-                    if _untied_ban(constraint) or constraint == "tied" else ["tied", "none"])
+        # bans act on untied weights: their control is the untied model, and a channel
+        # ban's rank-matched random-subspace control (same rank removed, another subspace);
+        # the tied family is compared with its own control and with the untied model
+        controls = ([] if constraint == "none"
+                    else ["none", "rank_matched_" + constraint.removeprefix("ban_")]
+                    if constraint in BANS
+                    else ["none"] if _untied_ban(constraint) or constraint in (*RANK_MATCHED, "tied")
+                    else ["tied", "none"])
         controls = [c for c in controls if (runs[runs.pe == pe].constraint == c).any()]
         if not controls:
             rows.append({**base, "control": "", "control_censored": np.nan, "ratio": np.nan,
@@ -564,21 +583,23 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
 
     Rows: each single-channel ban (``ban_*``, exact, on untied weights) slows learning
     (one-sided q <= 0.05 vs the untied ``none``) but never prevents it (no run censored
-    at ``grid.max_steps``); symmetrizing M slows absolute-PE learning ~2.9x (vs ``tied``
-    and vs ``none``). A side whose median run is censored turns the ratio into a bound,
-    and the verdict into "undetermined" unless the bound already refutes the claim;
-    when the control itself never reached the target, neither "slows" (if every
-    constrained run is censored too) nor "prevents" can be judged. With ``heads`` (from
-    :func:`heads_table`): each ban left its channel empty (max mass <= 1e-5), and a
-    RoPE model whose M(0) is symmetric still routes by position (its strongest
-    previous-token head has a(M(0)) < 1e-6 and a median previous-token score >= 0.5).
-    ``verdict`` is "holds", "fails", "undetermined" or :data:`UNTESTABLE` ("not testable
-    at this budget") where the grid's seeds or steps cannot decide it, so a "fails" would
-    say nothing about the claim: "slows" when even perfectly separated runs give a p
-    above 0.05 (:func:`smallest_p`; 2 seeds a side); "never prevents" when the cap is
-    below CLAIMED_SLOWDOWN times the control's median steps (a run merely slowed as much
-    as the symmetric constraint slows is censored too); "routes by position" when most
-    runs never reached the target (the score is of untrained models).
+    at ``grid.max_steps``); where the summary has the ban's rank-matched control, the ban
+    is slower than it (q <= 0.05; "undetermined" when every run of both is censored);
+    symmetrizing M slows absolute-PE learning ~2.9x (vs ``tied`` and vs ``none``). A side
+    whose median run is censored turns the ratio into a bound, and the verdict into
+    "undetermined" unless the bound already refutes the claim; when the control itself
+    never reached the target, neither "slows" (if every constrained run is censored too)
+    nor "prevents" can be judged. With ``heads`` (from :func:`heads_table`): each ban left
+    its channel empty (max mass <= 1e-5), and a RoPE model whose M(0) is symmetric still
+    routes by position (its strongest previous-token head has a(M(0)) < 1e-6 and a median
+    previous-token score >= 0.5). ``verdict`` is "holds", "fails", "undetermined" or
+    :data:`UNTESTABLE` ("not testable at this budget") where the grid's seeds or steps
+    cannot decide it, so a "fails" would say nothing about the claim: "slows" when even
+    perfectly separated runs give a p above 0.05 (:func:`smallest_p`; 2 seeds a side);
+    "never prevents" when the cap is below CLAIMED_SLOWDOWN times the control's median
+    steps (a run merely slowed as much as the symmetric constraint slows is censored too);
+    "routes by position" when most runs never reached the target (the score is of
+    untrained models).
 
     Raises:
         KeyError: if ``summary`` lacks the columns :func:`run_qk_constraints` writes.
@@ -620,6 +641,19 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                                   f"within {grid.max_steps} steps (control "
                                   f"{int(r.n - r.control_censored)}/{r.n})",
                          verdict=prevented))
+    matched = summary[summary.constraint.isin(BANS)
+                      & summary.control.astype(str).str.startswith("rank_matched_")]
+    for _, r in matched.iterrows():
+        # both sides at the cap: the order of the two is unknown
+        both = r.censored == r.n and r.control_censored == r.n
+        _, bound = _ratio_verdict(r, CLAIMED_SLOWDOWN)
+        rows.append(dict(claim=f"{r.pe}: {r.constraint} slows learning more than removing a "
+                               f"random subspace of the same rank (q <= 0.05 vs {r.control})",
+                         measured=f"{bound}{r.ratio:.2f}x [{r.ci_low:.2f}, {r.ci_high:.2f}], "
+                                  f"q = {r.q_bh:.3g}, censored {int(r.censored)}/{r.n} vs "
+                                  f"{int(r.control_censored)}/{r.n}",
+                         verdict="undetermined" if both else
+                         "holds" if r.q_bh <= 0.05 else "fails"))
     if heads is not None:
         if "max_banned_mass" in heads:
             for _, r in heads[heads.constraint.isin(BANS)].iterrows():
@@ -650,8 +684,13 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
 def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinterp-qk-constraints",
                        progress: bool = True, markdown: str | Path | None = None,
                        command: str | None = None, executor: Executor | None = None,
-                       device=None) -> pd.DataFrame:
+                       device=None, only_finished: bool = False) -> pd.DataFrame:
     """Run (or resume) every cell, then write ``runs.csv``, ``summary.csv``, ``report.html``.
+
+    With ``only_finished`` no cell runs: the tables are written from the grid's cells
+    already finished in ``out_dir``, and the others are listed in run.json's ``pending``
+    (the page names them, with the command that resumes them); a later call without it
+    runs them.
 
     Cells train on ``device`` (:func:`posinterp.devices.resolve_device`; None: CUDA when
     available, else CPU); the initial weights and batches are the same on every device.
@@ -684,6 +723,7 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
         executor: where the cells run (default: from ``grid.workers``, see above).
         markdown: also write the reproduction page here (:func:`render_markdown`).
         command: the command line to record in ``run.json`` (and on the page).
+        only_finished: write the tables of the finished cells only (see above).
 
     Returns:
         The summary table, one row per (pe, constraint, control): ``n``, ``censored``,
@@ -692,7 +732,8 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
 
     Raises:
         ValueError: if ``out_dir`` holds cells from a different grid (resuming them
-            would mix budgets); :class:`posinterp.io.FolderInUse` (a ValueError) if another
+            would mix budgets), or with ``only_finished`` none of the grid's cells is
+            finished; :class:`posinterp.io.FolderInUse` (a ValueError) if another
             run is writing ``out_dir``.
         posinterp.executors.CellsFailed: after the other cells finished, if some raised.
 
@@ -706,10 +747,12 @@ def run_qk_constraints(grid: ConstraintGrid = ConstraintGrid(), out_dir="posinte
     check_out_dir(out, "out_dir")
     # run.json is read, extended and written again: one run per folder (io.FolderInUse).
     with folder_lock(out):
-        return _run_locked(grid, out, progress, markdown, command, executor, device)
+        return _run_locked(grid, out, progress, markdown, command, executor, device,
+                           only_finished)
 
 
-def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.DataFrame:
+def _run_locked(grid, out, progress, markdown, command, executor, device, only_finished=False
+                ) -> pd.DataFrame:
     (out / "cells").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     ceiling = induction_ceiling(*induction_batch(torch.Generator().manual_seed(10_000), 256,
@@ -726,6 +769,9 @@ def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.
     grid_file = out / "grid.json"
     try:
         old = json.loads(grid_file.read_text()) if grid_file.exists() else budget
+        # a field added to the grid after the folder was written had its default then
+        defaults = asdict(ConstraintGrid())
+        old = {**{k: defaults[k] for k in budget if k not in old and k in defaults}, **old}
     except ValueError as err:
         raise ValueError(f"{grid_file} is unreadable ({err}); it records the budget the cells "
                          f"in {out / 'cells'} were trained with, so they cannot be reused "
@@ -740,6 +786,14 @@ def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.
                   num_cpus=1, num_gpus=gpus_for(device))
              for name, (pe, c, s) in zip(names, cells, strict=True)]
     todo = [n for n in names if not _readable(out / "cells" / f"{n}.json")]  # damaged: rerun
+    pending = todo if only_finished else []
+    if only_finished:
+        if len(todo) == len(names):
+            raise ValueError(f"only_finished: none of the grid's {len(names)} cells is finished "
+                             f"in {out / 'cells'}")
+        names = [n for n in names if n not in todo]
+        specs = [c for c in specs if c.name not in todo]
+        todo = []
     own = executor is None
     if own:
         executor = LocalExecutor() if grid.workers == 1 else ProcessExecutor(grid.workers)
@@ -771,16 +825,152 @@ def _run_locked(grid, out, progress, markdown, command, executor, device) -> pd.
                   "command": command})
     atomic_write_json(run_file, {"grid": asdict(grid), "versions": versions(),
                                  "induction_ceiling": ceiling, "qk_convention": QK_CONVENTION,
-                                 "cells": len(cells), "calls": calls,
+                                 "cells": len(cells), "calls": calls, "pending": pending,
                                  "cell_seconds": cell_seconds,
                                  "seconds": round(sum(c["seconds"] for c in calls
                                                       if c["cells_run"]), 1)})
     _report(grid, summary, heads, claims).save(out / "report.html")
-    if "rotary" in grid.pes and "symmetric" in grid.constraints:
+    if ("rotary" in grid.pes and "symmetric" in grid.constraints and not pending
+            and not _phase_done(out, runs)):
         run_phase_ablation(out, device=device, progress=progress)  # claim 3's control
     if markdown is not None:
         write_page(out, markdown)
     return summary
+
+
+def _phase_done(out: Path, runs: pd.DataFrame, constraint: str = "symmetric") -> bool:
+    """phase.csv already holds every rotary ``constraint`` run of ``runs`` (same seeds,
+    steps and head): the ablation retrains them, so a resumed grid does not redo it."""
+    try:
+        phase = pd.read_csv(out / "phase.csv")
+    except (OSError, ValueError):
+        return False
+    cells = runs[(runs.pe == "rotary") & (runs.constraint == constraint)]
+    key = ["seed", "steps", "prev_head"]
+    try:
+        done = phase[key].sort_values("seed").reset_index(drop=True)
+    except KeyError:
+        return False
+    want = cells[key].sort_values("seed").reset_index(drop=True)
+    return len(done) == len(want) and bool((done.astype(str) == want.astype(str)).all().all())
+
+
+def restore_run(data_dir, out_dir) -> list[str]:
+    """Turn committed run outputs back into a resumable run folder; returns the cells written.
+
+    ``data_dir`` holds a finished grid's ``runs.csv`` and ``run.json`` (as committed in
+    docs/reproductions/data/qk-constraints, which keeps no ``cells/``). Every row of
+    runs.csv becomes ``out_dir/cells/<pe>-<constraint>-seed<s>.json`` (its non-empty
+    fields: a cell's row is its result), its compute seconds (a ``cell_seconds`` column,
+    or none) go to ``cells/_seconds.json``, the budget to ``grid.json``, and run.json and
+    phase.csv are copied, so :func:`run_qk_constraints` into ``out_dir`` runs only the
+    cells the data lacks. Sub-grids under ``data_dir/sensitivity/<name>`` are restored
+    into ``out_dir/sensitivity/<name>`` the same way. A cell file already in ``out_dir``
+    is kept (never overwritten).
+
+    Raises:
+        FileNotFoundError: without ``data_dir``'s runs.csv or run.json.
+        ValueError: if ``out_dir`` holds cells from another grid budget.
+    """
+    import shutil
+
+    data, out = Path(data_dir), Path(out_dir)
+    runs = pd.read_csv(data / "runs.csv")
+    run = json.loads((data / "run.json").read_text())
+    budget = {k: v for k, v in run["grid"].items()
+              if k not in ("pes", "constraints", "seeds", "workers")}
+    defaults = asdict(ConstraintGrid())
+    budget = {**{k: v for k, v in defaults.items()
+                 if k not in budget and k not in ("pes", "constraints", "seeds", "workers")},
+              **budget}
+    cells = out / "cells"
+    cells.mkdir(parents=True, exist_ok=True)
+    grid_file = out / "grid.json"
+    if grid_file.exists():
+        old = json.loads(grid_file.read_text())
+        old = {**{k: defaults[k] for k in budget if k not in old and k in defaults}, **old}
+        if old != budget:
+            raise ValueError(f"out_dir {str(out)!r} holds cells from another grid budget; "
+                             "use a new out_dir")
+    atomic_write_json(grid_file, budget)
+    written, seconds = [], (read_json_record(cells / "_seconds.json") or {})
+    for row in runs.to_dict("records"):
+        name = f"{row['pe']}-{row['constraint']}-seed{int(row['seed'])}"
+        if "cell_seconds" in row and pd.notna(row["cell_seconds"]):
+            seconds.setdefault(name, float(row["cell_seconds"]))
+        path = cells / f"{name}.json"
+        if path.exists():
+            continue
+        cell = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()
+                if k != "cell_seconds" and not (isinstance(v, float) and math.isnan(v))}
+        atomic_write_json(path, cell)
+        written.append(name)
+    if seconds:
+        atomic_write_json(cells / "_seconds.json", seconds)
+    if not (out / "run.json").exists():
+        atomic_write_json(out / "run.json", run)
+    if (data / "phase.csv").exists() and not (out / "phase.csv").exists():
+        shutil.copyfile(data / "phase.csv", out / "phase.csv")
+    for sub in sorted((data / "sensitivity").glob("*/runs.csv")):
+        written += [f"sensitivity/{sub.parent.name}/{n}"
+                    for n in restore_run(sub.parent, out / "sensitivity" / sub.parent.name)]
+    return written
+
+
+# Sensitivity of claim 2 (symmetrization's slowdown of absolute-PE models): each variant
+# changes one thing of the default grid: absolute PE, symmetric vs none (the untied model).
+SENSITIVITY = {
+    "init_scale-0.5": {"init_scale": 0.5},
+    "init_scale-2": {"init_scale": 2.0},
+    "lr-0.001": {"lr": 1e-3},
+    "lr-0.01": {"lr": 1e-2},
+    "n_layers-3": {"n_layers": 3},
+    "d_model-128": {"d_model": 128, "n_heads": 8},
+}
+SENSITIVITY_CONSTRAINTS = ("none", "symmetric")
+
+
+def sensitivity_grids(base: ConstraintGrid = ConstraintGrid()) -> dict[str, ConstraintGrid]:
+    """{variant: grid} of :data:`SENSITIVITY`: ``base`` with absolute PE only, the
+    constraints none and symmetric, and the variant's fields changed."""
+    import dataclasses
+
+    return {name: dataclasses.replace(base, pes=("absolute",),
+                                      constraints=SENSITIVITY_CONSTRAINTS, **change)
+            for name, change in SENSITIVITY.items()}
+
+
+def run_sensitivity(out_dir, base: ConstraintGrid = ConstraintGrid(), variants=None,
+                    progress: bool = True, command: str | None = None,
+                    executor: Executor | None = None, device=None,
+                    only_finished: bool = False) -> dict[str, pd.DataFrame]:
+    """Run (or resume) the sensitivity grids of claim 2 into ``out_dir/sensitivity/<variant>``.
+
+    Each variant (:data:`SENSITIVITY`; ``variants`` picks some, in that order) is a
+    :func:`run_qk_constraints` grid of its own (its own budget, checked on resume, and
+    its cells resumed one by one); the page reads them with the main grid's outputs
+    (:func:`render_markdown`). Returns ``{variant: summary}``. With ``only_finished``
+    (as :func:`run_qk_constraints`) nothing is trained and a variant without a finished
+    cell is left out (the page lists it as pending).
+
+    Raises:
+        ValueError: for a variant not in :data:`SENSITIVITY`, or as
+            :func:`run_qk_constraints`.
+    """
+    grids = sensitivity_grids(base)
+    names = list(grids) if variants is None else list(variants)
+    bad = [n for n in names if n not in grids]
+    if bad:
+        raise ValueError(f"variants must be among {tuple(grids)}, got {bad}")
+    out = {}
+    for name in names:
+        folder = Path(out_dir) / "sensitivity" / name
+        if only_finished and not any((folder / "cells").glob("*-seed*.json")):
+            continue
+        out[name] = run_qk_constraints(grids[name], folder, progress=progress, command=command,
+                                       executor=executor, device=device,
+                                       only_finished=only_finished)
+    return out
 
 
 def _readable(path: Path) -> bool:
@@ -799,6 +989,166 @@ def _where(call: dict) -> str:
     if executor == "local" or call.get("workers") in (None, 1):
         return "in one process with one torch thread"
     return f"with {call['workers']} worker processes of one torch thread each"
+
+
+def _pending_text(pending: list[str], seeds: int, command: str) -> str:
+    """The page's line on cells not run yet (run.json's ``pending``) and how to resume."""
+    groups: dict[str, int] = {}
+    for name in pending:
+        pe, constraint = name.rsplit("-seed", 1)[0].split("-", 1)
+        groups[f"{pe} {constraint}"] = groups.get(f"{pe} {constraint}", 0) + 1
+    resume = " ".join(w for w in command.split() if w != "--tables-only")
+    return (f"**Pending: {len(pending)} cells have not run yet** ("
+            + ", ".join(f"{k}: {v} of {seeds} seeds" for k, v in groups.items())
+            + f"); every table below is of the finished cells only (its `n` says how many), "
+            f"and a row with fewer than {seeds} seeds is partial. Resume with\n\n"
+            f"```bash\n{resume}\n```\n")
+
+
+def _calls_text(calls: list[dict]) -> str:
+    """Where and how long each call that ran cells ran, as the page says it."""
+    ran = [c for c in calls if c.get("cells_run")]
+    if len(ran) <= 1:
+        return _where(ran[-1] if ran else calls[-1])
+    return "over {} calls ({})".format(len(ran), "; ".join(
+        f"{c['cells_run']} cells {_where(c)}, {c['seconds'] / 60:.1f} min" for c in ran))
+
+
+def _rank_matched_section(runs: pd.DataFrame, g: dict) -> list[str]:
+    """The rank-matched controls (``rank_matched_<channel>``) as page text, or nothing."""
+    ctrl = runs[runs.constraint.isin(RANK_MATCHED)]
+    if not len(ctrl):
+        return []
+    per_model = g["n_heads"] * g.get("n_layers", 2) * (g["d_model"] // g["n_heads"])
+    rows = []
+    for (pe, constraint), c in ctrl.groupby(["pe", "constraint"], sort=False):
+        ban = "ban_" + constraint.removeprefix("rank_matched_")
+        b = runs[(runs.pe == pe) & (runs.constraint == ban)]
+        final = (b.final_removed_rank.dropna() if "final_removed_rank" in b
+                 else pd.Series(dtype=float))
+
+        def span(v: pd.Series) -> str:
+            return (f"{v.median():.0f} [{v.min():.0f}, {v.max():.0f}]" if len(v)
+                    else "not recorded")
+
+        def reached(d: pd.DataFrame) -> str:
+            return f"{int((~d.censored.astype(bool)).sum())}/{len(d)}"
+
+        rows.append({"pe": pe, "channel": constraint.removeprefix("rank_matched_"),
+                     "rank removed at init": span(c.init_removed_rank),
+                     "ban's rank at the end": span(final),
+                     "control's max removed energy": f"{c.final_max_removed_energy.max():.1e}",
+                     "reached: ban / control": f"{reached(b)} / {reached(c)}",
+                     "median steps: ban / control": f"{b.steps.median():.0f} / "
+                                                    f"{c.steps.median():.0f}"})
+    table = pd.DataFrame(rows)
+    recorded = (table["ban's rank at the end"] != "not recorded").any()
+    if not recorded:
+        table = table.drop(columns="ban's rank at the end")
+    return [
+        "## Rank-matched controls of the bans\n",
+        "Does a ban cost what it costs because of *which* directions it removes, or only "
+        "because of *how many*? Each `rank_matched_<channel>` cell starts from the same "
+        "untied model as `ban_<channel>` and removes, per head, a random subspace of q's "
+        "d_head space (Haar, seeded by the cell's seed, then fixed) of the rank the ban "
+        "removes at init: the rank of the ban's projector Π_c, i.e. the number of the head's "
+        "eigenvalues in channel c (a complex pair counts 2), read as trace(Π_c) "
+        "(`constraints.banned_ranks`). W_Q := W_Q° (I - U U^T), so q U = 0 at every step. "
+        "The ban's Π_c follows the weights and may remove another rank later; the control's "
+        "rank is fixed. Ranks are summed over a model's heads, of "
+        f"{per_model} dimensions of q in all, median [min, max] over seeds; the removed "
+        "energy is ||W_Q U||_F^2 / ||W_Q°||_F^2 of the final models (W_Q the weight the "
+        "model uses, W_Q° the free parameter behind it; `constraints.removed_energy`), the "
+        "largest over heads and seeds"
+        + ("" if recorded else "; the ban cells of this grid were run before the ban's "
+           "rank at the end was recorded") + ":\n",
+        _md_table(table) + "\n",
+        "Their log-rank comparisons (ban vs control, control vs `none`) are in the tables "
+        "below.\n"]
+
+
+def _sensitivity_runs(out: Path) -> dict[str, Path]:
+    """{variant: folder} of the finished sensitivity grids under ``out/sensitivity``, in
+    :data:`SENSITIVITY`'s order (others after, by name)."""
+    root = out / "sensitivity"
+    found = {d.name: d for d in sorted(root.glob("*")) if (d / "summary.csv").exists()}
+    return {n: found[n] for n in [*SENSITIVITY, *sorted(set(found) - set(SENSITIVITY))]
+            if n in found}
+
+
+def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
+    """Claim 2's sensitivity grids (:func:`run_sensitivity`) as page text, or nothing when
+    ``out`` has none."""
+    done = _sensitivity_runs(out)
+    if not done:
+        return []
+    summary = pd.read_csv(out / "summary.csv", keep_default_na=False, na_values=[""])
+    runs = pd.read_csv(out / "runs.csv")
+    parts = [("default", runs, summary, g, None)]
+    for name, folder in done.items():
+        run = json.loads((folder / "run.json").read_text())
+        parts.append((name, pd.read_csv(folder / "runs.csv"),
+                      pd.read_csv(folder / "summary.csv", keep_default_na=False, na_values=[""]),
+                      run["grid"], run))
+    keys = ("init_scale", "lr", "n_layers", "d_model", "n_heads")
+    rows, shown = [], []
+    for name, r_runs, r_summary, rg, run in parts:
+        sel = r_summary[(r_summary.pe == "absolute") & (r_summary.constraint == "symmetric")
+                        & (r_summary.control == "none")]
+        if not len(sel):  # no finished pair yet: pending
+            continue
+        shown.append(name)
+        surv = survival_table(r_runs, sel).iloc[0]
+        untied = r_runs[(r_runs.pe == "absolute") & (r_runs.constraint == "none")].steps.median()
+        r = sel.iloc[0]
+        verdict, _ = _ratio_verdict(r, CLAIMED_SLOWDOWN)
+        changed = [k for k in keys if rg.get(k, 2 if k == "n_layers" else None)
+                   != g.get(k, 2 if k == "n_layers" else None)]
+        partial = f" (partial: {len(run['pending'])} cells pending)" if run and run.get(
+            "pending") else ""
+        rows.append({"setting": ("default grid (this page)" if name == "default" else
+                                 ", ".join(f"{k} {rg[k]:g}" for k in changed)) + partial,
+                     "reached": f"{surv.reached}/{surv.n} vs {surv.control_reached}/{surv.control_n}",
+                     "median steps": f"{r.median_steps:.0f} vs {untied:.0f}",
+                     "ratio [95% CI]": _fmt_ratio(r), "p": surv.p_exact, "floor": surv.min_p,
+                     "~2.9x": verdict, "sensitivity": name != "default"})
+    table = pd.DataFrame(rows)
+    extra = table.sensitivity.to_numpy()
+    q = np.full(len(table), np.nan)
+    if extra.any():
+        q[extra] = stats.false_discovery_control(table.p[extra], method="bh")
+    table["log-rank p (exact)"] = table.p.map("{:.3g}".format)
+    table["smallest possible p"] = table.floor.map("{:.3g}".format)
+    table["q (BH)"] = [f"{v:.3g}" if np.isfinite(v) else "(main table)" for v in q]
+    table = table[["setting", "reached", "median steps", "ratio [95% CI]", "log-rank p (exact)",
+                   "smallest possible p", "q (BH)", "~2.9x"]]
+    ran = [c for _, _, _, _, run in parts[1:] for c in run["calls"] if c.get("cells_run")]
+    pending = [n for n in SENSITIVITY if n not in shown]
+    words = [w for w in command.split() if w != "--tables-only"]
+    resume = " ".join(words + ([] if "--sensitivity" in words else ["--sensitivity"]))
+    text = [
+        "## Sensitivity of symmetrization's slowdown (claim 2)\n",
+        "The default grid measures claim 2 at one init scale, one learning rate and one "
+        "architecture. Each row below is a grid of its own (`run_sensitivity`, "
+        "`--sensitivity` on the command line, outputs under `sensitivity/<variant>/`) that "
+        "changes one thing of the default grid: absolute PE, `symmetric` vs the untied "
+        f"model (`none`), {g['seeds']} seeds each unless the row says otherwise, the same "
+        "task, cap and target. Ratio of median steps (symmetric / none) with its 95% "
+        "bootstrap CI; one-sided exact log-rank p (symmetric slower) beside the smallest p "
+        "the design can give; q: Benjamini-Hochberg over the sensitivity rows (the default "
+        "row's q is in the survival table above); '~2.9x' is the verdict of the claimed "
+        "slowdown as in the claims table (the CI must cover 2.9).\n",
+        _md_table(table) + "\n",
+        f"The sensitivity grids took {sum(c['seconds'] for c in ran) / 60:.1f} min of wall time "
+        f"({sum(c['cells_run'] for c in ran)} cells run, "
+        f"{'; '.join(sorted({_where(c) for c in ran}))}).\n"]
+    if pending:
+        text.append("**Pending** (not run yet): " + ", ".join(
+            f"`{n}` ({', '.join(f'{k} {v:g}' for k, v in SENSITIVITY[n].items())})"
+            for n in pending) + f". Resume with `{resume}` (finished cells are kept; "
+            "`--restore-from docs/reproductions/data/qk-constraints` first turns the committed "
+            "outputs into finished cells of a fresh folder).\n")
+    return text
 
 
 def _cell_seconds(cells_dir: Path, names: list[str], results: list[dict]) -> float | None:
@@ -965,18 +1315,21 @@ def _phase_section(phase: pd.DataFrame) -> list[str]:
 
 def km_figure(runs: pd.DataFrame, max_steps: int):
     """Kaplan-Meier curves of steps to target, one panel per PE, one line per constraint
-    (crosses: censored runs at the cap)."""
+    (crosses: censored runs at the cap; a ban's rank-matched control dashed, in its colour)."""
     from ..viz.figures import _subplots
 
     pes = list(dict.fromkeys(runs.pe))
     fig, axes = _subplots(1, len(pes), figsize=(4.6 * len(pes), 3.4), squeeze=False,
                           layout="constrained")
     for ax, pe in zip(axes[0], pes, strict=True):
-        for i, (constraint, g) in enumerate(runs[runs.pe == pe].groupby("constraint", sort=False)):
+        colours: dict[str, str] = {}
+        for constraint, g in runs[runs.pe == pe].groupby("constraint", sort=False):
             reached = ~g.censored.astype(bool).to_numpy()
             km = kaplan_meier(g.steps, reached)
-            colour = f"C{i}"
-            ax.step(km.step, km.survival, where="post", color=colour, label=constraint)
+            family = constraint.replace("rank_matched_", "ban_")
+            colour = colours.setdefault(family, f"C{len(colours) % 10}")
+            ax.step(km.step, km.survival, where="post", color=colour, label=constraint,
+                    linestyle="--" if constraint in RANK_MATCHED else "-")
             cens = g.steps[~reached]
             if len(cens):
                 s_at = [float(km.survival[km.step <= c].iloc[-1]) for c in cens]
@@ -1035,6 +1388,7 @@ def render_markdown(out_dir) -> str:
     g = run["grid"]
     command = next((c["command"] for c in reversed(run["calls"]) if c.get("command")),
                    "posinterp experiment qk-constraints")
+    n_layers = g.get("n_layers", 2)  # grids before the field was added had 2
     n_pes, n_con = len(g["pes"]), len(g["constraints"])
     untied = runs[runs.constraint == "none"]
     p = []
@@ -1051,12 +1405,13 @@ def render_markdown(out_dir) -> str:
     p.append("## How it was run\n")
     p.append(f"```bash\n{command}\n```\n")
     p.append(f"{run['cells']} cells ({n_pes} PEs x {n_con} constraints x {g['seeds']} seeds: "
-             f"{', '.join(g['pes'])}; {', '.join(g['constraints'])}), 2-layer attention-only "
+             f"{', '.join(g['pes'])}; {', '.join(g['constraints'])}), {n_layers}-layer "
+             f"attention-only "
              f"models (d_model {g['d_model']}, {g['n_heads']} heads, n_ctx {g['n_ctx']}, "
              f"vocabulary {g['d_vocab']}), AdamW lr {g['lr']}, batch {g['batch_size']}, cap "
              f"{g['max_steps']} steps, evaluation every {g['eval_every']} steps, target "
              f"accuracy {g['target']}. Wall time **{run['seconds'] / 60:.1f} min** "
-             f"{_where(run['calls'][-1])}, on a "
+             f"{_calls_text(run['calls'])}, on a "
              f"2-core machine shared with other jobs (torch {run['versions'].get('torch', '?')}); "
              + (f"the cells' own times sum to {runs.cell_seconds.sum() / 60:.1f} min. "
                 if "cell_seconds" in runs else
@@ -1070,6 +1425,8 @@ def render_markdown(out_dir) -> str:
                 "those cells from a finished grid's folder)" if (out / "phase.csv").exists() else "")
              + "; the CSVs and run.json are committed in "
              "`docs/reproductions/data/qk-constraints`.\n")
+    if run.get("pending"):
+        p.append(_pending_text(run["pending"], g["seeds"], command))
     p.append("## Task and its ceiling\n")
     p.append("Induction at random offsets: a period of p distinct random tokens "
              f"(p uniform in [{max(2, g['n_ctx'] // 4)}, {g['n_ctx'] // 2}], per sequence), "
@@ -1087,7 +1444,7 @@ def render_markdown(out_dir) -> str:
              f"||M||_F (norm gain folded, [Spectra](../spectra.md)) is set to the untied "
              f"model's times init_scale = {g['init_scale']}. Mean over heads, median over "
              "seeds; spectral mass = share of sum |lambda| per channel at init:\n")
-    n_heads_total = g["n_heads"] * 2  # 2 layers
+    n_heads_total = g["n_heads"] * n_layers
     # a head whose whole spectrum lies in the banned channel has M = 0 (masses all 0)
     runs = runs.assign(dead=((1 - runs[[f"init_mass_{c}" for c in CHANNELS]].sum(axis=1))
                              * n_heads_total).round().astype(int))
@@ -1099,11 +1456,15 @@ def render_markdown(out_dir) -> str:
         "pe": init.pe, "constraint": init.constraint, "‖M‖_F at init": init.norm.map("{:.4f}".format),
         "mass +real / -real / complex": [f"{a:.2f} / {b:.2f} / {c:.2f}" for a, b, c in
                                          zip(init.pos, init.neg, init.cplx, strict=True)],
-        "heads emptied by the ban": init.dead})) + "\n")
+        "heads emptied (M = 0)": init.dead})) + "\n")
     if init.dead.sum():
-        p.append(f"A head whose whole spectrum lies in the banned channel has M = 0 after the "
-                 f"ban and cannot be rescaled ({int(init.dead.sum())} heads in all, of "
-                 f"{n_heads_total} per model): its model starts below the matched norm.\n")
+        p.append("A head whose whole spectrum lies in the banned channel has M = 0 after the "
+                 "ban and cannot be rescaled ("
+                 + ("its rank-matched control removes all d_head dimensions of the same "
+                    "head, so M = 0 there too; " if runs.constraint.isin(RANK_MATCHED).any()
+                    else "")
+                 + f"{int(init.dead.sum())} heads in all, "
+                 f"of {n_heads_total} per model): its model starts below the matched norm.\n")
     p.append("The tied control starts from a random (Ginibre) X, so its spectrum matches the "
              "untied model's; the constrained families' spectra differ by construction.\n")
     bans = heads[heads.constraint.isin(BANS)]
@@ -1120,6 +1481,7 @@ def render_markdown(out_dir) -> str:
                 f"{a:.3f} / {b:.3f} / {c:.3f}" for a, b, c in
                 zip(bans.final_mass_positive_real, bans.final_mass_negative_real,
                     bans.final_mass_complex, strict=True)]})) + "\n")
+    p.extend(_rank_matched_section(runs, g))
     p.append("## Steps to target\n")
     p.append(f"Median steps to {g['target']} over {g['seeds']} seeds. `censored` counts runs "
              f"that hit the {g['max_steps']}-step cap (counted at the cap, never dropped): "
@@ -1128,8 +1490,10 @@ def render_markdown(out_dir) -> str:
              "an upper bound (<=). Ratio of medians to the control with a "
              "95% bootstrap CI; q: Benjamini-Hochberg over all "
              f"{int(summary.p_one_sided.notna().sum())} one-sided Mann-Whitney tests "
-             "(slower than the control). Bans are compared with the untied model (`none`); "
-             "the tied family with `tied` and with `none`.\n")
+             "(slower than the control). Bans are compared with the untied model (`none`) "
+             "and, where the grid has it, with their rank-matched control "
+             "(`rank_matched_<channel>`, itself compared with `none`); the tied family with "
+             "`tied` and with `none`.\n")
     p.append(_md_table(pd.DataFrame({
         "pe": summary.pe, "constraint": summary.constraint, "control": summary.control.fillna(""),
         "censored": [f"{int(r.censored)}/{int(r.n)}" for r in summary.itertuples()],
@@ -1203,6 +1567,8 @@ def render_markdown(out_dir) -> str:
         p.append("No run was censored.\n")
     if (out / "phase.csv").exists():
         p.extend(_phase_section(pd.read_csv(out / "phase.csv")))
+    sensitivity = _sensitivity_section(out, g, command)
+    p.extend(sensitivity)
     p.append("## Claims\n")
     p.append(_md_table(claims.fillna("")) + "\n")
     p.append("Verdicts are computed by `claims_table` from the tables above (thresholds "
@@ -1218,11 +1584,17 @@ def render_markdown(out_dir) -> str:
                  f"prevents' when the cap is below {CLAIMED_SLOWDOWN} times the control's "
                  "median steps; 'routes by position' when most runs never reached the target.\n")
     p.append("## Caveats\n")
-    p.append("- One task, one architecture (2 layers, attention only) and one init scale "
-             f"({g['init_scale']} x the untied norm); issue 14 found that the init scale alone "
-             "can decide whether a tied absolute-PE model reaches the target, so a comparison "
-             "holds at this matched scale only (`init_scale` is a field of the grid).\n"
-             "- A ban removes channel c of M(0) at every step; for RoPE heads the phase "
+    p.append(("- One task. The sensitivity rows vary the init scale, learning rate, depth and "
+              "width for the symmetrization claim only; the bans, their controls and the phase "
+              f"ablation ran at one architecture ({n_layers} layers, attention only) and one "
+              f"init scale ({g['init_scale']} x the untied norm).\n"
+              if sensitivity else
+              f"- One task, one architecture ({n_layers} layers, attention only) and one init "
+              f"scale ({g['init_scale']} x the untied norm); issue 14 found that the init "
+              "scale alone can decide whether a tied absolute-PE model reaches the target, so "
+              "a comparison holds at this matched scale only (`init_scale` is a field of the "
+              "grid).\n")
+             + "- A ban removes channel c of M(0) at every step; for RoPE heads the phase "
              "between q and k still rotates M(Δ) at other offsets.\n"
              "- A censored ratio is a bound set by the cap, not a measurement.")
     return "\n".join(p) + "\n"

@@ -9,17 +9,22 @@ __all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_decomposition", "chan
 from .constraints import (  # noqa: E402
     BANS,
     CONSTRAINTS,
+    RANK_MATCHED,
     TIED_CONSTRAINTS,
     ChannelBan,
+    SubspaceBan,
     TiedKey,
+    banned_ranks,
     constrain_qk,
     effective_x,
     match_qk_norm,
     qk_norms,
+    removed_ranks,
 )
 
-__all__ += ["BANS", "CONSTRAINTS", "TIED_CONSTRAINTS", "ChannelBan", "TiedKey", "constrain_qk",
-            "effective_x", "match_qk_norm", "qk_norms"]
+__all__ += ["BANS", "CONSTRAINTS", "RANK_MATCHED", "TIED_CONSTRAINTS", "ChannelBan", "SubspaceBan",
+            "TiedKey", "banned_ranks", "constrain_qk", "effective_x", "match_qk_norm", "qk_norms",
+            "removed_ranks"]
 
 from .effects import ablation_effect, per_head_interventions  # noqa: E402
 

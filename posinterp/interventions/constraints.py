@@ -40,6 +40,20 @@ constraint                  X                                    effect on M
 ``right_half_plane``        +(L L^T + εI) + (A - A^T) / 2        every eigenvalue Re > 0
 ==========================  ===================================  ===========================
 
+**Rank-matched controls of the bans** (``rank_matched_<channel>``; control: the untied
+model). W_Q := W_Q° (I - U U^T), b_Q := b_Q° (I - U U^T), with U [d_head, r_h] an
+orthonormal basis of a random subspace of the query's d_head space, drawn per head from
+``generator`` (Haar: QR of a Gaussian matrix, signs fixed) and then *fixed* (a constant).
+The rank r_h is the rank of the matched channel's projector Π_c at the call, i.e. of the
+ban ``ban_<channel>`` applied to the same weights at init: the number of eigenvalues of
+the head's B in channel c (a complex pair counts 2), read as trace(Π_c)
+(:func:`banned_ranks`). The control removes as many dimensions of q as the ban removes
+at init, but ones unrelated to B's spectrum: q U = 0 at every step, so the removed
+subspace carries no energy, and M' = W_Q° (I - U U^T) W_K^T. (The ban's Π_c follows the
+weights, so the rank it removes can change during training; the control's stays r_h.)
+``ban_random_subspace`` with ``rank`` (an int, or ``[n_layers, n_heads]`` ints) is the
+same construction with the ranks given.
+
 **Frequency-band bans on RoPE heads** (``ban_band`` with ``band=(p, ...)``; control: the
 untied model). W_Q := W_Q° D, b_Q := b_Q° D, with D the fixed diagonal that zeroes the
 query's dims of rotary pairs p (as the layer pairs them). RoPE turns each pair within its
@@ -64,13 +78,18 @@ from torch.nn.utils import parametrize
 from .._validate import check_indices
 from .channels import channel_projector
 
-__all__ = ["BANS", "BandBan", "CONSTRAINTS", "TIED_CONSTRAINTS", "ChannelBan", "TiedKey",
-           "constrain_qk", "effective_x", "match_qk_norm", "qk_norms"]
+__all__ = ["BANS", "BandBan", "CONSTRAINTS", "RANDOM_SUBSPACE", "RANK_MATCHED",
+           "TIED_CONSTRAINTS", "ChannelBan", "SubspaceBan", "TiedKey", "banned_ranks",
+           "constrain_qk", "effective_x", "match_qk_norm", "qk_norms", "random_subspaces",
+           "removed_energy", "removed_ranks"]
 
 TIED_CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "left_half_plane", "right_half_plane")
 BANS = ("ban_positive_real", "ban_negative_real", "ban_complex")
-CONSTRAINTS = TIED_CONSTRAINTS + BANS
+# the random-subspace control of each ban, its rank read off the ban's projector
+RANK_MATCHED = tuple(f"rank_matched_{b.removeprefix('ban_')}" for b in BANS)
+CONSTRAINTS = TIED_CONSTRAINTS + BANS + RANK_MATCHED
 BAND_BAN = "ban_band"
+RANDOM_SUBSPACE = "ban_random_subspace"  # the same construction, ranks given
 # old names said "no <channel>" but banned a half-plane: refuse them with the reason
 _RENAMED = {"no_positive_real": "left_half_plane", "no_negative_real": "right_half_plane"}
 _EPS = 1e-3
@@ -81,8 +100,9 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"constraint {kind!r} was renamed {_RENAMED[kind]!r}: it bans a whole "
                          f"half-plane, not one channel; for a single-channel ban use "
                          f"'ban_{kind.removeprefix('no_')}'")
-    if kind not in (*CONSTRAINTS, BAND_BAN):
-        raise ValueError(f"constraint must be one of {(*CONSTRAINTS, BAND_BAN)}, got {kind!r}")
+    if kind not in (*CONSTRAINTS, BAND_BAN, RANDOM_SUBSPACE):
+        raise ValueError(f"constraint must be one of {(*CONSTRAINTS, BAND_BAN, RANDOM_SUBSPACE)}, "
+                         f"got {kind!r}")
 
 
 def effective_x(kind: str, A: torch.Tensor, L: torch.Tensor | None) -> torch.Tensor:
@@ -164,19 +184,11 @@ class ChannelBan(nn.Module):
         """I - Π_c per head, [n_heads, d_head, d_head], float32 on the weights' device."""
         if self._shared is not None:
             return self._shared[0].projector()
-        from ..analysis.spectral import effective_weights
-
         W_Q, W_K, gain, center = self._get_weights()
         key = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in (W_Q, W_K, gain)
                     if t is not None)
         if key != self._key:
-            if W_K.shape[0] != W_Q.shape[0]:  # grouped keys: query head h reads h // group
-                W_K = W_K.repeat_interleave(W_Q.shape[0] // W_K.shape[0], dim=0)
-            q = effective_weights(W_Q, gain, center).cpu().numpy()
-            k = effective_weights(W_K, gain, center).cpu().numpy()
-            eye = np.eye(q.shape[-1])
-            P = np.stack([eye - channel_projector(k[h].T @ q[h], self.channel)
-                          for h in range(q.shape[0])])
+            P = _keep_projectors(W_Q, W_K, gain, center, self.channel)
             self._P = torch.from_numpy(P).to(W_Q.dtype).to(W_Q.device)
             self._key = key
         return self._P
@@ -187,6 +199,137 @@ class ChannelBan(nn.Module):
         x = original if slot is None else slot.to_tl(original)
         out = torch.einsum("hd,hde->he", x, P) if x.ndim == 2 else x @ P  # b_Q / W_Q
         return out if slot is None else slot.from_tl(out)
+
+
+def _keep_projectors(W_Q, W_K, gain, center, channel: str) -> np.ndarray:
+    """I - Π_c of every head's B = W_K^T W_Q (effective weights), ``[n_heads, d_head,
+    d_head]`` float64 numpy; grouped keys are repeated to their query heads."""
+    from ..analysis.spectral import effective_weights
+
+    if W_K.shape[0] != W_Q.shape[0]:  # grouped keys: query head h reads h // group
+        W_K = W_K.repeat_interleave(W_Q.shape[0] // W_K.shape[0], dim=0)
+    q = effective_weights(W_Q.detach(), gain, center).cpu().numpy()
+    k = effective_weights(W_K.detach(), gain, center).cpu().numpy()
+    eye = np.eye(q.shape[-1])
+    return np.stack([eye - channel_projector(k[h].T @ q[h], channel) for h in range(q.shape[0])])
+
+
+@torch.no_grad()
+def banned_ranks(model, channel: str) -> torch.Tensor:
+    """Rank of the projector Π_c that ``ban_<channel>`` would remove from each head now,
+    ``[n_layers, n_heads]`` int64: the number of eigenvalues of the head's B = W_K^T W_Q
+    (effective weights, as :class:`ChannelBan` computes Π_c) in channel c, a complex pair
+    counting 2, read as trace(Π_c) (a projector's trace is its rank), rounded.
+
+    Reads the model's current effective W_Q (a parametrized one through its
+    parametrization). Source: docs/concepts.md, "Spectral channels".
+
+    Raises:
+        ValueError: for a ``channel`` not in :data:`posinterp.interventions.CHANNELS`.
+    """
+    from ..analysis.spectral import attention_input_norm
+    from ..models.backend import attention_weights
+    from .channels import CHANNELS
+
+    if channel not in CHANNELS:
+        raise ValueError(f"channel must be one of {CHANNELS}, got {channel!r}")
+    out = []
+    for layer in range(model.cfg.n_layers):
+        w = attention_weights(model, layer)
+        gain, center, _ = attention_input_norm(model, layer)
+        keep = _keep_projectors(w["W_Q"], w["W_K"], gain, center, channel)
+        d = keep.shape[-1]
+        out.append([round(d - float(np.trace(P))) for P in keep])
+    return torch.tensor(out, dtype=torch.int64)
+
+
+def random_subspaces(ranks, d_head: int, generator: torch.Generator | None = None
+                     ) -> torch.Tensor:
+    """Orthogonal projectors Π_U = U U^T onto Haar-random subspaces, one per entry of
+    ``ranks`` (``[n_heads]`` ints in [0, d_head]), ``[n_heads, d_head, d_head]`` float64.
+
+    Every head draws a full d_head x d_head Gaussian matrix from ``generator`` whatever
+    its rank (so one rank does not shift the next head's draw); U is the first r columns
+    of its Q factor with the signs of R's diagonal folded in (Haar measure: Mezzadri
+    2007, "How to generate random matrices from the classical compact groups", §4).
+    """
+    out = []
+    for r in ranks:
+        G = torch.randn(d_head, d_head, generator=generator, dtype=torch.float64)
+        Q, R = torch.linalg.qr(G)
+        U = (Q * torch.sign(torch.diagonal(R)))[:, : int(r)]
+        out.append(U @ U.mT)
+    return torch.stack(out)
+
+
+class SubspaceBan(nn.Module):
+    """Parametrization W_Q := W_Q° (I - Π_U) (or b_Q := b_Q° (I - Π_U)) with Π_U a fixed
+    orthogonal projector per head (``removed`` ``[n_heads, d_head, d_head]``, a buffer):
+    q Π_U = 0 at every step, and the gradient reaching W_Q° is exactly G (I - Π_U)."""
+
+    def __init__(self, removed: torch.Tensor, slot=None):
+        super().__init__()
+        eye = torch.eye(removed.shape[-1], dtype=removed.dtype)
+        self.register_buffer("removed", removed.clone())
+        self.register_buffer("keep", eye - removed)
+        self._slot = slot  # backend.QKSlot: the stored layout <-> TL 3.9's per-head one
+
+    def projector(self) -> torch.Tensor:
+        """I - Π_U per head, ``[n_heads, d_head, d_head]`` (as :meth:`ChannelBan.projector`)."""
+        return self.keep
+
+    def forward(self, original: torch.Tensor) -> torch.Tensor:
+        slot = self._slot
+        x = original if slot is None else slot.to_tl(original)
+        P = self.keep.to(x.dtype)
+        out = torch.einsum("hd,hde->he", x, P) if x.ndim == 2 else x @ P  # b_Q / W_Q
+        return out if slot is None else slot.from_tl(out)
+
+
+@torch.no_grad()
+def removed_ranks(model) -> torch.Tensor:
+    """Rank each head's QK constraint removes from q now, ``[n_layers, n_heads]`` int64:
+    d_head - trace(I - Π_c) of a :class:`ChannelBan` (its current Π_c), trace(Π_U) of a
+    :class:`SubspaceBan`, the number of zeroed dims of a :class:`BandBan`, 0 elsewhere."""
+    from ..models.backend import qk_slots
+
+    rows = []
+    for layer in range(model.cfg.n_layers):
+        q = qk_slots(model, layer)["W_Q"]
+        row = [0] * model.cfg.n_heads
+        if parametrize.is_parametrized(q.module, q.name):
+            p = q.module.parametrizations[q.name][0]
+            if isinstance(p, ChannelBan):
+                P = p.projector().double()
+                row = [round(P.shape[-1] - float(t)) for t in torch.diagonal(P, 0, -2, -1).sum(-1)]
+            elif isinstance(p, SubspaceBan):
+                row = [round(float(t)) for t in torch.diagonal(p.removed, 0, -2, -1).sum(-1)]
+            elif isinstance(p, BandBan):
+                row = [int((p.keep == 0).sum())] * model.cfg.n_heads
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+@torch.no_grad()
+def removed_energy(model) -> torch.Tensor:
+    """Energy of each head's query weights in its removed subspace, ||W_Q Π_U||_F² /
+    ||W_Q°||_F² (W_Q the weight the model uses, W_Q° the free parameter behind it),
+    ``[n_layers, n_heads]`` float64; NaN for heads without a :class:`SubspaceBan`. 0 up to
+    float rounding at every step (also for a head whose whole d_head is removed, where
+    W_Q itself is 0 up to rounding)."""
+    from ..models.backend import qk_slots
+
+    out = torch.full((model.cfg.n_layers, model.cfg.n_heads), float("nan"), dtype=torch.float64)
+    for layer in range(model.cfg.n_layers):
+        q = qk_slots(model, layer)["W_Q"]
+        if parametrize.is_parametrized(q.module, q.name):
+            p = q.module.parametrizations[q.name][0]
+            if isinstance(p, SubspaceBan):
+                free = q.to_tl(q.module.parametrizations[q.name].original).double().cpu()
+                W = q.to_tl(getattr(q.module, q.name)).double().cpu()  # [n, d_model, d_head]
+                cut = (W @ p.removed.double().cpu()).pow(2).sum((-1, -2))
+                out[layer] = cut / free.pow(2).sum((-1, -2)).clamp_min(1e-300)
+    return out
 
 
 class BandBan(nn.Module):
@@ -208,13 +351,17 @@ class BandBan(nn.Module):
 
 
 def constrain_qk(model, kind: str, layers: list[int] | None = None,
-                 generator: torch.Generator | None = None, band=None) -> None:
+                 generator: torch.Generator | None = None, band=None, rank=None) -> None:
     """Make every head in ``layers`` follow constraint ``kind`` (see the module docstring).
 
     Tied kinds parametrize W_K (and b_K) as W_Q X; bans parametrize W_Q (and b_Q) as
     W_Q° (I - Π_c); ``ban_band`` parametrizes W_Q (and b_Q) as W_Q° D, zeroing the rotary
-    pairs ``band`` of every RoPE head. Call before building the optimizer. ``generator``
-    seeds X's initial values (tied kinds).
+    pairs ``band`` of every RoPE head; ``rank_matched_<channel>`` parametrizes W_Q (and
+    b_Q) as W_Q° (I - U U^T), U a random subspace per head of the rank of that head's
+    Π_c on the weights at the call (:func:`banned_ranks`); ``ban_random_subspace`` does
+    the same with ``rank`` given (an int for every head, or ``[n_layers, n_heads]``
+    ints). Call before building the optimizer. ``generator`` seeds X's initial values
+    (tied kinds) and the random subspaces (drawn on CPU, layer by layer, head by head).
 
     The parametrization is registered on the parameter that stores the weight
     (:func:`posinterp.models.backend.qk_slots`): TL 3.9's ``attn.W_Q``/``W_K``, or on TL 4
@@ -233,7 +380,9 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
         MissingFeatureError: a bridge whose q/k projections are not ``nn.Linear`` in
             TransformerLens's per-head row order (:func:`~posinterp.models.backend.qk_slots`).
         ValueError: ``ban_band`` on a model that is not RoPE, without a non-empty
-            ``band`` of pair indices in range, or ``band`` with another kind.
+            ``band`` of pair indices in range, or ``band`` with another kind;
+            ``ban_random_subspace`` without ``rank`` or with ranks outside [0, d_head]
+            or of another shape, or ``rank`` with another kind.
     """
     from ..analysis.spectral import attention_input_norm
     from ..devices import model_device
@@ -257,9 +406,20 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
             iv = QKIntervention("remove_band", layer, band=band)
             check_intervention(model, iv)
             band_dims[layer] = dims_of(model, layer, iv.band)
+    removed = _subspace_projectors(model, kind, layers, generator, rank)
     slots = {layer: qk_slots(model, layer) for layer in layers}
     for layer in layers:
         q, bq, k, bk = (slots[layer][n] for n in ("W_Q", "b_Q", "W_K", "b_K"))
+        if layer in removed:
+            dev = model_device(model)
+            dtype = _tl_dtype(q)
+            ban = SubspaceBan(removed[layer].to(dtype), slot=q).to(dev)
+            parametrize.register_parametrization(q.module, q.name, ban, unsafe=True)
+            if bq is not None:
+                parametrize.register_parametrization(
+                    bq.module, bq.name, SubspaceBan(removed[layer].to(dtype), slot=bq).to(dev),
+                    unsafe=True)
+            continue
         if kind == BAND_BAN:
             d = model.cfg.d_head
             parametrize.register_parametrization(
@@ -294,6 +454,39 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
                            lambda b=bq: b.to_tl(getattr(b.module, b.name)), shared=weight,
                            from_tl=bk.from_tl if bk.flat else None)
             parametrize.register_parametrization(bk.module, bk.name, bias, unsafe=True)
+
+
+def _tl_dtype(slot) -> torch.dtype:
+    return getattr(slot.module, slot.name).dtype
+
+
+def _subspace_projectors(model, kind: str, layers: list[int], generator, rank
+                         ) -> dict[int, torch.Tensor]:
+    """{layer: Π_U [n_heads, d_head, d_head] float64} for the random-subspace kinds, else {};
+    every rank is checked (and the subspaces drawn) before any layer is changed."""
+    shape = (model.cfg.n_layers, model.cfg.n_heads)
+    if kind not in (*RANK_MATCHED, RANDOM_SUBSPACE):
+        if rank is not None:
+            raise ValueError(f"rank applies only to constraint {RANDOM_SUBSPACE!r}, got {kind!r}")
+        return {}
+    d = model.cfg.d_head
+    if kind in RANK_MATCHED:
+        if rank is not None:
+            raise ValueError(f"{kind!r} reads its ranks off the ban's projector; rank applies "
+                             f"only to {RANDOM_SUBSPACE!r}")
+        ranks = banned_ranks(model, kind.removeprefix("rank_matched_"))
+    else:
+        if rank is None:
+            raise ValueError(f"{RANDOM_SUBSPACE!r} needs rank (an int, or [n_layers, n_heads] "
+                             f"= {list(shape)} ints in [0, d_head = {d}])")
+        ranks = torch.as_tensor(rank)
+        if ranks.ndim == 0:
+            ranks = ranks.expand(shape)
+        if (tuple(ranks.shape) != shape or ranks.is_floating_point() or ranks.is_complex()
+                or bool(((ranks < 0) | (ranks > d)).any())):
+            raise ValueError(f"rank must be an int or [n_layers, n_heads] = {list(shape)} ints "
+                             f"in [0, d_head = {d}], got {rank!r}")
+    return {layer: random_subspaces(ranks[layer].tolist(), d, generator) for layer in layers}
 
 
 @torch.no_grad()

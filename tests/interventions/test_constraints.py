@@ -193,7 +193,8 @@ def _from_tl(model, layer: int, name: str, value: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("kind", ["tied", "symmetric", "ban_complex", "ban_positive_real"])
+@pytest.mark.parametrize("kind", ["tied", "symmetric", "ban_complex", "ban_positive_real",
+                                  "rank_matched_complex"])
 @pytest.mark.parametrize("pe", ["absolute", "rotary"])
 def test_gradients_are_the_chain_rule_of_the_unconstrained_model(kind, pe):
     """The constrained model is the unconstrained one evaluated at the effective weights,
@@ -352,3 +353,89 @@ def test_constraints_on_loaded_hf_checkpoints(tmp_path, name, kind, no_network):
         assert channel_masses(lam)[kind.removeprefix("ban_")].max() < 1e-5
     elif kind == "symmetric":
         assert (antisymmetric_energy(*_effective(model)) < 1e-10).all()
+
+
+def _channel_counts(model, channel):
+    """Eigenvalues of each head's effective B in ``channel``, counted from numpy's
+    eigenvalues (a complex pair counts 2): an implementation independent of the projectors."""
+    out = []
+    for layer in range(model.cfg.n_layers):
+        W_Q, W_K = qk_weights(model, layer)
+        row = []
+        for h in range(model.cfg.n_heads):
+            lam = np.linalg.eigvals((W_K[h].mT @ W_Q[h]).numpy())
+            top = np.abs(lam).max()
+            cplx = np.abs(lam.imag) > 1e-8 * top
+            live = np.abs(lam) > 1e-10 * top
+            in_c = {"complex": cplx, "positive_real": ~cplx & (lam.real > 0),
+                    "negative_real": ~cplx & (lam.real < 0)}[channel] & live
+            row.append(int(in_c.sum()))
+        out.append(row)
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("channel", ["positive_real", "negative_real", "complex"])
+@pytest.mark.parametrize("pe", ["absolute", "rotary"])
+def test_rank_matched_control_removes_a_random_subspace_of_the_bans_rank(channel, pe):
+    """rank_matched_<c>: per head, a fixed random subspace U of the rank ban_<c> removes at
+    init (its Π_c's rank, also counted from numpy's eigenvalues) carries no query energy
+    through AdamW steps with weight decay; the other directions train."""
+    from posinterp.interventions import banned_ranks, removed_ranks
+
+    model = tiny_model(pe)
+    want = _channel_counts(model, channel)
+    assert torch.equal(banned_ranks(model, channel), want) and want.sum() > 0
+    banned = tiny_model(pe)
+    constrain_qk(banned, f"ban_{channel}")
+    constrain_qk(model, f"rank_matched_{channel}", generator=torch.Generator().manual_seed(3))
+    assert torch.equal(removed_ranks(model), want)
+    assert torch.equal(removed_ranks(banned), want)  # the ban's Π_c at init, same rank
+    removed = []
+    for layer in range(model.cfg.n_layers):
+        q = qk_slots(model, layer)["W_Q"]
+        P = q.module.parametrizations[q.name][0].removed.double()  # Π_U per head
+        # an orthogonal projector of that rank (stored in float32): symmetric,
+        # idempotent, trace = rank
+        torch.testing.assert_close(P, P.mT, rtol=0, atol=1e-7)
+        torch.testing.assert_close(P @ P, P, rtol=0, atol=1e-6)
+        torch.testing.assert_close(torch.diagonal(P, 0, -2, -1).sum(-1),
+                                   want[layer].double(), rtol=0, atol=1e-5)
+        removed.append(P)
+    before = _stacked(model, "W_Q").clone()
+    grads = _train_steps(model, n=5)
+    assert all(g > 0 for g in grads)
+    W_Q, b_Q = _stacked(model, "W_Q"), _stacked(model, "b_Q")
+    for layer, P in enumerate(removed):
+        energy = (W_Q[layer] @ P).pow(2).sum((-1, -2)) / W_Q[layer].pow(2).sum((-1, -2))
+        assert energy.max() < 1e-12  # float32 weights: zero up to rounding
+        assert torch.einsum("hd,hde->he", b_Q[layer], P).abs().max() < 1e-6
+    assert (W_Q - before).abs().max() > 1e-4  # the kept directions trained
+    # the rank q keeps is d_head - r (where r < d_head), as for the ban at init
+    sv = torch.linalg.svdvals(W_Q)
+    kept = (sv > 1e-5 * sv[..., :1]).sum(-1)
+    assert torch.equal(kept, model.cfg.d_head - want)
+    # the control's subspace is not the channel's (a random one): seeds give other draws
+    other = tiny_model(pe)
+    constrain_qk(other, f"rank_matched_{channel}", generator=torch.Generator().manual_seed(4))
+    q0 = qk_slots(other, 0)["W_Q"]
+    assert (q0.module.parametrizations[q0.name][0].removed.double() - removed[0]).abs().max() > 1e-3
+
+
+def test_random_subspace_ranks_are_checked():
+    from posinterp.interventions import removed_ranks
+
+    model = tiny_model("absolute")
+    d = model.cfg.d_head
+    with pytest.raises(ValueError, match="needs rank"):
+        constrain_qk(model, "ban_random_subspace")
+    with pytest.raises(ValueError, match="rank must be"):
+        constrain_qk(model, "ban_random_subspace", rank=d + 1)
+    with pytest.raises(ValueError, match="rank must be"):
+        constrain_qk(model, "ban_random_subspace", rank=[[1, 2]])
+    with pytest.raises(ValueError, match="rank applies only"):
+        constrain_qk(model, "symmetric", rank=2)
+    with pytest.raises(ValueError, match="reads its ranks"):
+        constrain_qk(model, "rank_matched_complex", rank=2)
+    assert not any(parametrize.is_parametrized(m) for m in model.modules())  # untouched
+    constrain_qk(model, "ban_random_subspace", rank=3, generator=torch.Generator().manual_seed(0))
+    assert (removed_ranks(model) == 3).all()
