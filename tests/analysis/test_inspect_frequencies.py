@@ -20,8 +20,8 @@ from posinterp.analysis.frequencies import (
     positional_symbolic_score,
     rope_frequency_profile,
 )
-from posinterp.analysis.inspect import _band_interventions, inspect_heads
-from posinterp.interventions import intervene
+from posinterp.analysis.inspect import _band_kinds, inspect_heads
+from posinterp.interventions import QKIntervention, intervene
 from posinterp.models import backend
 from posinterp.viz.inspect import inspect_page
 from tests.analysis.test_frequencies import _constructed_heads
@@ -131,9 +131,10 @@ def test_fastest_band_ablation_makes_a_head_living_there_position_free():
     loss = t[t.metric == "loss_change"]
     labels = set(loss.ablation)
     assert {"remove_band_p0", "remove_band_p3"} <= labels  # fastest and slowest of 4 pairs
-    ivs = [iv for iv in _band_interventions(model, [0]) if iv.heads == (0,)]
-    fastest = ivs[0]
-    assert fastest.band == (0,)
+    kinds = _band_kinds(model, 0)
+    assert kinds[0] == "remove_band_p0"
+    fastest = QKIntervention("remove_band", 0, heads=(0,),
+                             band=parse_band_label(kinds[0].removeprefix("remove_band_")))
     name = "blocks.0.attn.hook_pattern"
     _, clean = model.run_with_cache(toks, names_filter=name)
     i = torch.arange(1, 12)
