@@ -148,7 +148,11 @@ def test_attribution_ablations_are_labelled_and_their_top_k_rerun_exactly():
     approx = inspect_heads(model, toks, ablate="attribution", exact_top_k=5, n_null=50)
     t = approx.table
     est = t[t.metric == "loss_change_attribution"]
-    assert len(est) == 4 * model.cfg.n_layers * model.cfg.n_heads  # every head and kind
+    from posinterp.analysis.inspect import _band_kinds
+
+    # every head and kind: zero_head, 3 channels and, on RoPE, the fastest and slowest band
+    per_head = 4 + len(_band_kinds(model, 0))
+    assert per_head == 6 and len(est) == per_head * model.cfg.n_layers * model.cfg.n_heads
     rerun = t[t.metric == "loss_change"]
     assert len(rerun) == 5
     # the reruns are the 5 largest estimates by size, with the exact path's numbers

@@ -155,11 +155,11 @@ def test_loss_ablations_on_unpredictable_input_carry_a_warning():
     assert not any("log(d_vocab)" in n for n in easy.notes)
 
 
-def test_ablation_progress_goes_to_stderr_and_counts_every_pass(capsys):
+def test_ablation_progress_goes_to_stderr_and_counts_every_ablation(capsys):
     model = tiny_model("nope", n_layers=1)
     inspect_heads(model, random_tokens(model, 2, 6), ablate=True, n_null=20, progress=True)
     err = capsys.readouterr().err
-    total = 1 + model.cfg.n_layers * (model.cfg.n_heads * 4 + 1)
+    total = model.cfg.n_layers * model.cfg.n_heads * 4  # zero_head and 3 channels (NoPE: no bands)
     assert f"{total}/{total}" in err
     inspect_heads(model, random_tokens(model, 2, 6), ablate=True, n_null=20)
     assert "ablations" not in capsys.readouterr().err  # quiet unless asked
