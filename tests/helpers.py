@@ -283,3 +283,18 @@ def write_hub_cache(cache, repo_id: str, folder, ref: str = "main", commit: str 
     (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
     (repo / "refs" / ref).write_text(commit)
     return snap
+
+
+def without_verified_query_hooks(monkeypatch) -> None:
+    """Make the hook-meaning probe report no verified unrotated q/k (``query_qk=None``), as
+    on a model whose ``hook_q``/``hook_k`` do not fire: features that need them must refuse."""
+    import dataclasses
+
+    from posinterp.models import backend
+
+    real = backend.hook_meaning
+
+    def no_query(m, layer):
+        return dataclasses.replace(real(m, layer), query_qk=None, found="hook_q does not fire")
+
+    monkeypatch.setattr(backend, "hook_meaning", no_query)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from .inspect import check_input_args
 
 __all__ = ["CompareResult", "run_compare"]
 
@@ -55,16 +56,7 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
             either model runs.
         FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.
     """
-    for name, v in (("--tokens", n_tokens), ("--batch", batch), ("--max-pattern-tokens",
-                                                                  max_pattern_tokens)):
-        if v < (3 if name == "--tokens" else 1):
-            raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
-    if input_kind not in ("random", "sampled"):
-        raise ValueError(f"--input must be 'random' or 'sampled', got {input_kind!r}")
-    if text is not None and input_kind != "random":
-        raise ValueError("--input sampled and --text are alternatives; give one of them")
-    if text is not None and not Path(text).is_file():
-        raise FileNotFoundError(f"--text: no such file: {text}")
+    check_input_args(n_tokens, batch, max_pattern_tokens, input_kind, text)
     from ..devices import resolve_device
 
     device = resolve_device(device, "--device")

@@ -133,6 +133,28 @@ def _bos_id(model, info) -> int:
                      "a bos_token_id; use --input random or --text")
 
 
+def check_input_args(n_tokens: int, batch: int, max_pattern_tokens: int, input_kind: str,
+                     text) -> None:
+    """The input options of ``posinterp inspect`` (and ``--compare``), checked before any
+    model loads.
+
+    Raises:
+        ValueError: ``--tokens`` < 3, ``--batch`` or ``--max-pattern-tokens`` < 1, an
+            ``--input`` other than random/sampled, or ``--input sampled`` with ``--text``.
+        FileNotFoundError: a ``--text`` file that does not exist.
+    """
+    for name, v in (("--tokens", n_tokens), ("--batch", batch), ("--max-pattern-tokens",
+                                                                  max_pattern_tokens)):
+        if v < (3 if name == "--tokens" else 1):
+            raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
+    if input_kind not in ("random", "sampled"):
+        raise ValueError(f"--input must be 'random' or 'sampled', got {input_kind!r}")
+    if text is not None and input_kind != "random":
+        raise ValueError("--input sampled and --text are alternatives; give one of them")
+    if text is not None and not Path(text).is_file():
+        raise FileNotFoundError(f"--text: no such file: {text}")
+
+
 def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = None,
                 n_tokens: int = 64, batch: int = 8, ablate: bool | str = False,
                 exact_top_k: int = 20, seed: int = 0,
@@ -166,16 +188,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             that cannot be used, or tokens longer than ``n_ctx``.
         FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.
     """
-    for name, v in (("--tokens", n_tokens), ("--batch", batch), ("--max-pattern-tokens",
-                                                                  max_pattern_tokens)):
-        if v < (3 if name == "--tokens" else 1):
-            raise ValueError(f"{name} must be >= {3 if name == '--tokens' else 1}, got {v}")
-    if input_kind not in ("random", "sampled"):
-        raise ValueError(f"--input must be 'random' or 'sampled', got {input_kind!r}")
-    if text is not None and input_kind != "random":
-        raise ValueError("--input sampled and --text are alternatives; give one of them")
-    if text is not None and not Path(text).is_file():
-        raise FileNotFoundError(f"--text: no such file: {text}")
+    check_input_args(n_tokens, batch, max_pattern_tokens, input_kind, text)
     from ..devices import resolve_device
 
     device = resolve_device(device, "--device")

@@ -11,24 +11,6 @@ const SCORES = records(DATA.scores);
 const BY_ID = Object.fromEntries(HEADS.map(r => [r.layer + '-' + r.head, r]));
 const KEYS = DATA.heads.columns.filter(c => c !== 'layer' && c !== 'head');
 const COLOURS = {a: '#08519c', b: '#e4572e'};
-function el(tag, attrs, text) {
-  const e = document.createElement(tag);
-  for (const [a, v] of Object.entries(attrs || {})) e.setAttribute(a, v);
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-function svg(tag, attrs, text) {
-  const e = document.createElementNS('http://www.w3.org/2000/svg', tag);
-  for (const [a, v] of Object.entries(attrs || {})) e.setAttribute(a, v);
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-function fmt(v) {
-  if (v === null || v === undefined || Number.isNaN(v)) return '';
-  if (Number.isInteger(v)) return String(v);
-  const a = Math.abs(v);
-  return (a !== 0 && (a < 1e-3 || a >= 1e4)) ? v.toExponential(2) : v.toFixed(3);
-}
 function mix(a, b, t) { return 'rgb(' + a.map((x, i) => Math.round(x + (b[i] - x) * t)).join(',') + ')'; }
 function shade(t, signed) {  // magnitudes: light to dark blue; signed changes: blue, white at 0, red
   if (!signed) return mix([247, 251, 255], [8, 48, 107], t);

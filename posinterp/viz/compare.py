@@ -58,7 +58,7 @@ def _script() -> str:
     from importlib.resources import files
 
     return "\n".join(files("posinterp.viz").joinpath(name).read_text(encoding="utf-8")
-                     for name in ("compare.js", "export.js"))
+                     for name in ("common.js", "compare.js", "export.js"))
 
 
 _EXTRA_STYLE = """

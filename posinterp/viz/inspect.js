@@ -19,25 +19,6 @@ for (const r of ROWS) {
   (HEADS[id] = HEADS[id] || {})[k] = r;
   if (!SCORE_KEYS.includes(k)) SCORE_KEYS.push(k);
 }
-function el(tag, attrs, text) {
-  const e = document.createElement(tag);
-  for (const [a, v] of Object.entries(attrs || {})) e.setAttribute(a, v);
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-function svg(tag, attrs, text) {
-  const e = document.createElementNS('http://www.w3.org/2000/svg', tag);
-  for (const [a, v] of Object.entries(attrs || {})) e.setAttribute(a, v);
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-function fmt(v) {
-  if (v === null || v === undefined || Number.isNaN(v)) return '';
-  if (Number.isInteger(v)) return String(v);
-  const a = Math.abs(v);
-  if (a < 1e-12) return '0';  // float64 rounding of an exact zero, not a value
-  return (a < 1e-3 || a >= 1e4) ? v.toExponential(2) : v.toFixed(3);
-}
 // A score column's value as text: percentiles from a finite null are good to about a
 // point (their _se column), so they print as whole points.
 function fmtKey(k, v) {

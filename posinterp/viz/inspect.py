@@ -58,7 +58,7 @@ def _script() -> str:
 
     # export.js: the card's SVG/PNG download buttons (shared with the compare page)
     return "\n".join(files("posinterp.viz").joinpath(name).read_text(encoding="utf-8")
-                     for name in ("inspect.js", "export.js"))
+                     for name in ("common.js", "inspect.js", "export.js"))
 
 
 

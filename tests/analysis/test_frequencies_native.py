@@ -118,13 +118,10 @@ def test_pattern_check_catches_logits_it_cannot_reproduce():
 
 def test_unverified_query_hooks_are_refused_by_name(monkeypatch):
     """No hook is read by its name: where the probe found no unrotated q/k, the score refuses."""
+    from tests.helpers import without_verified_query_hooks
+
     model = build_model(preset("tiny", pe="rotary"))
-    real = backend.hook_meaning
-
-    def no_query(m, layer):
-        return dataclasses.replace(real(m, layer), query_qk=None, found="hook_q does not fire")
-
-    monkeypatch.setattr(backend, "hook_meaning", no_query)
+    without_verified_query_hooks(monkeypatch)
     with pytest.raises(backend.MissingFeatureError, match="unrotated query and key"):
         positional_symbolic_score(model, random_tokens(model, 2, 8))
 

@@ -173,7 +173,8 @@ NODE = shutil.which("node")
 def test_page_formats_percentiles_as_points_and_rounding_noise_as_zero():
     from importlib.resources import files
 
-    js = files("posinterp.viz").joinpath("inspect.js").read_text(encoding="utf-8")
+    js = "\n".join(files("posinterp.viz").joinpath(name).read_text(encoding="utf-8")
+                   for name in ("common.js", "inspect.js"))
     funcs = "\n".join(re.search(rf"function {name}\(.*?\n}}\n", js, re.S).group(0)
                       for name in ("fmt", "fmtKey"))
     cases = [["x", 4.82e-17], ["x", -3e-13], ["x", 0.0123], ["x", 2.5e-5],

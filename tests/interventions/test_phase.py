@@ -45,16 +45,10 @@ def test_refusals_name_the_parameter():
 
 def test_unrotated_qk_come_from_verified_hooks_only(monkeypatch):
     """hook_q/hook_k are read only where the probe verified them as q, k before RoPE."""
-    import dataclasses
-
     from posinterp.models import backend
+    from tests.helpers import without_verified_query_hooks
 
     model = build_model(preset("tiny", pe="rotary"))
-    real = backend.hook_meaning
-
-    def no_query(m, layer):
-        return dataclasses.replace(real(m, layer), query_qk=None, found="hook_q does not fire")
-
-    monkeypatch.setattr(backend, "hook_meaning", no_query)
+    without_verified_query_hooks(monkeypatch)
     with pytest.raises(backend.MissingFeatureError, match="unrotated query and key"):
         rope_removed_hooks(model, 0, [1])
