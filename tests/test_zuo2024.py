@@ -55,6 +55,11 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     text = page.read_text()
     assert text == render_markdown(tmp_path / "run")
     assert "attn_out (primary)" in text and "Benjamini-Hochberg" in text
+    # each task no seed trained is named with its budget and accuracies, and why
+    why = next(line for line in text.splitlines() if "could not be trained here" in line)
+    for task in ("addition", "reversal", "indexing", "ordering"):
+        assert f"{task} (" in why
+    assert "whole budget of 3 steps" in why and "untested here" in why
     probes = z.pd.read_csv(tmp_path / "run" / "probes.csv")
     assert -1 in set(probes.layer)  # the embedding baseline row
     # Resume: every cell is read back, nothing is recomputed, same table.

@@ -828,6 +828,33 @@ def _digit_range(lengths) -> str:
     return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
+def _why_untrained(labels, training: pd.DataFrame, cfg: dict, mode: str, th: dict) -> str:
+    """The page's plain statement of which tasks no seed trained to target, and why."""
+    parts = []
+    for label in labels:
+        g = training[training.task == label]
+        steps = cfg["task_steps"].get(label, cfg["train_steps"])
+        ran = ("every one ran its whole budget of" if (g.steps >= steps).all()
+               else "budget")
+        parts.append(f"{label} ({_digit_range(cfg['task_lengths'][label])} digits: "
+                     f"{len(g)} seeds, {ran} {steps} steps, held-out accuracy "
+                     f"{g.accuracy.min():.3f}-{g.accuracy.max():.3f})")
+    text = (f"**Tasks that could not be trained here, and why.** No seed of "
+            + "; ".join(parts) + f" reached the {th['target_accuracy']} target. "
+            "The reason is the budget, not a finding about the tasks: this run's "
+            f"`{mode}` budget is what fits one CPU thread, and no longer or easier "
+            "training of these tasks was run, so whether they train with more steps "
+            "is untested here. Their *after training* claims are therefore *not tested* "
+            "(below), never scored from undertrained models; the trained-model claims rest "
+            "on reversal alone.")
+    if cfg["quick"]:
+        full = ReproConfig.full()
+        text += (f" `--full` trains every task for {full.train_steps:,} steps with "
+                 f"{len(full.train_seeds)} seeds on the `{full.model_preset}` preset, a GPU "
+                 "job that was not run.")
+    return text + "\n"
+
+
 def _cell(r) -> str:
     """A claim's figure, verdict and BH q-value in one table cell."""
     if r is None:
@@ -925,6 +952,11 @@ def render_markdown(out_dir) -> str:
             status.append(f"{label}: not trained to target (best accuracy "
                           f"{g.accuracy.max():.3f} in {int(g.steps.max())} steps)")
     p.append("**Which trainings reached the target:** " + "; ".join(status) + ".\n")
+    untrained = [label for label in cfg["task_lengths"]
+                 if not (g := training[training.task == label]).empty
+                 and not g.reached_target.any()]
+    if untrained:
+        p.append(_why_untrained(untrained, training, cfg, mode, th))
     p += ["## What changed since the previous version of this page\n",
           "- **Depth x width grid recomputed.** Before commit 3a18090, "
           "`preset(name, d_model=w)` kept the preset's `d_head` 32 and `d_mlp` 768 at every "
