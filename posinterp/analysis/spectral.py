@@ -146,9 +146,14 @@ def real_within_rounding(B: Float[Tensor, "... n n"], lam: Complex[Tensor, "... 
     out = torch.zeros_like(cand)
     if bool(cand.any()):
         row, col = cand.nonzero(as_tuple=True)
-        shifted = flat_B[row] - flat_lam.real[row, col][:, None, None] * torch.eye(n, dtype=B.dtype)
+        # A conjugate pair shares Re λ bit for bit (LAPACK returns a ± ib), hence one
+        # shifted matrix: one SVD per distinct (matrix, Re λ) halves the work.
+        keys, inverse = torch.unique(torch.stack([row.double(), flat_lam.real[row, col]], 1),
+                                     dim=0, return_inverse=True)
+        urow = keys[:, 0].long()
+        shifted = flat_B[urow] - keys[:, 1][:, None, None] * torch.eye(n, dtype=B.dtype)
         smin = torch.linalg.svdvals(shifted)[:, -1]
-        out[row, col] = smin <= tol * norm[row, 0]
+        out[row, col] = (smin <= tol * norm[urow, 0])[inverse]
     return out.reshape(lam.shape)
 
 
@@ -465,14 +470,20 @@ def _selected_qk_only(qk, layers, heads, offset, weights):
     offsets = [int(offset)] if offset is not None else ([0, -1] if qk.pe == "rotary" else [None])
     layer_ids = _select("layers", layers, qk.n_layers)
     head_ids = _select("heads", heads, qk.n_heads)
+    def layer_weights(layer):
+        W_Q, W_K = qk.W_Q[layer], qk.W_K[layer]
+        if weights == "effective":
+            W_Q = effective_weights(W_Q, qk.gain[layer], qk.center)
+            W_K = effective_weights(W_K, qk.gain[layer], qk.center)
+        return W_Q, W_K
+
+    # folded once per layer, not once per offset
+    folded = {layer: layer_weights(layer) for layer in layer_ids} if len(offsets) > 1 else {}
     for off in offsets:
         R = (rotary_matrix(qk.d_head, qk.rotary_dim, -off, adjacent_pairs=qk.adjacent_pairs,
                            inv_freq=qk.inv_freq) if off else None)  # one RoPE for every layer
         for layer in layer_ids:
-            W_Q, W_K = qk.W_Q[layer], qk.W_K[layer]
-            if weights == "effective":
-                W_Q = effective_weights(W_Q, qk.gain[layer], qk.center)
-                W_K = effective_weights(W_K, qk.gain[layer], qk.center)
+            W_Q, W_K = folded[layer] if folded else layer_weights(layer)
             if R is not None:
                 W_K = W_K @ R.T
             yield off, layer, head_ids, W_Q[head_ids], W_K[head_ids]

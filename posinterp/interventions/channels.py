@@ -14,9 +14,10 @@ B = diag(1, 0) and M_null = e2 e3^T, with eigenvalues 0 yet a score). So
 :func:`channel_decomposition` reports its Frobenius norm next to the channels', and
 removing "every channel" must remove it too (``remove_all`` does).
 
-Projectors come from a sorted real Schur form (``scipy.linalg.schur``) and a Sylvester
-equation (``scipy.linalg.solve_sylvester``) that decouples the selected block, which
-stays stable where an eigenvector basis would be ill-conditioned.
+Projectors come from one real Schur form (``scipy.linalg.schur``), reordered per channel
+by LAPACK's ``dtrsen``, and a Sylvester equation (``scipy.linalg.solve_sylvester``) that
+decouples the selected block, which stays stable where an eigenvector basis would be
+ill-conditioned.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 from scipy import linalg
+from scipy.linalg import lapack
 from torch import Tensor
 
 from ..analysis.spectral import real_within_rounding
@@ -49,20 +51,68 @@ def channel_of(re: float, im: float, scale: float, eps: float = 1e-8, null_tol: 
 
 def _projector(B: np.ndarray, select) -> np.ndarray:
     """Spectral projector of B onto the eigenvalues where ``select(re, im)`` is True."""
-    d = B.shape[0]
     T, Z, k = linalg.schur(B, output="real", sort=select)
+    return _leading_projector(T, Z, k)
+
+
+def _leading_projector(T: np.ndarray, Z: np.ndarray, k: int) -> np.ndarray:
+    """Projector onto the leading k x k block of the real Schur form B = Z T Z^T."""
+    d = T.shape[0]
     if k == 0:
-        return np.zeros_like(B)
+        return np.zeros_like(T)
     if k == d:
         return np.eye(d)
     A, C, D = T[:k, :k], T[:k, k:], T[k:, k:]
     # With Y solving A Y - Y D = -C, [[I, Y], [0, I]] block-diagonalizes T and the
     # projector onto the leading block along the trailing one is [[I, -Y], [0, 0]].
     Y = linalg.solve_sylvester(A, -D, -C)
-    P = np.zeros_like(B)
+    P = np.zeros_like(T)
     P[:k, :k] = np.eye(k)
     P[:k, k:] = -Y
     return Z @ P @ Z.T
+
+
+def _schur_channels(B: np.ndarray, eps: float, null_tol: float
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """B's real Schur form (T, Z) and the channel of each of its eigenvalues, in T's order.
+
+    One Schur decomposition serves every channel (LAPACK ``dtrsen`` reorders it); the
+    rounding test runs once, batched, on the complex eigenvalues (:func:`_channel`'s rule).
+    """
+    T, Z = linalg.schur(B, output="real")
+    wr, wi = _schur_eigenvalues(T)
+    scale = float(np.abs(np.linalg.eigvals(B)).max())
+    channels = np.array([channel_of(r, i, scale, eps, null_tol) for r, i in zip(wr, wi, strict=True)],
+                        dtype=object)
+    rot = np.flatnonzero(channels == "complex")
+    if rot.size:
+        lam = torch.from_numpy(wr[rot] + 1j * wi[rot])
+        real = real_within_rounding(torch.from_numpy(B), lam[None])[0].numpy()
+        channels[rot[real]] = np.where(wr[rot[real]] > 0, "positive_real", "negative_real")
+    return T, Z, channels
+
+
+def _schur_eigenvalues(T: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(wr, wi) of a real Schur form, as LAPACK reports them (``dtrsen`` selecting none)."""
+    none = np.zeros(T.shape[0], dtype=np.int32)
+    _, _, wr, wi, _, _, _, info = lapack.dtrsen(none, T, np.eye(T.shape[0]), job="N",
+                                                wantq=0)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dtrsen failed (info={info})")
+    return wr, wi
+
+
+def _channel_projector_from_schur(T: np.ndarray, Z: np.ndarray, selected: np.ndarray
+                                  ) -> np.ndarray:
+    """Projector onto the eigenvalues ``selected`` (bool, T's order; pairs agree)."""
+    if not selected.any():
+        return np.zeros_like(T)
+    if selected.all():
+        return np.eye(T.shape[0])
+    Ts, Zs, _, _, k, _, _, info = lapack.dtrsen(selected.astype(np.int32), T, Z, job="N")
+    if info != 0:
+        raise np.linalg.LinAlgError(f"LAPACK dtrsen failed to reorder (info={info})")
+    return _leading_projector(Ts, Zs, int(k))
 
 
 def channel_projector(B: np.ndarray, channel: str, eps: float = 1e-8, null_tol: float = 1e-10
@@ -74,22 +124,15 @@ def channel_projector(B: np.ndarray, channel: str, eps: float = 1e-8, null_tol: 
     """
     if channel not in (*CHANNELS, "null"):
         raise ValueError(f"channel must be one of {(*CHANNELS, 'null')}, got {channel!r}")
-    scale = float(np.abs(np.linalg.eigvals(B)).max()) if B.size else 0.0
-    if scale == 0.0:
-        return np.eye(len(B)) if channel == "null" else np.zeros_like(B)
-    return _projector(B, lambda re, im: _channel(B, re, im, scale, eps, null_tol) == channel)
+    return _all_projectors(B, (channel,), eps, null_tol)[channel]
 
 
-def _channel(B: np.ndarray, re: float, im: float, scale: float, eps: float, null_tol: float) -> str:
-    """:func:`channel_of`, with a pair that rounding split off a real double eigenvalue
-    counted real, as the rotational measures count it
-    (:func:`posinterp.analysis.spectral.real_within_rounding`)."""
-    c = channel_of(re, im, scale, eps, null_tol)
-    if c == "complex":
-        lam = torch.tensor([complex(re, im)], dtype=torch.complex128)
-        if bool(real_within_rounding(torch.from_numpy(B), lam)[0]):
-            return "positive_real" if re > 0 else "negative_real"
-    return c
+def _all_projectors(B: np.ndarray, channels, eps: float, null_tol: float
+                    ) -> dict[str, np.ndarray]:
+    if not B.size or not np.abs(B).max() > 0:
+        return {c: np.eye(len(B)) if c == "null" else np.zeros_like(B) for c in channels}
+    T, Z, which = _schur_channels(B, eps, null_tol)
+    return {c: _channel_projector_from_schur(T, Z, which == c) for c in channels}
 
 
 def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
@@ -111,8 +154,8 @@ def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
     if B.ndim != 2 or B.shape[0] != B.shape[1]:
         raise ValueError(f"B must be a square [d_head, d_head] matrix, got {tuple(B.shape)}")
     b = B.detach().double().cpu().numpy()
-    return {c: torch.from_numpy(channel_projector(b, c, eps, null_tol))
-            for c in (*CHANNELS, "null")}
+    return {c: torch.from_numpy(P) for c, P in
+            _all_projectors(b, (*CHANNELS, "null"), eps, null_tol).items()}
 
 
 def top_k_projector(B: Float[Tensor, "d_head d_head"], k: int) -> Float[Tensor, "d_head d_head"]:

@@ -332,3 +332,53 @@ def test_symmetrized_alibi_keeps_the_bias_of_mask_positions():
     keep = torch.ones(18, 18, dtype=torch.bool).tril()[None] & real[:, None, :] & real[:, :, None]
     keep = keep[:, None].expand_as(want)
     torch.testing.assert_close(seen["s"].double()[keep], want[keep], rtol=1e-5, atol=1e-5)
+
+
+def _projector_by_sorted_schur(B: np.ndarray, channel: str, eps=1e-8, null_tol=1e-10):
+    """The reference path: one sorted Schur form per channel, gees asking about each
+    eigenvalue in turn (the rule of channel_of plus the rounding test, one at a time)."""
+    from scipy import linalg
+
+    from posinterp.analysis.spectral import real_within_rounding
+    from posinterp.interventions.channels import channel_of
+
+    scale = float(np.abs(np.linalg.eigvals(B)).max())
+
+    def select(re, im):
+        c = channel_of(re, im, scale, eps, null_tol)
+        if c == "complex" and bool(real_within_rounding(
+                torch.from_numpy(B), torch.tensor([complex(re, im)]))[0]):
+            c = "positive_real" if re > 0 else "negative_real"
+        return c == channel
+
+    T, Z, k = linalg.schur(B, output="real", sort=select)
+    if k in (0, len(B)):
+        return np.zeros_like(B) if k == 0 else np.eye(len(B))
+    Y = linalg.solve_sylvester(T[:k, :k], -T[k:, k:], -T[:k, k:])
+    P = np.zeros_like(B)
+    P[:k, :k], P[:k, k:] = np.eye(k), -Y
+    return Z @ P @ Z.T
+
+
+@pytest.mark.parametrize("case", ["random", "low rank", "defective", "rotation"])
+def test_channel_projectors_equal_the_sorted_schur_path(case):
+    """One Schur form reordered per channel (dtrsen) gives the projectors that a sorted
+    Schur form per channel gives, with the same channel for every eigenvalue."""
+    rng = np.random.default_rng(3)
+    d = 12
+    if case == "random":
+        B = rng.standard_normal((40, d)).T @ rng.standard_normal((40, d))
+    elif case == "low rank":  # a null channel too
+        B = rng.standard_normal((d, 5)) @ rng.standard_normal((5, d))
+    else:
+        J = np.diag(rng.uniform(0.5, 2.0, d) * rng.choice([-1, 1], d))
+        if case == "defective":  # a real double eigenvalue rounding may split
+            J[:2, :2] = [[1.5, 1.0], [0.0, 1.5]]
+        else:
+            J[:2, :2] = [[0.3, -0.8], [0.8, 0.3]]
+        S = rng.standard_normal((d, d))
+        B = S @ J @ np.linalg.inv(S)
+    P = channel_projectors(torch.from_numpy(B))
+    for c, Pc in P.items():
+        np.testing.assert_allclose(Pc.numpy(), _projector_by_sorted_schur(B, c), atol=1e-9)
+    assert np.allclose(sum(P.values()).numpy(), np.eye(d), atol=1e-9)
