@@ -211,8 +211,16 @@ def _model_tables(spec: str, seed: int, dynamics: bool, device=None) -> dict:
     if dynamics and spec.startswith("zoo:"):
         from ..experiments.zoo import load_zoo_model
 
+        from ..analysis.onset import check_distinct_snapshots
+        from .dynamics import snapshot_hashes
+
         _, card = load_zoo_model(spec, device=device)
         body = spec.split("@")[0]
+        folder = Path(card["weights"]).parents[1]  # <model>/checkpoints/step_*/model...
+        try:  # a frozen or copied snapshot would pass as two points of a trajectory
+            check_distinct_snapshots(snapshot_hashes(folder.parent, card["snapshot_steps"]))
+        except ValueError as err:
+            raise ValueError(f"{spec}: {err}") from None
         snaps = ((s, load_zoo_model(f"{body}@{s}", device=device)[0])
                  for s in card["snapshot_steps"])
         out["dynamics"] = head_dynamics(snaps, seed=seed).assign(model=spec)
