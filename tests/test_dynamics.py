@@ -59,6 +59,7 @@ def test_dynamics_run_fixes_its_design_first_and_renders_the_page(tmp_path, corp
     page = render_markdown(out)
     assert "## Dynamics" in page and "Not run" not in page.split("## Dynamics")[1]
     assert "posinterp zoo dynamics ..." in page and "n = 4 runs" in page
+    assert "**Reading.**" in page and "persistence to the end" in page
     # a rerun reuses every run (cells keyed by card and design) and gives the same summary
     pd.testing.assert_frame_equal(
         dyn.run_dynamics(out / "dynamics", root, design, progress=False, corpus=corpus,

@@ -198,38 +198,51 @@ def run_bootstrap(sums: np.ndarray, counts: np.ndarray, strata, n_boot: int,
         return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
 
 
-# (statistic, class of the heads, their column, what the mean means); a difference row is
-# ("name", (first statistic, second statistic), None, text)
+# (statistic, heads it uses, their per-head column, what the mean means); heads: a class,
+# or "top" (per run, the forming head with the highest final score: one head per run); a
+# difference row names its two statistics instead and has no column
 STATISTICS = (
     ("behaviour onset, forming heads", "forming", "behaviour_onset",
-     "mean step at which forming heads' previous-token score crosses the threshold for good"),
+     "mean step from which forming heads' previous-token score stays above the threshold"),
     ("signature onset, forming heads", "forming", "signature_onset",
-     "mean step at which forming heads' R leaves the null band for good (heads that leave it)"),
+     "mean step from which forming heads' R stays outside the null band (heads that leave it)"),
     ("lag, forming heads", "forming", "lag",
      "mean signature onset - behaviour onset over forming heads with both (negative: "
      "signature first)"),
     ("signature onset, control heads", "control", "signature_onset",
-     "mean step at which never-forming heads' R leaves the null band for good"),
+     "mean step from which never-forming heads' R stays outside the null band"),
     ("signature onset, forming - control", ("signature onset, forming heads",
                                             "signature onset, control heads"), None,
-     "difference of the two means above (near 0: the departure is not specific to forming heads)"),
+     "difference of the two means above (near 0: leaving the band is not specific to "
+     "forming heads)"),
+    ("behaviour onset, top head", "top", "behaviour_onset",
+     "as above for each run's strongest head (highest final score among its forming heads)"),
+    ("signature onset, top head", "top", "signature_onset", "as above, strongest head"),
+    ("lag, top head", "top", "lag", "as above, strongest head"),
     ("share with a signature onset, forming heads", "forming", "has_signature",
      "share of forming heads whose R leaves the null band for good"),
     ("share with a signature onset, control heads", "control", "has_signature",
      "share of control heads whose R leaves the null band for good"),
-    ("share leaving above the band, forming heads", "forming", "above",
-     "share of forming heads that end more rotational than the null (the claim's signature)"),
+    ("share leaving below the band, forming heads", "forming", "below",
+     "share of forming heads whose R leaves the band on the less-rotational side"),
+    ("share with a rotational onset, forming heads", "forming", "has_rotational",
+     "share of forming heads whose R ever stays above the band (the claim's signature)"),
+    ("share with a rotational onset, control heads", "control", "has_rotational",
+     "share of control heads whose R ever stays above the band"),
     ("share with signature before behaviour, forming heads", "forming", "sig_first",
-     "share of forming heads with a signature onset before their behaviour onset"),
+     "share of forming heads whose signature onset precedes their behaviour onset"),
 )
+SHARES = ("has_signature", "below", "has_rotational", "sig_first")
 
 
 def onset_summary(onsets: pd.DataFrame, n_boot: int, seed: int, strata: str | None = "family",
                   level: float = 0.95) -> pd.DataFrame:
     """Means of the onset statistics (:data:`STATISTICS`) with run-level bootstrap CIs.
 
-    Each statistic is the mean of a per-head value over the heads of one class that have
-    it, pooled over runs; its CI is the percentile interval of :func:`run_bootstrap`
+    Each statistic is the mean of a per-head value over the heads of one class (or each
+    run's top head: its forming head with the highest final score) that have it, pooled
+    over runs; shares count every head of the class (a forming head without a signature
+    onset is not "signature first"); its CI is the percentile interval of :func:`run_bootstrap`
     (runs resampled within ``strata``, the heads of a drawn run kept together). When every
     run has the same heads' values the CI is that value (a property tested).
 
@@ -250,17 +263,24 @@ def onset_summary(onsets: pd.DataFrame, n_boot: int, seed: int, strata: str | No
     """
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
-    need = {"run", "class", "behaviour_onset", "signature_onset", "lag", "signature_side"}
+    need = {"run", "class", "behaviour_onset", "signature_onset", "lag", "signature_side",
+            "rotational_onset", "final_score"}
     if strata is not None:
         need.add(strata)
     missing = need - set(onsets.columns)
     if missing:
         raise ValueError(f"onsets lacks columns {sorted(missing)}")
+    forming = onsets["class"] == "forming"
+    best = onsets[forming].groupby("run", sort=False).final_score.transform("max")
+    top = pd.Series(False, index=onsets.index)
+    top[forming] = onsets.loc[forming, "final_score"] == best
+    top &= top.groupby(onsets.run).cumsum() <= 1  # one head per run on a tie
     o = onsets.assign(
+        top=top,
         has_signature=onsets.signature_onset.notna().astype(float),
-        above=(onsets.signature_side == "above").astype(float),
-        sig_first=np.where(onsets.lag.notna(), (onsets.lag < 0).astype(float),
-                           np.where(onsets.behaviour_onset.notna(), 0.0, np.nan)))
+        below=(onsets.signature_side == "below").astype(float),
+        has_rotational=onsets.rotational_onset.notna().astype(float),
+        sig_first=np.where(onsets.lag.notna(), (onsets.lag < 0).astype(float), 0.0))
     runs = list(pd.unique(o.run))
     plain = [s for s in STATISTICS if s[2] is not None]
     sums = np.zeros((len(runs), len(plain)))
@@ -268,7 +288,7 @@ def onset_summary(onsets: pd.DataFrame, n_boot: int, seed: int, strata: str | No
     for i, run in enumerate(runs):
         g = o[o.run == run]
         for j, (_, cls, col, _) in enumerate(plain):
-            v = g.loc[g["class"] == cls, col].dropna()
+            v = g.loc[g.top if cls == "top" else g["class"] == cls, col].dropna()
             sums[i, j], counts[i, j] = v.sum(), len(v)
     labels = o.groupby("run", sort=False)[strata].first().loc[runs].to_numpy() \
         if strata is not None else np.zeros(len(runs))
@@ -292,7 +312,7 @@ def onset_summary(onsets: pd.DataFrame, n_boot: int, seed: int, strata: str | No
         ok = d[np.isfinite(d)]
         lo, hi = (np.percentile(ok, [a, 100 - a]) if len(ok) else (np.nan, np.nan))
         rows.append({"statistic": name, "meaning": meaning,
-                     "unit": "share" if col in ("has_signature", "above", "sig_first") else "steps",
+                     "unit": "share" if col in SHARES else "steps",
                      "estimate": float(value), "ci_low": float(lo), "ci_high": float(hi),
                      "n_heads": n_heads, "n_runs": n_runs, "n_units": len(runs),
                      "n_boot_used": len(ok)})

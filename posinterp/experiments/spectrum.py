@@ -209,9 +209,8 @@ def _model_tables(spec: str, seed: int, dynamics: bool, device=None) -> dict:
     if info.qk_convention.get("norm_gain") == "folded by posinterp.spectral":
         out["convention"] = _convention_table(model, spec)
     if dynamics and spec.startswith("zoo:"):
-        from ..experiments.zoo import load_zoo_model
-
         from ..analysis.onset import check_distinct_snapshots
+        from ..experiments.zoo import load_zoo_model
         from .dynamics import snapshot_hashes
 
         _, card = load_zoo_model(spec, device=device)

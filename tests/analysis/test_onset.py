@@ -151,3 +151,20 @@ def test_identical_snapshots_are_refused_by_both_steps():
     check_distinct_snapshots({0: "aa", 5: "bb", 10: "cc"})
     with pytest.raises(ValueError, match="steps 5 and 20 have identical weights"):
         check_distinct_snapshots({0: "aa", 5: "bb", 10: "cc", 20: "bb"})
+
+
+def test_top_head_is_each_run_s_strongest_forming_head():
+    # run 0: a strong head (final 0.6, onsets 100/40) and a weak one (0.35, 150/20);
+    # run 1: only a weak forming head (0.4, 50/None) and a control head
+    traj = pd.concat([_head(0, 0, 0, 100, 40, score_hi=0.6), _head(0, 0, 1, 150, 20,
+                                                                    score_hi=0.35),
+                      _head(1, 0, 0, 50, None, score_hi=0.4), _head(1, 0, 1, None, 30)])
+    s = onset_summary(head_onsets(traj, 0.3), n_boot=50, seed=0).set_index("statistic")
+    assert s.loc["behaviour onset, top head", "estimate"] == np.mean([100, 50])
+    assert s.loc["signature onset, top head", "estimate"] == 40  # run 1's top head has none
+    assert s.loc["lag, top head", "n_heads"] == "1"
+    assert s.loc["behaviour onset, forming heads", "estimate"] == np.mean([100, 150, 50])
+    # shares count every forming head: 2 of 3 leave below, none stays above the band
+    assert s.loc["share leaving below the band, forming heads", "estimate"] == pytest.approx(2 / 3)
+    assert s.loc["share with a rotational onset, forming heads", "estimate"] == 0
+    assert s.loc["share with a rotational onset, control heads", "estimate"] == 0
