@@ -92,3 +92,16 @@ def test_design_refuses_bad_values():
     with pytest.raises(ValueError, match="snapshot_grid"):
         ZooConfig(max_steps=10, snapshot_grid=(0, 5, 5))
     assert dyn.dynamics_config(ZooConfig(max_steps=12), 5).snapshot_steps() == [0, 5, 10, 12]
+
+
+def test_cli_parses_zoo_dynamics(tmp_path, capsys):
+    from posinterp.cli import _zoo_dynamics, build_parser
+
+    args = build_parser().parse_args(["zoo", "dynamics", "--out", str(tmp_path), "--family",
+                                      "base", "wide", "--seeds", "3", "--home", str(tmp_path)])
+    assert args.func is _zoo_dynamics and args.family == ["base", "wide"] and args.seeds == 3
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["zoo", "dynamics", "--out", str(tmp_path), "--seeds", "0"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["zoo", "dynamics", "--out", str(tmp_path), "--family", "zz"])
+    capsys.readouterr()
