@@ -281,13 +281,13 @@ def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign =
         "versions": versions(), "seconds": round(time.time() - t0, 1),
         # training happens once, in the first invocation; reruns reuse it
         "seconds_all_invocations": round(_seconds_before(before) + time.time() - t0, 1)})
+    return summary
 
 
 def _seconds_before(run: dict | None) -> float:
     """Seconds spent by earlier invocations into a run folder (its ``run.json``)."""
     run = run or {}
     return float(run.get("seconds_all_invocations", run.get("seconds", 0.0)) or 0.0)
-    return summary
 
 
 def _runs_table(onsets: pd.DataFrame, traj: pd.DataFrame) -> pd.DataFrame:
