@@ -255,7 +255,11 @@ def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign =
                                    "design": fixed}))
     results = run_cells(cells, root / "cells", executor, fmt="csv", progress=progress,
                         desc="dynamics")
-    traj = pd.concat(results.values(), ignore_index=True)
+    # Rounded once, here: the onsets are computed from exactly what trajectories.csv.gz
+    # holds (a score is a mean of float32 attention weights; a null percentile is a
+    # multiple of 100 / 2,500 / 2)
+    traj = pd.concat(results.values(), ignore_index=True).round(
+        {"previous_token_score": 6, "rotational_mass": 5, "rotational_mass_null_percentile": 4})
     onsets, summaries = [], []
     for rule, kind in RULES.items():
         window = design.window if kind == "window" else None
@@ -269,11 +273,8 @@ def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign =
     _write_csv(onsets_df.drop(columns=["val_loss"], errors="ignore"), out / "onsets.csv")
     _write_csv(summary, out / "summary.csv")
     _write_csv(runs, out / "runs.csv")
-    # the onsets' inputs (score, percentile) at full precision, so the committed onsets
-    # are recomputed exactly from this file; R itself only for reading
     with atomic_path(out / "trajectories.csv.gz") as tmp:
-        traj.drop(columns=["val_loss", "run", "sha256"]).assign(
-            rotational_mass=traj.rotational_mass.round(5)).to_csv(
+        traj.drop(columns=["val_loss", "run", "sha256"]).to_csv(
             tmp, index=False, compression={"method": "gzip", "mtime": 0})
     atomic_write_json(out / "run.json", {
         "design": fixed, "status": "done", "command": command,
