@@ -269,7 +269,7 @@ def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign =
                                        strata="family").assign(rule=rule))
     onsets_df = pd.concat(onsets, ignore_index=True)
     summary = pd.concat(summaries, ignore_index=True)
-    runs = _runs_table(onsets_df[onsets_df.rule == "primary"], traj)
+    runs = _runs_table(onsets_df[onsets_df.rule == "primary"], traj, design.band)
     _write_csv(onsets_df.drop(columns=["val_loss"], errors="ignore"), out / "onsets.csv")
     _write_csv(summary, out / "summary.csv")
     _write_csv(runs, out / "runs.csv")
@@ -291,18 +291,22 @@ def _seconds_before(run: dict | None) -> float:
     return float(run.get("seconds_all_invocations", run.get("seconds", 0.0)) or 0.0)
 
 
-def _runs_table(onsets: pd.DataFrame, traj: pd.DataFrame) -> pd.DataFrame:
-    """Per run: head counts by class, and each forming head with its onsets."""
+def _runs_table(onsets: pd.DataFrame, traj: pd.DataFrame, band) -> pd.DataFrame:
+    """Per run: head counts by class, each forming head with its onsets, and how many
+    heads lie outside the null band at the first snapshot (the band's calibration: about
+    ``100 - (hi - lo)`` percent of random heads do)."""
     rows = []
     for run, g in onsets.groupby("run", sort=False):
         forming = g[g["class"] == "forming"].sort_values("behaviour_onset")
         t = traj[traj.run == run]
+        first = t[t.step == t.step.min()].rotational_mass_null_percentile
 
         def fmt(v):
             return "none" if pd.isna(v) else str(int(v))
         rows.append({"family": g.family.iloc[0], "seed": int(g.seed.iloc[0]),
                      "val_loss": float(t.val_loss.iloc[0]), "n_snapshots": t.step.nunique(),
                      "n_distinct_weights": t.sha256.nunique(), "n_heads": len(g),
+                     "n_outside_band_at_start": int(((first < band[0]) | (first > band[1])).sum()),
                      "n_forming": len(forming), "n_control": int((g["class"] == "control").sum()),
                      "n_transient": int((g["class"] == "transient").sum()),
                      "best_final_score": float(g.final_score.max()),
@@ -477,6 +481,11 @@ def dynamics_section(folder: str | Path) -> list[str]:
         "control heads' median signature onset": [_num(v, "{:.0f}") for v in
                                                   runs.control_signature_onset_median]}))
         + "\n")
+    lo, hi = d["band"]
+    p.append(f"Calibration of the band: at step 0, {int(runs.n_outside_band_at_start.sum())} of "
+             f"{int(runs.n_heads.sum())} heads lie outside it "
+             f"({runs.n_outside_band_at_start.sum() / runs.n_heads.sum():.2f}; heads of random "
+             f"weights would, at rate {(100 - (hi - lo)) / 100:.2f}).\n")
     prim = summary[summary.rule == "primary"]
     n_runs = len(runs)
     p.append("### Onsets, lag and the control comparison\n")
