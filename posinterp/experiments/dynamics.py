@@ -398,7 +398,8 @@ def _reading(s: pd.DataFrame, n_runs: int, sens: pd.DataFrame | None = None) -> 
         t = sens.set_index("statistic")
         s_lag, s_diff = t.loc["lag, forming heads"], t.loc["signature onset, forming - control"]
         text += ("With persistence to the end (a departure counts only if it lasts to the "
-                 f"last snapshot), the lag is {_ci(s_lag)} steps and the forming - control "
+                 f"last snapshot), the lag is {_ci(s_lag)} steps (strongest head: "
+                 f"{_ci(t.loc['lag, top head'])} steps) and the forming - control "
                  f"difference {_ci(s_diff)} steps, with "
                  f"{t.loc['share with a signature onset, forming heads'].estimate:.2f} of "
                  "forming heads leaving the band at all. ")
