@@ -182,6 +182,32 @@ def _zoo_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _zoo_dynamics(args: argparse.Namespace) -> int:
+    """``zoo dynamics``: onset times of behaviour and signature over dense snapshots."""
+    from dataclasses import replace
+
+    from .experiments.dynamics import DESIGN, run_dynamics
+    from .experiments.zoo import zoo_home
+
+    design = replace(DESIGN, families=tuple(args.family or DESIGN.families),
+                     n_seeds=args.seeds or DESIGN.n_seeds)
+    root = Path(args.home) if args.home else zoo_home() / "dynamics"
+    with _executor(args) as executor:
+        summary = run_dynamics(Path(args.out) / "dynamics", root, design,
+                               progress=not args.no_progress,
+                               command=" ".join(["posinterp", *args.argv]), executor=executor,
+                               device=args.device)
+    prim = summary[summary.rule == "primary"]
+    print(_table(prim[["statistic", "estimate", "ci_low", "ci_high", "n_heads", "n_runs"]]))
+    if args.markdown:
+        from .experiments.spectrum import render_markdown
+
+        Path(args.markdown).write_text(render_markdown(args.out))
+        print(f"page: {args.markdown}")
+    print(f"tables: {(Path(args.out) / 'dynamics').resolve()}")
+    return 0
+
+
 def _zoo_list(args: argparse.Namespace) -> int:
     from .experiments.zoo import list_zoo, zoo_home
 
@@ -455,6 +481,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "OUT/families")
     _executor_options(zf, "--executor process: models analysed at once")
     _no_progress(zf)
+    zd = _parser(zsub, "dynamics", "onset times of the previous-token behaviour and of the "
+                 "rotational signature over dense training snapshots (rotary families x seeds)",
+                 "The design (threshold, null band, persistence rule, snapshot grid, bootstrap) "
+                 "is written to OUT/dynamics/run.json before training; models train (or resume) "
+                 "under HOME/<family>, each run's trajectories are kept under HOME/cells.",
+                 _zoo_dynamics, "finished models and trajectories")
+    zd.add_argument("--family", nargs="+", default=None, choices=sorted(FAMILY_NAMES),
+                    metavar="NAME", help="families (default base wide heads8; names: "
+                    + ", ".join(FAMILY_NAMES) + ")")
+    zd.add_argument("--seeds", type=pos1, default=None,
+                    help="runs per family, seeds 10 * F + i for a family of seed F (default 4)")
+    zd.add_argument("--home", type=_out_folder, default=None,
+                    help="models and cells (default $POSINTERP_HOME/zoo/dynamics)")
+    zd.add_argument("--out", type=_out_folder, required=True,
+                    help="a `posinterp spectrum` output folder; the tables go to OUT/dynamics")
+    zd.add_argument("--markdown", default=None, metavar="PAGE",
+                    help="also write the fingerprint page from OUT")
+    _executor_options(zd, "--executor process: runs trained and analysed at once")
+    _no_progress(zd)
     zl = _parser(zsub, "list", "show the zoo's models", "One row per model folder.", _zoo_list, "")
     zl.add_argument("--home", default=None,
                     help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")

@@ -132,3 +132,41 @@ def test_qk_page_and_its_km_figure_come_from_write_page(tmp_path):
                                          pd.read_csv(data / "summary.csv", keep_default_na=False,
                                                      na_values=[""]))
     assert (surv.p_exact >= surv.min_p - 1e-12).all() and (surv.q_bh >= surv.p_exact - 1e-12).all()
+
+
+def test_committed_dynamics_run_is_the_design_the_page_claims():
+    """The dynamics section's numbers follow from its committed trajectories under the
+    design fixed in code: >= 2 families x >= 3 seeds, distinct snapshots, the onsets
+    recomputed from trajectories.csv.gz, the summary recomputed from the onsets."""
+    import json
+
+    from posinterp.analysis.onset import head_onsets, onset_summary
+    from posinterp.experiments.dynamics import DESIGN, RULES
+
+    data = DOCS / "data" / "fingerprints" / "dynamics"
+    run = json.loads((data / "run.json").read_text())
+    design = run["design"]
+    assert run["status"] == "done"
+    assert len(design["families"]) >= 2 and design["n_seeds"] >= 3
+    fixed = {k: v for k, v in DESIGN.to_dict().items()}
+    assert {k: design[k] for k in fixed} == json.loads(json.dumps(fixed))
+    runs = pd.read_csv(data / "runs.csv")
+    assert len(runs) == len(design["families"]) * design["n_seeds"]
+    assert (runs.n_distinct_weights == runs.n_snapshots).all()
+    traj = pd.read_csv(data / "trajectories.csv.gz")
+    traj["run"] = traj.family + "/" + traj.seed.astype(str)
+    onsets = pd.read_csv(data / "onsets.csv", keep_default_na=False, na_values=[""])
+    summary = pd.read_csv(data / "summary.csv", keep_default_na=False, na_values=[""])
+    cols = ["class", "behaviour_onset", "signature_onset", "signature_side", "lag"]
+    for rule, kind in RULES.items():
+        again = head_onsets(traj, design["threshold"], design["band"],
+                            window=design["window"] if kind == "window" else None)
+        got = onsets[onsets.rule == rule].reset_index(drop=True)
+        pd.testing.assert_frame_equal(got[cols], again[cols], check_dtype=False)
+        s = onset_summary(again, design["n_boot"], design["boot_seed"], strata="family")
+        want = summary[summary.rule == rule].reset_index(drop=True)
+        assert list(s.statistic) == list(want.statistic)
+        for c in ("estimate", "ci_low", "ci_high"):
+            pd.testing.assert_series_equal(s[c], want[c], check_names=False, rtol=1e-5)
+    total = sum(f.stat().st_size for f in data.iterdir())
+    assert total < 600_000  # small run outputs only

@@ -61,3 +61,21 @@ def test_spectrum_cli_bad_spec(capsys, tmp_path):
     err = capsys.readouterr().err
     # refused before any cell starts (posinterp.specs), naming the spec
     assert "no such folder or file" in err and "missing.bin" in err
+
+
+def test_spectrum_dynamics_refuses_two_identical_snapshots(tmp_path, corpus, monkeypatch):  # noqa: F811
+    import shutil
+
+    import pytest
+
+    from posinterp.executors import CellsFailed
+
+    cfg = ZooConfig(**{**TINY.__dict__, "schemes": ("rotary",)})
+    train_zoo(cfg, home=tmp_path / "zoo", progress=False, corpus=corpus)
+    monkeypatch.setenv("POSINTERP_HOME", str(tmp_path))
+    snaps = tmp_path / "zoo" / "rotary-seed0" / "checkpoints" / "snapshots"
+    for suffix in ("", ".sha256"):  # step 2 overwritten by step 1: a frozen stretch
+        shutil.copy(snaps / f"step_0000001.safetensors{suffix}",
+                    snaps / f"step_0000002.safetensors{suffix}")
+    with pytest.raises(CellsFailed, match="steps 1 and 2 have identical weights"):
+        run_spectrum(["zoo:rotary:0"], tmp_path / "out", K=1, dynamics=True, progress=False)

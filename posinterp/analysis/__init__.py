@@ -19,6 +19,13 @@ from .frequencies import (
 )
 from .heads import previous_token_score, previous_token_scores, random_tokens, sampled_tokens
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
+from .onset import (
+    check_distinct_snapshots,
+    head_onsets,
+    onset_summary,
+    persistent_onset,
+    run_bootstrap,
+)
 from .probing import ProbeConfig, fit_probe, position_features, probe_positions
 from .similarity import (
     compact_real_tokens,
@@ -48,6 +55,8 @@ __all__ = [
     "score_parts", "score_parts_from_qk",
     "dynamics_summary", "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
     "model_unit", "trajectory_correlations", "channel_masses", "qk_convention",
+    "check_distinct_snapshots", "head_onsets", "onset_summary", "persistent_onset",
+    "run_bootstrap",
     "ProbeConfig", "fit_probe", "position_features", "probe_positions",
     "antisymmetric_energy", "eigenvalues", "ginibre_null", "null_percentiles", "qk_spectrum",
     "rotational_measures", "spectral_measures", "directionality_score", "qk_geometry", "symmetry_score",

@@ -15,9 +15,12 @@ out of the test (still tabulated).
 **Power.** With n_R RoPE and n_O other units the smallest reachable p is
 1 / C(n_R + n_O, n_R): 4 vs 3 give 1/35 = 0.029. Every table says so.
 
-**Dynamics.** :func:`trajectory_correlations` correlates, within each head, its
-previous-token score and its rotational mass over training snapshots (Spearman, one
-value per head); :func:`dynamics_summary` gives one value per model.
+**Dynamics.** :func:`head_dynamics` tabulates heads at every training snapshot; the
+test of co-emergence is by onset times (:mod:`posinterp.analysis.onset`).
+:func:`trajectory_correlations` correlates, within each head, its previous-token score
+and its rotational mass over the snapshots (Spearman, one value per head;
+:func:`dynamics_summary` one row per model): descriptive only, not a test, since any two
+quantities that drift during training correlate.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..models import load_model
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
+from .dynamics import dynamics_section
 
 __all__ = ["SpectrumResult", "render_markdown", "run_spectrum", "run_weights_only"]
 
@@ -208,10 +209,17 @@ def _model_tables(spec: str, seed: int, dynamics: bool, device=None) -> dict:
     if info.qk_convention.get("norm_gain") == "folded by posinterp.spectral":
         out["convention"] = _convention_table(model, spec)
     if dynamics and spec.startswith("zoo:"):
+        from ..analysis.onset import check_distinct_snapshots
         from ..experiments.zoo import load_zoo_model
+        from .dynamics import snapshot_hashes
 
         _, card = load_zoo_model(spec, device=device)
         body = spec.split("@")[0]
+        folder = Path(card["weights"]).parents[1]  # <model>/checkpoints/step_*/model...
+        try:  # a frozen or copied snapshot would pass as two points of a trajectory
+            check_distinct_snapshots(snapshot_hashes(folder.parent, card["snapshot_steps"]))
+        except ValueError as err:
+            raise ValueError(f"{spec}: {err}") from None
         snaps = ((s, load_zoo_model(f"{body}@{s}", device=device)[0])
                  for s in card["snapshot_steps"])
         out["dynamics"] = head_dynamics(snaps, seed=seed).assign(model=spec)
@@ -299,8 +307,10 @@ def render_markdown(out_dir) -> str:
     """The fingerprint reproduction page of a finished ``posinterp spectrum`` run.
 
     Every figure is read from the run's outputs in ``out_dir`` (``heads.csv``,
-    ``fingerprint.csv``, ``fingerprint_test.csv``, ``convention.csv``, ``run.json`` and,
-    with dynamics, ``dynamics_summary.csv``); tests check that the committed
+    ``fingerprint.csv``, ``fingerprint_test.csv``, ``convention.csv``, ``run.json``, the
+    families test's ``families/`` and the onset dynamics' ``dynamics/``
+    (:func:`posinterp.experiments.dynamics.dynamics_section`) and, with ``spectrum
+    --dynamics``, ``dynamics_summary.csv``); tests check that the committed
     docs/reproductions/fingerprints.md equals this function applied to the committed
     data.
 
@@ -417,19 +427,25 @@ def render_markdown(out_dir) -> str:
         p.append("**No test was possible with these models**: no RoPE and non-RoPE units "
                  "with a previous-token head are both present.\n")
     dyn = out / "dynamics_summary.csv"
-    p.append("## Dynamics\n")
+    onsets = dynamics_section(out / "dynamics")
+    p.extend(onsets)
     if dyn.exists():
         d = pd.read_csv(dyn)
+        p.append("### Secondary: within-head correlations (not a verdict)\n" if onsets else
+                 "## Dynamics\n")
         p.append("Within each head, the Spearman correlation of its previous-token score "
                  "and its rotational mass over the training snapshots (one value per head; "
-                 "`trajectory_correlations`), summarized per model:\n")
+                 "`trajectory_correlations`), summarized per model. Not a test of "
+                 "co-emergence: two trajectories that drift during training correlate "
+                 "whether or not they are linked.\n")
         p.append(_md_table(pd.DataFrame({
             "model": d.model, "heads": d.n_heads, "median rho": d.median_rho.map("{:.2f}".format),
             "share rho < 0": d.share_negative.map("{:.2f}".format),
             "strongest final previous-token head": d.top_head,
             "its rho": d.rho_top_head.map("{:.2f}".format)})) + "\n")
-    else:
-        p.append("Not run: the dynamics need training snapshots (zoo models, `--dynamics`).\n")
+    elif not onsets:
+        p.append("## Dynamics\n")
+        p.append("Not run: the dynamics need training snapshots (`posinterp zoo dynamics`).\n")
     zoo = [s for s in run["models"] if s.startswith("zoo:")]
     if not zoo and not (out / "families" / "run.json").exists():
         rope = table[(table.group == "rope")].drop_duplicates("model")

@@ -71,6 +71,9 @@ class ZooConfig:
     schemes: tuple[str, ...] = field(default=tuple(PE_SCHEMES))
     weight_decay: float = 0.1
     data_part: tuple[int, int] | None = None
+    # explicit snapshot steps (dense through a window, for the training dynamics); None:
+    # ``n_snapshots`` log-spaced ones
+    snapshot_grid: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "schemes", tuple(self.schemes))
@@ -89,6 +92,13 @@ class ZooConfig:
             if not (len(part) == 2 and 0 <= part[0] < part[1]):
                 raise ValueError(f"data_part must be (i, n) with 0 <= i < n or None, got {part!r}")
             object.__setattr__(self, "data_part", part)
+        if self.snapshot_grid is not None:
+            grid = tuple(int(s) for s in self.snapshot_grid)
+            if not grid or list(grid) != sorted(set(grid)) or grid[0] < 0 \
+                    or grid[-1] > self.max_steps:
+                raise ValueError(f"snapshot_grid must be strictly increasing steps in [0, "
+                                 f"max_steps={self.max_steps}] or None, got {self.snapshot_grid!r}")
+            object.__setattr__(self, "snapshot_grid", grid)
 
     @property
     def d_head(self) -> int:
@@ -113,10 +123,15 @@ class ZooConfig:
                 del d[name]
         if d.get("data_part") is not None:
             d["data_part"] = list(d["data_part"])
+        if d.get("snapshot_grid") is not None:
+            d["snapshot_grid"] = list(d["snapshot_grid"])
         return d
 
     def snapshot_steps(self) -> list[int]:
-        """0 (init) plus ``n_snapshots`` log-spaced steps up to ``max_steps``."""
+        """``snapshot_grid`` when set, else 0 (init) plus ``n_snapshots`` log-spaced steps
+        up to ``max_steps``."""
+        if self.snapshot_grid is not None:
+            return list(self.snapshot_grid)
         steps = np.unique(np.geomspace(1, self.max_steps, self.n_snapshots).round().astype(int))
         return [0, *steps.tolist()]
 
@@ -125,7 +140,7 @@ class ZooConfig:
         return stdlib_corpus(part=self.data_part)
 
 
-_LATER_FIELDS = {"weight_decay": 0.1, "data_part": None}
+_LATER_FIELDS = {"weight_decay": 0.1, "data_part": None, "snapshot_grid": None}
 
 
 @dataclass(frozen=True)
