@@ -25,7 +25,8 @@ one torch thread:
    the loaded model and above a plain forward pass of the same tokens (the model's own
    attention matrices), in [1, 2048, 2048] float64 matrices (33.5 MB), with the attention
    output only (31 hooks) and with every site (121 hooks) (target: a few, and the same);
-   each peak in a fresh process.
+   each peak in a fresh process with a fixed glibc mmap threshold (``--memory-only``:
+   only these lines).
 
 The text is this repository's own documentation (README.md and docs/*.md), tokenized
 by the model's tokenizer and cut into 8 windows of 128 tokens. Weights are the
@@ -93,8 +94,12 @@ def _reset_hwm() -> bool:
 
 def _probe(path: str, what: str) -> dict:
     """Run ``--memory-probe WHAT`` in a fresh interpreter and read its JSON line."""
+    # glibc raises its mmap threshold after freeing a large block, so later blocks of that
+    # size come from the heap and stay resident after they are freed: a fixed threshold
+    # makes the resident peak follow live memory, not what the allocator kept.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     out = subprocess.run([sys.executable, __file__, path, "--memory-probe", what],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -122,10 +127,28 @@ def _memory_probe(path: str, what: str) -> None:
     print(json.dumps({"peak_mb": peak, "seconds": seconds, "hooks": hooks}))
 
 
+def _memory_lines(path: str) -> None:
+    # Each peak is measured in a fresh process (the model loaded, then one call), so no
+    # call reuses heap that an earlier one left behind; a plain forward pass at 2048
+    # tokens (the model's own attention matrices) is the reference.
+    fwd_peak = _probe(path, "forward")
+    print(f"a forward pass, 1 x 2048 tokens, no hooks: peak memory above the loaded model "
+          f"{fwd_peak['peak_mb']:.0f} MB = {fwd_peak['peak_mb'] / MATRIX_MB:.1f} [2048, 2048] "
+          "float64 matrices (the model's own attention)")
+    for sites in ("attn_out", "attn_out,resid_mid,mlp_out,resid_post"):
+        r = _probe(path, sites)
+        extra = r["peak_mb"] - fwd_peak["peak_mb"]
+        print(f"adjacency_by_layer, 1 x 2048 tokens, {r['hooks']} hooks: {r['seconds']:.1f} s; "
+              f"peak memory above the loaded model {r['peak_mb']:.0f} MB, {extra:.0f} MB = "
+              f"{extra / MATRIX_MB:.1f} [2048, 2048] float64 matrices above the forward pass's")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("path", nargs="?", default=str(SMOL))
     p.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--memory-only", action="store_true",
+                   help="only the adjacency memory lines (item 4)")
     p.add_argument("--ablation-sample", type=int, default=4,
                    help="exact ablations timed at the first and at the last layer")
     p.add_argument("--full-ablation", action="store_true", help="time every exact rerun")
@@ -150,6 +173,9 @@ def main(argv=None) -> int:
 
     print(f"# TransformerLens {version('transformer-lens')}; torch threads "
           f"{torch.get_num_threads()}; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.memory_only:
+        _memory_lines(args.path)
+        return 0
     t = time.perf_counter()
     model, info = load_model(args.path, device="cpu")
     print(f"load_model({Path(args.path).name}): {time.perf_counter() - t:.1f} s "
@@ -179,19 +205,7 @@ def main(argv=None) -> int:
           f"{qk.source['bytes'] / 2**20:.1f} MiB of the file); CPU time from the model "
           f"{c_qk:.2f} s  (target <= 1 s)")
 
-    # Each peak is measured in a fresh process (the model loaded, then one call), so no
-    # call reuses heap that an earlier one left behind; a plain forward pass at 2048
-    # tokens (the model's own attention matrices) is the reference.
-    fwd_peak = _probe(args.path, "forward")
-    print(f"a forward pass, 1 x 2048 tokens, no hooks: peak memory above the loaded model "
-          f"{fwd_peak['peak_mb']:.0f} MB = {fwd_peak['peak_mb'] / MATRIX_MB:.1f} [2048, 2048] "
-          "float64 matrices (the model's own attention)")
-    for sites in ("attn_out", "attn_out,resid_mid,mlp_out,resid_post"):
-        r = _probe(args.path, sites)
-        extra = r["peak_mb"] - fwd_peak["peak_mb"]
-        print(f"adjacency_by_layer, 1 x 2048 tokens, {r['hooks']} hooks: {r['seconds']:.1f} s; "
-              f"peak memory above the loaded model {r['peak_mb']:.0f} MB, {extra:.0f} MB = "
-              f"{extra / MATRIX_MB:.1f} [2048, 2048] float64 matrices above the forward pass's")
+    _memory_lines(args.path)
     inspect_heads(model, tokens[:2, :16], max_pattern_tokens=8)  # warm-up (numba kernel)
     t_ins = _best(lambda: inspect_heads(model, tokens, max_pattern_tokens=8), 1)
     print(f"inspect_heads(ablate=False): {t_ins:.2f} s; ratio to run_with_cache = {t_ins / fwd:.1f}"

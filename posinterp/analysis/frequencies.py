@@ -210,12 +210,7 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     q_rot = rotate(q, pos[None], first, second, inv_freq)  # [H, n, d]
     k = k.double()
     logits = torch.einsum("hid,hjd->hij", q_rot, rotate(k, pos[None], first, second, inv_freq)) / scale
-    # [heads, query, key, d_head] a chunk of heads at a time, at most CHUNK_VALUES values.
-    step = max(1, CHUNK_VALUES // (n * n * q.shape[-1]))
-    l_perm = torch.cat([
-        torch.einsum("hid,hijd->hij", q_rot[h:h + step],
-                     rotate(k[h:h + step, sigma], pos[None, None, :], first, second, inv_freq))
-        for h in range(0, H, step)]) / scale
+    l_perm = _permuted_logits(q_rot, k, sigma, first, second, inv_freq) / scale
     l_follow = logits.gather(-1, sigma.expand(H, n, n))
     keep = (window & rows[:, None]).expand(H, n, n)
     count = keep[0].sum()
@@ -227,6 +222,43 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     total = d_pos + d_sym
     score = torch.where(total > 0, d_sym / torch.where(total > 0, total, 1.0), torch.nan)
     return {"positional_score": score, "positional_residual": d_pos, "symbolic_residual": d_sym}
+
+
+def _permuted_logits(q_rot: Tensor, k: Tensor, sigma: Tensor, first: Tensor, second: Tensor,
+                     inv_freq: Tensor) -> Tensor:
+    """``[H, query, key]`` (q_i R(i)) · (k_{σ_i(j)} R(j)), float64, without rotating keys.
+
+    Per rotary pair p, with u = (q_i R(i))_p, v = (k_m)_p and c, s = cos, sin(j θ_p):
+    u · v R(j) = c (u1 v1 + u2 v2) + s (u2 v1 - u1 v2). So the per-pair dot and cross
+    products of every query with every unrotated key, gathered by σ, weighted by j's
+    cos and sin and summed over pairs, give the permuted logits: a few [head, query, key,
+    pair] arrays instead of rotating each gathered key ([head, query, key, d_head]).
+    Unrotated dims add q_i · k_m. A chunk of heads at a time, at most CHUNK_VALUES values
+    per array.
+    """
+    H, n, d = q_rot.shape
+    P = len(first)
+    angle = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq.double()  # [key j, P]
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    used = torch.zeros(d, dtype=torch.bool)
+    used[first] = used[second] = True
+    rest = (~used).nonzero().flatten()
+    u1, u2, v1, v2 = q_rot[..., first], q_rot[..., second], k[..., first], k[..., second]
+    step = max(1, CHUNK_VALUES // (n * n * max(P, 1)))
+    out = []
+    for h in range(0, H, step):
+        a1, a2 = u1[h:h + step, :, None, :], u2[h:h + step, :, None, :]  # [h, i, 1, P]
+        b1, b2 = v1[h:h + step, None, :, :], v2[h:h + step, None, :, :]  # [h, 1, m, P]
+        index = sigma[None, :, :, None].expand(a1.shape[0], n, n, P)
+        dot = (a1 * b1).addcmul_(a2, b2).gather(2, index)  # [h, i, j, P] at m = σ_i(j)
+        cross = (a2 * b1).addcmul_(a1, b2, value=-1).gather(2, index)
+        part = torch.einsum("hijp,jp->hij", dot, cos) + torch.einsum("hijp,jp->hij", cross, sin)
+        if len(rest):
+            plain = torch.einsum("hid,hmd->him", q_rot[h:h + step][..., rest],
+                                 k[h:h + step][..., rest])
+            part += plain.gather(2, sigma.expand(a1.shape[0], n, n))
+        out.append(part)
+    return torch.cat(out)
 
 
 def frequency_bands(inv_freq: Float[Tensor, "n_pairs"], n_bands: int = 4) -> list[tuple[int, ...]]:

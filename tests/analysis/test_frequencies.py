@@ -349,3 +349,42 @@ def test_head_chunks_do_not_change_the_score(monkeypatch):
                                              torch.Generator().manual_seed(1))
     for key in whole:
         torch.testing.assert_close(whole[key], chunked[key])
+
+
+@pytest.mark.parametrize("adjacent, rotary_dim, key_start", [(False, 8, 0), (True, 8, 1),
+                                                             (False, 6, 0), (True, 4, 2)])
+def test_permuted_logits_equal_rotating_each_permuted_key(adjacent, rotary_dim, key_start):
+    """The pair-product form of the permuted logits equals the definition: each permuted
+    key rotated to its new position j, dotted with the rotated query (partial rotary too)."""
+    from posinterp.analysis.frequencies import pair_indices, positional_symbolic_from_qk, rotate
+
+    g = torch.Generator().manual_seed(1)
+    H, n, d = 3, 11, 8
+    q = torch.randn(H, n, d, generator=g, dtype=torch.float64)
+    k = torch.randn(H, n, d, generator=g, dtype=torch.float64)
+    first, second, _ = pair_indices(d, rotary_dim, adjacent)
+    inv_freq = 10000.0 ** (-torch.arange(len(first), dtype=torch.float64) * 2 / rotary_dim)
+    got = positional_symbolic_from_qk(q, k, first, second, inv_freq, 2.0,
+                                      torch.Generator().manual_seed(5), key_start)
+    # the definition, with the same permutations (same generator draws)
+    pos = torch.arange(n)
+    i, j = pos[:, None], pos[None, :]
+    window = (j >= key_start) & (j <= i)
+    r = torch.rand(n, n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    order = torch.argsort(torch.where(window, r, 2.0 + j.double()), dim=-1)
+    sigma = torch.where(window, order.gather(-1, (j - key_start).clamp(0, n - 1).expand(n, n)),
+                        j.expand(n, n))
+    q_rot = rotate(q, pos[None], first, second, inv_freq)
+    logits = torch.einsum("hid,hjd->hij", q_rot, rotate(k, pos[None], first, second, inv_freq)) / 2.0
+    l_perm = torch.einsum("hid,hijd->hij", q_rot,
+                          rotate(k[:, sigma], pos[None, None, :], first, second, inv_freq)) / 2.0
+    keep = (window & (window.sum(-1) >= 2)[:, None]).expand(H, n, n)
+
+    def rms(x):
+        return torch.sqrt(torch.where(keep, x, 0.0).square().sum((-2, -1)) / keep[0].sum())
+
+    d_pos, d_sym = rms(l_perm - logits), rms(l_perm - logits.gather(-1, sigma.expand(H, n, n)))
+    torch.testing.assert_close(got["positional_residual"], d_pos, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got["symbolic_residual"], d_sym, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got["positional_score"], d_sym / (d_pos + d_sym), rtol=1e-12,
+                               atol=1e-12)
