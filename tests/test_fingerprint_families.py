@@ -9,7 +9,7 @@ import pytest
 from posinterp.experiments import fingerprint_families as ff
 from posinterp.experiments import zoo
 from posinterp.experiments.spectrum import render_markdown
-from posinterp.experiments.zoo import ZooConfig, ZooFamily, train_zoo
+from posinterp.experiments.zoo import FamilySet, ZooConfig, ZooFamily, train_zoo
 from tests.test_zoo import TINY, corpus  # noqa: F401
 
 DATA = Path(__file__).parent.parent / "docs" / "reproductions" / "data" / "fingerprints"
@@ -19,8 +19,7 @@ def test_families_run_lists_pending_units_and_renders_the_page(tmp_path, corpus,
     cfg = ZooConfig(**{**TINY.__dict__, "max_steps": 2, "n_snapshots": 2})
     tiny = {"fa": ZooFamily("fa", cfg, 7, "reference"),
             "fb": ZooFamily("fb", ZooConfig(**{**cfg.__dict__, "n_heads": 4}), 8, "heads")}
-    monkeypatch.setattr(zoo, "FAMILIES", tiny)
-    monkeypatch.setattr(ff, "FAMILIES", tiny)
+    monkeypatch.setitem(zoo.FAMILY_SETS, "design1", FamilySet("design1", tiny, "families", "t"))
     root = tmp_path / "families"
     for fam in tiny.values():
         train_zoo(fam.config, home=fam.home(root), first_seed=fam.seed, progress=False,
@@ -54,6 +53,58 @@ def test_families_run_lists_pending_units_and_renders_the_page(tmp_path, corpus,
     pd.testing.assert_frame_equal(again, tests)
     with pytest.raises(ValueError, match="family must be one of"):
         ff.run_families(out / "families", root, families=("zz",), progress=False)
+
+
+def test_design2_runs_from_the_cli_into_its_own_folder_and_renders_its_section(
+        tmp_path, corpus, monkeypatch, capsys):  # noqa: F811
+    from dataclasses import replace
+
+    from posinterp.cli import main
+
+    cfg = ZooConfig(**{**TINY.__dict__, "max_steps": 2, "n_snapshots": 2})
+    short = {"fa": ZooFamily("fa", cfg, 7, "reference"),
+             "fb": ZooFamily("fb", replace(cfg, n_heads=4), 8, "heads")}
+    # design 2 built as the real one is: the same families, only max_steps changed
+    long = {n: replace(f, config=replace(f.config, max_steps=6)) for n, f in short.items()}
+    monkeypatch.setitem(zoo.FAMILY_SETS, "design1", FamilySet("design1", short, "families", "d1"))
+    monkeypatch.setitem(zoo.FAMILY_SETS, "design2",
+                        FamilySet("design2", long, "families-design2", "only longer"))
+    out = tmp_path / "spectrum"
+    shutil.copytree(DATA, out, ignore=shutil.ignore_patterns("families*"))
+    for name, fams in (("families", short), ("families-design2", long)):
+        for fam in fams.values():
+            train_zoo(fam.config, home=fam.home(tmp_path / name), first_seed=fam.seed,
+                      progress=False, corpus=corpus)
+    ff.run_families(out / "families", tmp_path / "families", progress=False, command="c1",
+                    resume_command="r1", corpus=corpus)
+    page = tmp_path / "page.md"
+    assert main(["zoo", "fingerprint", "--family-set", "design2", "--home",
+                 str(tmp_path / "families-design2"), "--out", str(out), "--markdown", str(page),
+                 "--no-progress"]) == 0
+    run = json.loads((out / "families-design2" / "run.json").read_text())
+    assert run["family_set"] == "design2" and run["family_set_why"] == "only longer"
+    assert {n: f["config"]["max_steps"] for n, f in run["families"].items()} == {"fa": 6, "fb": 6}
+    assert sorted(run["pending"]) == ["fa/alibi", "fa/nope", "fb/alibi", "fb/nope"]
+    assert "--family-set design2" in run["resume_command"]
+    # design 1's tables stay where they were
+    assert json.loads((out / "families" / "run.json").read_text())["command"] == "c1"
+    text = page.read_text()
+    assert text == render_markdown(out)
+    assert text.index("## Design (fixed before") < text.index("## Design 2: the same families") \
+        < text.index("## Observational")
+    sec = text[text.index("## Design 2"):text.index("## Observational")]
+    assert "`max_steps` 2 -> 6." in sec  # the only recorded change, read from both runs
+    assert "fa/alibi, fa/nope, fb/alibi, fb/nope" in sec and "smallest reachable p" in sec
+    tests = pd.read_csv(out / "families-design2" / "tests.csv")
+    prim = tests[tests.analysis == "primary"].iloc[0]
+    if prim.n_rope and prim.n_other:
+        assert f"p = {prim.p_permutation:.3g} (smallest reachable {prim.min_possible_p:.3g})" in sec
+    # an unknown design is refused by name, by the CLI and by the library
+    with pytest.raises(SystemExit):
+        main(["zoo", "fingerprint", "--family-set", "design9", "--out", str(out)])
+    assert "invalid choice: 'design9'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="family_set must be one of"):
+        ff.run_families(out / "x", tmp_path, family_set_name="design9", progress=False)
 
 
 def test_ranking_tokens_are_held_out_text(corpus):  # noqa: F811
