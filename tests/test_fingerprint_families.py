@@ -126,3 +126,22 @@ def test_the_page_s_uniform_baseline_is_the_score_of_uniform_causal_attention(n)
     pattern = torch.tril(torch.ones(n, n)) / torch.arange(1, n + 1)[:, None]
     measured = previous_token_score(pattern[None, None]).item()
     assert _uniform_prev_score(n) == pytest.approx(measured, rel=1e-6)
+
+
+def test_observational_intro_counts_previous_token_heads_and_names_dequantized_and_gqa():
+    from posinterp.experiments.spectrum import _observational_intro
+
+    run = json.loads((DATA / "run.json").read_text())
+    heads = pd.read_csv(DATA / "heads.csv")
+    best = heads.groupby("model").previous_token_score.max()
+    n_prev = int((best >= run["min_prev_score"]).sum())
+    text = "".join(_observational_intro(run, heads))
+    assert f"({n_prev} of {len(run['models'])} have a previous-token head" in text
+    for spec, info in run["models"].items():
+        name = spec.rsplit("/", 1)[-1]
+        assert (f"{name}: weights dequantized" in text) == bool(
+            (info.get("weights") or {}).get("dequantized"))
+        assert (f"{name}: grouped-query attention" in text) == (info["n_kv_heads"] < info["n_heads"])
+    # a model without a previous-token head lowers the count
+    weak = heads.assign(previous_token_score=0.0)
+    assert f"(0 of {len(run['models'])} have" in "".join(_observational_intro(run, weak))

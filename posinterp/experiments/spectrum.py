@@ -325,9 +325,7 @@ def render_markdown(out_dir) -> str:
          *_families_section(out / "families"),
          *_design2_section(out / "families-design2", out / "families"),
          "## Observational: real models available offline\n",
-         "These models differ from each other in data, size and tokenizer as well as in "
-         "positions, and most have no previous-token head by the threshold, so they are "
-         "shown, not tested.\n",
+         *_observational_intro(run, heads),
          "### How it was run\n", f"```bash\n{run.get('command') or 'posinterp spectrum ...'}\n```\n",
          f"Wall time {run['seconds'] / 60:.1f} min on this machine (2 cores shared with other "
          f"jobs, torch {run['versions'].get('torch', '?')}). Heads are ranked by their "
@@ -450,6 +448,32 @@ def render_markdown(out_dir) -> str:
                  "(`posinterp spectrum EleutherAI/pythia-70m gpt2 bigscience/bloom-560m ...`, "
                  "which needs the network).")
     return "\n".join(p) + "\n"
+
+
+def _observational_intro(run: dict, heads: pd.DataFrame) -> list[str]:
+    """Why the real models are shown, not tested, and what was read from each file that
+    is not a float checkpoint (dequantized GGUF) or shares keys across heads (GQA)."""
+    n = len(run["models"])
+    best = heads.groupby("model").previous_token_score.max()
+    n_prev = sum(best.get(m, 0.0) >= run["min_prev_score"] for m in run["models"])
+    p = [f"These models differ from each other in data, size and tokenizer as well as in "
+         f"positions ({n_prev} of {n} have a previous-token head by the threshold "
+         f"{run['min_prev_score']}), so they are shown, not tested.\n"]
+    notes = []
+    for spec, info in run["models"].items():
+        w = info.get("weights") or {}
+        if w.get("dequantized"):
+            notes.append(f"{_name(spec)}: weights dequantized from {w.get('file_type', '?')} "
+                         f"blocks to {w.get('dequantized_to', 'float')}, an approximation of "
+                         "the released float weights; every number for it comes from them.")
+        kv = info.get("n_kv_heads")
+        if kv and kv < info["n_heads"]:
+            notes.append(f"{_name(spec)}: grouped-query attention, {info['n_heads']} query "
+                         f"heads over {kv} key/value heads; each query head's M = W_Q W_K^T "
+                         "uses its group's W_K, so heads of one group share W_K, not M.")
+    if notes:
+        p.append("\n".join(f"- {x}" for x in notes) + "\n")
+    return p
 
 
 def _fmt(v, spec: str = "{:.3g}") -> str:
