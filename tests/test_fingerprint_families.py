@@ -145,3 +145,54 @@ def test_observational_intro_counts_previous_token_heads_and_names_dequantized_a
     # a model without a previous-token head lowers the count
     weak = heads.assign(previous_token_score=0.0)
     assert f"(0 of {len(run['models'])} have" in "".join(_observational_intro(run, weak))
+
+
+def _design2_from(tmp_path, values: dict[str, float], pending: list[str]) -> Path:
+    """A families-design2 folder whose primary units take ``values`` (unit -> null
+    percentile; absent units have no previous-token head), tests recomputed exactly."""
+    from posinterp.analysis.fingerprint import unit_test
+
+    out = tmp_path / "spectrum"
+    shutil.copytree(DATA, out, ignore=shutil.ignore_patterns("families-design2", "cells"))
+    fam = out / "families-design2"
+    shutil.copytree(out / "families", fam)
+    run = json.loads((fam / "run.json").read_text())
+    run["pending"] = pending
+    run["done"] = [u for u in run["done"] if u not in pending]
+    run["family_set_why"] = "only longer"
+    for f in run["families"].values():
+        f["config"]["max_steps"] *= 3
+    (fam / "run.json").write_text(json.dumps(run))
+    units = pd.read_csv(fam / "units.csv")
+    units["value"] = units.unit.map(values)
+    units["best_prev_score"] = [0.5 if u in values else 0.1 for u in units.unit]
+    units = units[~units.unit.isin(pending)]
+    units.to_csv(fam / "units.csv", index=False)
+    rows = [{"analysis": a[0], "changes": a[1], "column": a[2], "k": a[3], "nope": a[4],
+             **unit_test(units[units.analysis == a[0]])} for a in run["analyses"]]
+    pd.DataFrame(rows).to_csv(fam / "tests.csv", index=False)
+    return out
+
+
+def test_design2_reading_follows_its_test_and_its_floor(tmp_path):
+    fams = ["base", "heads8", "deep", "wide"]
+    sep = {**{f"{f}/rotary": 90.0 + i for i, f in enumerate(fams)},
+           **{f"{f}/absolute": 5.0 + i for i, f in enumerate(fams)}}
+    page = render_markdown(_design2_from(tmp_path / "a", sep, []))
+    sec = page[page.index("## Design 2"):page.index("## Observational")]
+    # 4 vs 4 separated: p = 1 / C(8, 4) = 0.0143, doubled 0.0286, both <= 0.05
+    assert "4 RoPE vs 4 other units" in sec and "target: met" in sec
+    assert f"p = {1 / 70:.3g} (smallest reachable {1 / 70:.3g}); doubled for the two " \
+           f"designs, {2 / 70:.3g}" in sec
+    assert "more rotational than the other units', also after doubling p" in sec
+    assert "Interim" not in sec and "`max_steps` 800 -> 2400" in sec
+    # the same units with two RoPE units pending: the floor 1/15 > 0.05, no verdict either way
+    few = {u: v for u, v in sep.items() if u not in ("wide/rotary", "deep/rotary")}
+    page = render_markdown(_design2_from(tmp_path / "b", few, ["wide/rotary", "deep/rotary"]))
+    sec = page[page.index("## Design 2"):page.index("## Observational")]
+    assert "Interim, 2 of 20 units pending" in sec and "cannot reach p <= 0.05" in sec
+    assert "not supported" not in sec and "Every RoPE unit lies above every other" in sec
+    # reversed groups: not supported
+    rev = {u: 100.0 - v for u, v in sep.items()}
+    page = render_markdown(_design2_from(tmp_path / "c", rev, []))
+    assert "**not supported**" in page[page.index("## Design 2"):page.index("## Observational")]

@@ -663,7 +663,9 @@ def _design2_section(fam: Path, design1: Path) -> list[str]:
         n_sens = int(((sens.p_permutation <= 0.05) & (sens.mean_rope > sens.mean_other)).sum())
         side = {True: "above", False: "below"}
         other_done = sum(u.split("/")[-1] in ("absolute", "alibi") for u in run["done"])
-        text = (f"**Reading.** {n_r} RoPE vs {n_o} other units entered the primary test "
+        interim = (f"Interim, {len(run['pending'])} of {len(run['pending']) + len(run['done'])}"
+                   " units pending: " if run["pending"] else "")
+        text = (f"**Reading.** {interim}{n_r} RoPE vs {n_o} other units entered the primary test "
                 f"(at least 4 per group was the target: "
                 f"{'met' if min(n_r, n_o) >= 4 else 'not met'}); of the {other_done} absolute "
                 f"and ALiBi units trained ({2 * n_fam} planned), {n_o} had a previous-token "
@@ -671,7 +673,12 @@ def _design2_section(fam: Path, design1: Path) -> list[str]:
                 f"{prim.mean_rope:.1f} (RoPE) vs {prim.mean_other:.1f} (other), p = "
                 f"{prim.p_permutation:.3g} (smallest reachable {prim.min_possible_p:.3g}); "
                 f"doubled for the two designs, {p2:.3g}. ")
-        if shown:
+        if bool(prim.separated):
+            text += "Every RoPE unit lies above every other unit (p at the floor). "
+        if prim.min_possible_p > 0.05:
+            text += ("With these units the test cannot reach p <= 0.05, so it can neither "
+                     "support nor reject the claim yet. ")
+        elif shown:
             text += ("RoPE units' previous-token heads are more rotational than the other "
                      "units'" + (", also after doubling p" if p2 <= 0.05 else
                                  ", but not at 0.05 once p is doubled for the two designs")
