@@ -660,7 +660,9 @@ def _design2_section(fam: Path, design1: Path) -> list[str]:
         shown = prim.p_permutation <= 0.05 and prim.mean_rope > prim.mean_other
         p2 = min(1.0, 2 * prim.p_permutation)
         sens = tests[tests.analysis != "primary"]
-        n_sens = int(((sens.p_permutation <= 0.05) & (sens.mean_rope > sens.mean_other)).sum())
+        hit = sens[(sens.p_permutation <= 0.05) & (sens.mean_rope > sens.mean_other)]
+        n_sens = len(hit)
+        named = "".join(f"; {r.analysis}, p = {r.p_permutation:.3g}" for r in hit.itertuples())
         side = {True: "above", False: "below"}
         other_done = sum(u.split("/")[-1] in ("absolute", "alibi") for u in run["done"])
         interim = (f"Interim, {len(run['pending'])} of {len(run['pending']) + len(run['done'])}"
@@ -689,7 +691,8 @@ def _design2_section(fam: Path, design1: Path) -> list[str]:
         text += (f"Against random heads of their shape (null median 50), the RoPE units' "
                  f"mean lies {side[bool(prim.mean_rope > 50)]} the median and the other "
                  f"units' {side[bool(prim.mean_other > 50)]} it. Sensitivity rows with "
-                 f"p <= 0.05 in the claim's direction: {n_sens} of {len(sens)}.")
+                 f"p <= 0.05 in the claim's direction (uncorrected): {n_sens} of {len(sens)}"
+                 f"{named}.")
         if before is not None and (design1 / "tests.csv").exists():
             t1 = pd.read_csv(design1 / "tests.csv", keep_default_na=False, na_values=[""])
             d1 = t1[t1.analysis == "primary"].iloc[0]
