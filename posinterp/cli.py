@@ -17,6 +17,8 @@ __all__ = ["build_parser", "main"]
 SCHEMES = ("nope", "absolute", "rotary", "alibi")
 # posinterp.experiments.zoo.FAMILIES, named here so --help needs no torch (tested equal)
 FAMILY_NAMES = ("base", "heads8", "deep", "wide", "halfdata-lr")
+# posinterp.experiments.zoo.FAMILY_SETS: the designs, each its own folder (tested equal)
+FAMILY_SETS = {"design1": "families", "design2": "families-design2"}
 
 
 def _int_at_least(minimum: int):
@@ -124,7 +126,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _zoo_train(args: argparse.Namespace) -> int:
     from .experiments.zoo import ZooConfig, train_zoo, zoo_home
 
-    if args.family:
+    if args.family or args.family_set:
         return _zoo_train_families(args)
     cfg = ZooConfig(max_steps=args.max_steps or 2000, schemes=tuple(args.schemes or SCHEMES))
     with _executor(args) as executor:
@@ -137,14 +139,17 @@ def _zoo_train(args: argparse.Namespace) -> int:
 
 
 def _zoo_train_families(args: argparse.Namespace) -> int:
-    """``zoo train --family NAME ...``: each family's config and seed, under ``<home>/<NAME>``."""
-    from .experiments.zoo import train_zoo, zoo_family, zoo_home
+    """``zoo train [--family-set SET] --family NAME ...``: each family's config and seed in
+    that design, under ``<home>/<NAME>`` (home default ``$POSINTERP_HOME/zoo/<set folder>``)."""
+    from .experiments.zoo import family_set, train_zoo, zoo_family, zoo_home
 
     if args.max_steps is not None or args.seeds != 1 or args.first_seed != 0:
         raise SystemExit("posinterp: error: --family fixes the steps and the seed; drop "
                          "--max-steps, --seeds and --first-seed")
-    families = [zoo_family(name) for name in args.family]  # every name checked first
-    root = Path(args.home) if args.home else zoo_home() / "families"
+    fset = family_set(args.family_set or "design1")
+    # every name checked first
+    families = [zoo_family(name, fset.name) for name in (args.family or fset.families)]
+    root = Path(args.home) if args.home else zoo_home() / fset.folder
     with _executor(args) as executor:
         for fam in families:
             df = train_zoo(fam.config, home=fam.home(root), progress=not args.no_progress,
@@ -157,19 +162,24 @@ def _zoo_train_families(args: argparse.Namespace) -> int:
 
 
 def _zoo_fingerprint(args: argparse.Namespace) -> int:
-    """``zoo fingerprint``: the unit-level fingerprint test over the trained families."""
+    """``zoo fingerprint``: the unit-level fingerprint test over the trained families of
+    one design (``--family-set``), written to ``<out>/<the set's folder>``."""
     from .experiments.fingerprint_families import run_families
-    from .experiments.zoo import zoo_home
+    from .experiments.zoo import family_set, zoo_home
 
+    fset = family_set(args.family_set)
     families = tuple(args.family) if args.family else None
-    root = Path(args.home) if args.home else zoo_home() / "families"
-    resume = ("posinterp zoo train --family " + " ".join(families or FAMILY_NAMES)
+    root = Path(args.home) if args.home else zoo_home() / fset.folder
+    resume = ("posinterp zoo train"
+              + (f" --family-set {fset.name}" if fset.name != "design1" else "")
+              + " --family " + " ".join(families or FAMILY_NAMES)
               + (f" --home {args.home}" if args.home else "") + " --threads 1")
     with _executor(args) as executor:
-        tests = run_families(Path(args.out) / "families", root, families,
+        tests = run_families(Path(args.out) / fset.folder, root, families,
                              progress=not args.no_progress,
                              command=" ".join(["posinterp", *args.argv]),
-                             resume_command=resume, executor=executor)
+                             resume_command=resume, executor=executor,
+                             family_set_name=fset.name)
     cols = ["analysis", "n_rope", "n_other", "mean_rope", "mean_other", "p_permutation",
             "min_possible_p", "separated"]
     print(_table(tests[cols]))
@@ -178,7 +188,7 @@ def _zoo_fingerprint(args: argparse.Namespace) -> int:
 
         Path(args.markdown).write_text(render_markdown(args.out))
         print(f"page: {args.markdown}")
-    print(f"tables: {(Path(args.out) / 'families').resolve()}")
+    print(f"tables: {(Path(args.out) / fset.folder).resolve()}")
     return 0
 
 
@@ -457,6 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "architecture, data, optimizer and seed; one model per scheme) under "
                     "HOME/NAME, HOME defaulting to $POSINTERP_HOME/zoo/families; names: "
                     + ", ".join(FAMILY_NAMES))
+    zt.add_argument("--family-set", default=None, choices=sorted(FAMILY_SETS), metavar="SET",
+                    help="the design the families come from: design1 (800 steps per model, "
+                    "the default) or design2 (the same families, 2400 steps); HOME defaults "
+                    "to $POSINTERP_HOME/zoo/families or .../families-design2; with no "
+                    "--family, every family of the set")
     zt.add_argument("--home", type=_out_folder, default=None,
                     help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")
     zt.add_argument("--threads", type=pos1, default=1, help="torch threads per model, also the "
@@ -465,20 +480,26 @@ def build_parser() -> argparse.ArgumentParser:
     _no_progress(zt)
     zf = _parser(zsub, "fingerprint", "the RoPE-vs-other fingerprint test over the trained "
                  "families (one unit per family x scheme)",
-                 "Writes OUT/families/{heads,units,tests}.csv and run.json; models not trained "
+                 "Writes OUT/families/{heads,units,tests}.csv and run.json (design2: "
+                 "OUT/families-design2/...); models not trained "
                  "yet are listed as pending. Each model's table is kept and reused while its "
                  "card is unchanged.", _zoo_fingerprint, "finished models' tables")
     zf.add_argument("--family", nargs="+", default=None, choices=sorted(FAMILY_NAMES),
                     metavar="NAME", help="families to include (default all: "
                     + ", ".join(FAMILY_NAMES) + ")")
+    zf.add_argument("--family-set", default="design1", choices=sorted(FAMILY_SETS),
+                    metavar="SET", help="the design: design1 (800 steps per model, the "
+                    "default; tables to OUT/families) or design2 (the same families, 2400 "
+                    "steps; tables to OUT/families-design2)")
     zf.add_argument("--home", type=_out_folder, default=None,
                     help="the families' folder (as for zoo train --family; default "
-                    "$POSINTERP_HOME/zoo/families)")
+                    "$POSINTERP_HOME/zoo/families, design2 .../families-design2)")
     zf.add_argument("--out", type=_out_folder, required=True,
-                    help="a `posinterp spectrum` output folder; the tables go to OUT/families")
+                    help="a `posinterp spectrum` output folder; the tables go to OUT/families "
+                    "(design2: OUT/families-design2)")
     zf.add_argument("--markdown", default=None, metavar="PAGE",
-                    help="also write the fingerprint page, from OUT (the real models) and "
-                    "OUT/families")
+                    help="also write the fingerprint page, from OUT (the real models), "
+                    "OUT/families and OUT/families-design2")
     _executor_options(zf, "--executor process: models analysed at once")
     _no_progress(zf)
     zd = _parser(zsub, "dynamics", "onset times of the previous-token behaviour and of the "

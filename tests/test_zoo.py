@@ -140,6 +140,52 @@ def test_family_configs_validate_and_derive_their_fields():
         ZooConfig(weight_decay=-1.0)
 
 
+def test_design2_is_design1_with_only_the_steps_tripled():
+    from dataclasses import asdict
+
+    from posinterp.cli import FAMILY_SETS as CLI_SETS
+    from posinterp.experiments.zoo import FAMILY_SETS, family_set, zoo_family
+
+    assert CLI_SETS == {n: s.folder for n, s in FAMILY_SETS.items()}  # --help needs no torch
+    d1, d2 = family_set("design1"), family_set("design2")
+    assert d1.folder != d2.folder  # design 1's models and tables are never overwritten
+    assert list(d1.families) == list(d2.families)
+    for name, f1 in d1.families.items():
+        f2 = zoo_family(name, "design2")
+        assert (f2.name, f2.seed, f2.differs_in) == (f1.name, f1.seed, f1.differs_in)
+        a, b = asdict(f1.config), asdict(f2.config)
+        assert {k for k in a if a[k] != b[k]} == {"max_steps"}, name
+        assert f2.config.max_steps == 3 * f1.config.max_steps
+        # the recorded dict (cards, checkpoints) differs in max_steps alone, so design-2
+        # folders resume only under design 2
+        r1, r2 = f1.config.to_dict(), f2.config.to_dict()
+        assert {k for k in r1.keys() | r2.keys() if r1.get(k) != r2.get(k)} == {"max_steps"}
+    with pytest.raises(ValueError, match="family_set must be one of.*design1.*design2"):
+        family_set("design3")
+    with pytest.raises(ValueError, match="family_set must be one of"):
+        zoo_family("base", "design3")
+
+
+def test_zoo_train_family_set_trains_that_design_s_configs(tmp_path, corpus, monkeypatch):
+    from dataclasses import replace
+
+    from posinterp.cli import main
+    from posinterp.experiments import zoo
+    from posinterp.experiments.zoo import FamilySet, ZooFamily
+
+    cfg = ZooConfig(**{**TINY.__dict__, "max_steps": 2, "n_snapshots": 2,
+                       "schemes": ("absolute",)})
+    fams = {"fa": ZooFamily("fa", replace(cfg, max_steps=3), 5, "x")}
+    monkeypatch.setitem(zoo.FAMILY_SETS, "design2", FamilySet("design2", fams, "d2", "y"))
+    monkeypatch.setattr(ZooConfig, "corpus", lambda self: corpus)  # the CLI reads config.corpus()
+    assert main(["zoo", "train", "--family-set", "design2", "--home", str(tmp_path),
+                 "--no-progress"]) == 0  # no --family: every family of the set
+    card = json.loads((tmp_path / "fa" / "absolute-seed5" / "card.json").read_text())
+    assert ZooConfig(**card["zoo"]) == fams["fa"].config and card["steps"] == 3
+    _, loaded = load_zoo_model("zoo:absolute:5", home=tmp_path / "fa")
+    assert loaded["zoo"]["max_steps"] == 3
+
+
 def test_default_zoo_records_the_config_it_recorded_before_families():
     # models trained before weight_decay/data_part existed must still resume
     assert set(ZooConfig().to_dict()) == {"n_layers", "d_model", "n_heads", "n_ctx", "batch_size",

@@ -244,10 +244,14 @@ def fingerprint_test(table: pd.DataFrame) -> pd.DataFrame:
     left_out = (f"; left out (no previous-token head): {', '.join(flagged)}" if flagged else "")
     if len(out):
         min_p = out.min_possible_p.iloc[0]
-        out["note"] = (f"{int(out.n_rope.iloc[0])} RoPE vs {int(out.n_other.iloc[0])} other "
-                       f"units: the smallest reachable p is {min_p:.3g}"
-                       + ("; this design cannot reach p < 0.05" if not min_p < 0.05 else "")
-                       + left_out)
+        n_r, n_o = int(out.n_rope.iloc[0]), int(out.n_other.iloc[0])
+        # an empty group has no floor to print: say which group is empty, not "p is nan"
+        power = (f"the smallest reachable p is {min_p:.3g}"
+                 + ("; this design cannot reach p < 0.05" if not min_p < 0.05 else "")
+                 if n_r and n_o else
+                 "no test: the " + ("RoPE and other groups are" if not (n_r or n_o) else
+                                    "RoPE group is" if not n_r else "other group is") + " empty")
+        out["note"] = f"{n_r} RoPE vs {n_o} other units: {power}{left_out}"
     else:
         out = pd.DataFrame(columns=["k", "n_rope", "n_other", "mean_rope", "mean_other",
                                     "p_permutation", "p_mannwhitney", "min_possible_p",

@@ -1,6 +1,8 @@
 """The fingerprint test over independent units: zoo families x positional schemes.
 
-A unit is one trained model, ``<family>/<pe>`` (:data:`posinterp.experiments.zoo.FAMILIES`:
+A unit is one trained model, ``<family>/<pe>`` of one design
+(:func:`posinterp.experiments.zoo.family_set`: ``design1``, the families of
+:data:`~posinterp.experiments.zoo.FAMILIES`; ``design2``, the same with 3x the steps;
 families differ in depth, width, heads, data or optimizer, and in seed). Its value is the
 mean null percentile of rotational mass over its top-k previous-token heads that reach
 the threshold (:func:`posinterp.analysis.fingerprint.unit_table`); RoPE units are tested
@@ -8,7 +10,7 @@ against absolute and ALiBi units (NoPE apart) with an exact permutation test who
 is printed beside it (:func:`posinterp.analysis.fingerprint.unit_test`).
 
 Everything the test depends on is fixed in :data:`DESIGN` and :data:`ANALYSES` before a
-family is trained, and written to ``run.json``.
+family is trained, and written to ``run.json`` with the design's name and why it exists.
 
 Layout of ``out_dir``::
 
@@ -30,7 +32,7 @@ from ..analysis.fingerprint import MIN_PREV_SCORE, PRIMARY_K, head_table, unit_t
 from ..executors import Cell, Executor, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, versions
 from ..tasks.corpus import stdlib_corpus
-from .zoo import FAMILIES, load_zoo_model, zoo_family, zoo_home
+from .zoo import family_set, load_zoo_model, zoo_family, zoo_home
 
 __all__ = ["ANALYSES", "DESIGN", "ranking_tokens", "run_families"]
 
@@ -86,10 +88,11 @@ def ranking_tokens(n_ctx: int, n: int = N_RANK_WINDOWS, seed: int = RANK_SEED,
     return corpus.windows("val", starts, n_ctx)
 
 
-def _unit_heads(family: str, pe: str, root: str, corpus=None) -> pd.DataFrame:
+def _unit_heads(family: str, pe: str, root: str, corpus=None,
+                family_set_name: str = "design1") -> pd.DataFrame:
     """One model's cell: its head table, ranked on :func:`ranking_tokens`, with the
     effective and stored weights' measures."""
-    fam = zoo_family(family)
+    fam = zoo_family(family, family_set_name)
     model, card = load_zoo_model(f"zoo:{pe}:{fam.seed}", home=fam.home(root), device="cpu")
     toks = ranking_tokens(model.cfg.n_ctx, corpus=corpus)
     table = head_table(model, tokens=toks, seed=RANK_SEED, weights=("effective", "stored"))
@@ -97,15 +100,16 @@ def _unit_heads(family: str, pe: str, root: str, corpus=None) -> pd.DataFrame:
                         steps=card["steps"], val_loss=card["val_loss"])
 
 
-def _card(root: Path, family: str, pe: str) -> Path:
-    fam = zoo_family(family)
+def _card(root: Path, family: str, pe: str, family_set_name: str = "design1") -> Path:
+    fam = zoo_family(family, family_set_name)
     return fam.home(root) / f"{pe}-seed{fam.seed}" / "card.json"
 
 
 def run_families(out_dir: str | Path, root: str | Path | None = None,
                  families: tuple[str, ...] | None = None, *, progress: bool = True,
                  command: str | None = None, resume_command: str | None = None,
-                 executor: Executor | None = None, corpus=None) -> pd.DataFrame:
+                 executor: Executor | None = None, corpus=None,
+                 family_set_name: str = "design1") -> pd.DataFrame:
     """Tabulate every finished family model, test RoPE vs other per :data:`ANALYSES`.
 
     Models not trained yet (no ``card.json`` under ``root``) are listed as pending in
@@ -115,30 +119,35 @@ def run_families(out_dir: str | Path, root: str | Path | None = None,
 
     Args:
         root: the families' zoo folder (``posinterp zoo train --family ... --home``);
-            default ``$POSINTERP_HOME/zoo/families``.
-        families: names in :data:`~posinterp.experiments.zoo.FAMILIES` (default all).
+            default ``$POSINTERP_HOME/zoo/<the set's folder>`` (``families``,
+            ``families-design2``).
+        families: names in the design (default all).
         corpus: the corpus whose validation split heads are ranked on (default the
             standard library, :func:`ranking_tokens`).
+        family_set_name: the design (:func:`~posinterp.experiments.zoo.family_set`);
+            its name and why it exists are recorded in ``run.json``.
 
     Returns:
         The tests table (one row per analysis).
 
     Raises:
-        ValueError: for an unknown family name.
+        ValueError: for an unknown family or design name.
     """
     t0 = time.time()
-    names = tuple(families or FAMILIES)
+    fset = family_set(family_set_name)
+    names = tuple(families or fset.families)
     for name in names:
-        zoo_family(name)
-    root = Path(root) if root is not None else zoo_home() / "families"
+        zoo_family(name, fset.name)
+    root = Path(root) if root is not None else zoo_home() / fset.folder
     out = check_out_dir(out_dir, "out_dir")
     done, pending = [], []
     for fam in names:
         for pe in SCHEMES:
-            (done if _card(root, fam, pe).exists() else pending).append((fam, pe))
-    cells = [Cell(f"{fam}/{pe}", _unit_heads, dict(family=fam, pe=pe, root=str(root), corpus=corpus),
-                  key={"card_sha256": hashlib.sha256(_card(root, fam, pe).read_bytes()).hexdigest(),
-                       "design": DESIGN})
+            (done if _card(root, fam, pe, fset.name).exists() else pending).append((fam, pe))
+    cells = [Cell(f"{fam}/{pe}", _unit_heads, dict(family=fam, pe=pe, root=str(root), corpus=corpus,
+                                                   family_set_name=fset.name),
+                  key={"card_sha256": hashlib.sha256(
+                      _card(root, fam, pe, fset.name).read_bytes()).hexdigest(), "design": DESIGN})
              for fam, pe in done]
     results = run_cells(cells, out / "cells", executor, fmt="csv", progress=progress,
                         desc="families")
@@ -158,13 +167,14 @@ def run_families(out_dir: str | Path, root: str | Path | None = None,
             df.to_csv(tmp, index=False)
     cards = {}
     for fam, pe in done:
-        c = json.loads(_card(root, fam, pe).read_text())
+        c = json.loads(_card(root, fam, pe, fset.name).read_text())
         cards[f"{fam}/{pe}"] = {"steps": c["steps"], "val_loss": c["val_loss"],
                                 "corpus": c["corpus"]["fingerprint"][:12]}
     atomic_write_json(out / "run.json", {
         "design": DESIGN, "analyses": [list(a) for a in ANALYSES],
-        "families": {n: {"seed": FAMILIES[n].seed, "differs_in": FAMILIES[n].differs_in,
-                         "config": FAMILIES[n].config.to_dict()} for n in names},
+        "family_set": fset.name, "family_set_why": fset.why,
+        "families": {n: {"seed": fset.families[n].seed, "differs_in": fset.families[n].differs_in,
+                         "config": fset.families[n].config.to_dict()} for n in names},
         "done": [f"{f}/{p}" for f, p in done], "pending": [f"{f}/{p}" for f, p in pending],
         "models": cards, "command": command, "resume_command": resume_command,
         "versions": versions(), "seconds": round(time.time() - t0, 1)})

@@ -63,9 +63,10 @@ def fingerprint_summary(tests: pd.DataFrame) -> pd.DataFrame:
     def reading(r) -> str:
         floor = f"smallest reachable p = {r.min_possible_p:.3g}"
         if pd.isna(r.p_permutation):
+            # an empty group has no floor: "p = nan" beside it would read like a number
             return (f"no permutation test (needs >= 2 models per group); Mann-Whitney p = "
                     f"{r.p_mannwhitney:.3g}, {floor}" if pd.notna(r.p_mannwhitney)
-                    else f"no test (a group is empty); {floor}")
+                    else "no test (a group is empty)")
         return f"permutation p = {r.p_permutation:.3g}, BH q = {r.q_bh:.3g}, {floor}"
 
     out["reading"] = [reading(r) for r in out.itertuples()]

@@ -47,6 +47,19 @@ def test_perfect_separation_reaches_the_combinatorial_minimum():
     assert "0.0286" in res.note.iloc[0]
 
 
+@pytest.mark.parametrize("pes", [("rotary",), ("absolute", "alibi")])
+def test_an_empty_group_is_named_not_given_a_nan_floor(pes):
+    from posinterp.viz.report import fingerprint_summary
+
+    heads = {f"m{i}": _heads([0.5], [0.9]) for i in range(len(pes))}
+    res = fingerprint_test(fingerprint_table(heads, {f"m{i}": (pe, True) for i, pe in
+                                                     enumerate(pes)}, K=1))
+    assert res.min_possible_p.isna().all()  # no design: no floor
+    empty = "other" if pes == ("rotary",) else "RoPE"
+    assert f"no test: the {empty} group is empty" in res.note.iloc[0]
+    assert "nan" not in res.note.iloc[0] and "nan" not in fingerprint_summary(res).reading.iloc[0]
+
+
 def test_top_k_mean_uses_previous_token_ranking():
     heads = {"m": _heads([0.1, 0.9, 0.5], [0.2, 0.3, 0.9])}
     table = fingerprint_table(heads, {"m": ("rotary", True)}, K=3)
