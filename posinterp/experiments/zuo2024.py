@@ -839,7 +839,7 @@ def _why_untrained(labels, training: pd.DataFrame, cfg: dict, mode: str, th: dic
         parts.append(f"{label} ({_digit_range(cfg['task_lengths'][label])} digits: "
                      f"{len(g)} seeds, {ran} {steps} steps, held-out accuracy "
                      f"{g.accuracy.min():.3f}-{g.accuracy.max():.3f})")
-    text = (f"**Tasks that could not be trained here, and why.** No seed of "
+    text = ("**Tasks that could not be trained here, and why.** No seed of "
             + "; ".join(parts) + f" reached the {th['target_accuracy']} target. "
             "The reason is the budget, not a finding about the tasks: this run's "
             f"`{mode}` budget is what fits one CPU thread, and no longer or easier "
