@@ -84,8 +84,9 @@ def _null(d_model: int, d_head: int, n_null: int, std: float, k_e, seed: int) ->
 
 
 def _has_bos(model) -> bool:
-    tok = getattr(model, "tokenizer", None)
-    return tok is not None and getattr(tok, "bos_token_id", None) is not None
+    from ..models.backend import bos_token_id
+
+    return bos_token_id(model) is not None
 
 
 def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 0,

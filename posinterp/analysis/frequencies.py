@@ -579,7 +579,7 @@ def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
     checked on this model (:class:`~posinterp.models.backend.MissingFeatureError`), the
     profile alone and a note naming what is missing.
     """
-    from ..models.backend import MissingFeatureError, positional_type, rotary_spec
+    from ..models.backend import MissingFeatureError, bos_token_id, positional_type, rotary_spec
 
     scheme = positional_type(model)
     if scheme != "rotary":
@@ -596,8 +596,7 @@ def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
         frames.append(pd.DataFrame({"hook": f"blocks.{layer}.attn", "layer": layer,
                                     "rank": np.arange(len(theta)), "metric": "rotary_frequency",
                                     "value": theta}))
-    tok = getattr(model, "tokenizer", None)
-    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    bos = bos_token_id(model)
     firsts = [int(t[m.bool()][0]) if attention_mask is not None else int(t[0])
               for t, m in zip(tokens, attention_mask if attention_mask is not None else tokens,
                               strict=True)]

@@ -81,8 +81,9 @@ def random_tokens(model, batch: int, pos: int, seed: int = 0, bos: bool = True,
     gen = torch.Generator().manual_seed(seed)
     toks = torch.randint(low, model.cfg.d_vocab, (batch, pos), generator=gen)
     if bos:
-        tok = getattr(model, "tokenizer", None)
-        bos_id = getattr(tok, "bos_token_id", None) if tok is not None else None
+        from ..models.backend import bos_token_id
+
+        bos_id = bos_token_id(model)
         if bos_id is None:
             raise ValueError("bos=True but the model has no tokenizer with a bos_token_id; "
                              "pass bos=False")

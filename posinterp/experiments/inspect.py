@@ -122,9 +122,11 @@ def _added_special(tok, text: str, ids: list[int]) -> str:
 
 def _bos_id(model, info) -> int:
     """The BOS id sampling starts from: the tokenizer's, else llama2.c's (run.c uses 1)."""
-    tok = getattr(model, "tokenizer", None)
-    if tok is not None and getattr(tok, "bos_token_id", None) is not None:
-        return int(tok.bos_token_id)
+    from ..models.backend import bos_token_id
+
+    bos = bos_token_id(model)
+    if bos is not None:
+        return bos
     if info.source == "llama2c":
         from ..models.llama2c import BOS_ID
 

@@ -1171,6 +1171,21 @@ def convert_tl3_weights(model, state_dict: dict[str, Tensor]) -> dict[str, Tenso
     return convert_tl_checkpoint(kept, model.cfg)
 
 
+def bos_token_id(model) -> int | None:
+    """The model's BOS token id, or None where it has none (or no tokenizer).
+
+    The tokenizer's ``bos_token_id``, unless it is the tokenizer's unknown token: TL 4's
+    bridge gives a tokenizer without a BOS (BERT's) the stand-in ``<|endoftext|>``, which
+    such a vocabulary maps to ``[UNK]``, where TL 3.9 leaves it None. An unknown token is
+    never a real BOS, so inputs built from this id are the same on both lines.
+    """
+    tok = getattr(unwrap(model), "tokenizer", None)
+    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    if bos is None or bos == getattr(tok, "unk_token_id", None):
+        return None
+    return int(bos)
+
+
 def is_post_ln(model) -> bool:
     """True for post-LN encoders (BERT: TL 3.9 ``HookedEncoder``, or a TL 4 bridge over HF
     BERT), whose attention reads an earlier LayerNorm's output, not ``ln1``'s."""

@@ -386,3 +386,37 @@ def test_bert_folder_missing_an_encoder_weight_is_refused(tmp_path, no_network, 
     with pytest.raises(IncompleteCheckpointError, match=r"encoder\.layer\.1\.attention\.self\.key"):
         load_model(tmp_path / "broken")
     load_model(tmp_path / "no_pooler")
+
+
+def test_a_tokenizer_without_a_bos_gives_none_on_both_lines(tmp_path, no_network):
+    """TL 4's bridge gives BERT's tokenizer the stand-in BOS '<|endoftext|>', which BERT's
+    vocabulary maps to [UNK]; TL 3.9 leaves it None. posinterp reads None on both, so
+    random and sampled inputs do not start with [UNK] on one line only."""
+    import transformers
+
+    from posinterp.analysis.heads import random_tokens as head_random_tokens
+    from posinterp.models import load_model
+    from posinterp.models.backend import bos_token_id
+    from tests.helpers import _bert
+
+    folder = tmp_path / "bert"
+    transformers.BertForMaskedLM(_bert(architectures=["BertForMaskedLM"])).save_pretrained(folder)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(folder)
+    model, _ = load_model(str(folder), device="cpu")
+    assert model.tokenizer is not None
+    assert bos_token_id(model) is None
+    with pytest.raises(ValueError, match="bos_token_id"):
+        head_random_tokens(model, 2, 8, bos=True)
+
+
+def test_bos_token_id_reads_a_real_bos_and_refuses_unknown_stand_ins():
+    from types import SimpleNamespace
+
+    from posinterp.models.backend import bos_token_id
+
+    assert bos_token_id(SimpleNamespace(tokenizer=SimpleNamespace(bos_token_id=5, unk_token_id=1))) == 5
+    assert bos_token_id(SimpleNamespace(tokenizer=SimpleNamespace(bos_token_id=1, unk_token_id=1))) is None
+    assert bos_token_id(SimpleNamespace(tokenizer=None)) is None
+    assert bos_token_id(SimpleNamespace()) is None
