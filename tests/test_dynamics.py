@@ -25,6 +25,8 @@ def tiny_families(monkeypatch):
     tiny = {"ta": ZooFamily("ta", cfg, 1, "reference"),
             "tb": ZooFamily("tb", replace(cfg, n_heads=4), 2, "heads")}
     monkeypatch.setattr(zoo, "FAMILIES", tiny)
+    monkeypatch.setitem(zoo.FAMILY_SETS, "design1",
+                        zoo.FamilySet("design1", tiny, "families", "tiny families for tests"))
     return tiny
 
 
