@@ -35,6 +35,8 @@ __all__ = ["LogRankResult", "kaplan_meier", "km_median", "logrank_test"]
 # Up to this many relabellings the permutation distribution is enumerated exactly
 # (C(16, 8) = 12,870); above it, sampled with a seeded generator.
 EXACT_LIMIT = 20_000
+# Seeded relabellings drawn above that
+N_RESAMPLES = 20_000
 
 
 def _check(steps, reached, name: str = "steps") -> tuple[np.ndarray, np.ndarray]:
@@ -131,7 +133,8 @@ class LogRankResult:
         p_exact: the permutation p-value for ``alternative`` (exact when every relabelling
             was enumerated, else sampled: see ``exact``).
         p_normal: scipy's normal-approximation p-value, for comparison.
-        min_p: the smallest p-value the design can give, 1 / C(n_a + n_b, n_a).
+        min_p: the smallest p-value this test can give: 1 / C(n_a + n_b, n_a) when every
+            relabelling is enumerated, else 1 / (n_resamples + 1).
         exact: True when the permutation distribution was enumerated.
     """
 
@@ -143,7 +146,7 @@ class LogRankResult:
 
 
 def logrank_test(a_steps, a_reached, b_steps, b_reached, alternative: str = "slower",
-                 n_resamples: int = 20_000, seed: int = 0) -> LogRankResult:
+                 n_resamples: int = N_RESAMPLES, seed: int = 0) -> LogRankResult:
     """Is group ``a`` slower (or faster) to reach the target than group ``b``?
 
     The log-rank statistic (Mantel 1966) as ``scipy.stats.logrank`` computes it, with a
@@ -193,4 +196,7 @@ def logrank_test(a_steps, a_reached, b_steps, b_reached, alternative: str = "slo
         p = np.mean(null >= observed - tol)
     else:
         p = np.mean(np.abs(null) >= abs(observed) - tol)
-    return LogRankResult(observed, float(p), p_normal, 1.0 / total, exact)
+    # the smallest p this test can give: one relabelling in all of them, or the observed
+    # one among the sampled draws
+    floor = 1.0 / total if exact else 1.0 / (n_resamples + 1)
+    return LogRankResult(observed, float(p), p_normal, floor, exact)

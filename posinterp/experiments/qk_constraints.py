@@ -60,7 +60,7 @@ from ..analysis.spectral import (
     is_rotary,
     qk_weights,
 )
-from ..analysis.survival import kaplan_meier, km_median, logrank_test
+from ..analysis.survival import EXACT_LIMIT, N_RESAMPLES, kaplan_meier, km_median, logrank_test
 from ..devices import model_device, resolve_device, to_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..interventions.channels import CHANNELS
@@ -1267,7 +1267,8 @@ def survival_table(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
                          reached=int(ea.sum()), km_median=med, km_low=lo, km_high=hi,
                          control_n=len(b), control_reached=int(eb.sum()), control_km_median=cmed,
                          control_km_low=clo, control_km_high=chi, logrank_z=test.statistic,
-                         p_exact=test.p_exact, p_normal=test.p_normal, min_p=test.min_p))
+                         p_exact=test.p_exact, p_normal=test.p_normal, min_p=test.min_p,
+                         exact=test.exact))
     out = pd.DataFrame(rows)
     if len(out):
         out["q_bh"] = stats.false_discovery_control(out.p_exact, method="bh")
@@ -1514,8 +1515,10 @@ def render_markdown(out_dir) -> str:
              "(`posinterp.analysis.survival`): Kaplan-Meier median with its 95% CI (read off "
              "the log-log band; 'not reached' = more than half the runs censored), and a "
              "one-sided log-rank test (constrained slower than control) whose p comes from "
-             "all relabellings of the pooled runs, exact at any n because both groups share "
-             "the cap. The smallest p the design can give, 1 / C(n1 + n2, n1), is printed "
+             "relabellings of the pooled runs (valid because both groups share the cap): "
+             f"all of them, exact, when there are at most {EXACT_LIMIT:,}, else "
+             f"{N_RESAMPLES:,} seeded draws. The smallest p the test can give, "
+             f"1 / C(n1 + n2, n1) when exact, else 1 / {N_RESAMPLES + 1:,}, is printed "
              f"beside it; q: Benjamini-Hochberg over these {len(surv)} tests. "
              "The curves are in the figure below the table.\n")
     if len(surv):
@@ -1526,19 +1529,24 @@ def render_markdown(out_dir) -> str:
             "KM median [95% CI]": [km(r.km_median, r.km_low, r.km_high) for r in surv.itertuples()],
             "control KM median": [km(r.control_km_median, r.control_km_low, r.control_km_high)
                                   for r in surv.itertuples()],
-            "log-rank p (exact)": surv.p_exact.map("{:.3g}".format),
+            "log-rank p (permutation)": surv.p_exact.map("{:.3g}".format),
             "smallest possible p": surv.min_p.map("{:.3g}".format),
             "q (BH)": surv.q_bh.map("{:.3g}".format)})) + "\n")
         at_floor = np.isclose(surv.p_exact, surv.min_p)
         separated = [_separated(runs, r) for r in surv.itertuples()]
         n_sep = int(np.sum(at_floor & np.array(separated)))
         if at_floor.any():
-            p.append(f"{int(at_floor.sum())} of {len(surv)} comparisons sit at the design's floor, "
+            p.append(f"{int(at_floor.sum())} of {len(surv)} comparisons sit at the test's floor, "
                      f"{n_sep} of them with every constrained run slower than every control "
                      "run (censored runs counted as slower than the cap). At the floor, p says "
                      "the order is as consistent as the design can show, not how large the "
-                     "slowdown is; the medians and their CIs say that. More seeds lower the "
-                     f"floor (1 / C(20, 10) = {1 / math.comb(20, 10):.2g} at 10 vs 10).\n")
+                     "slowdown is; the medians and their CIs say that. "
+                     + ("More seeds lower the floor (1 / C(20, 10) = "
+                        f"{1 / math.comb(20, 10):.2g} at 10 vs 10, sampled: 1 / "
+                        f"{N_RESAMPLES + 1:,})." if surv.exact.all() else
+                        f"Where the relabellings were sampled, the floor is 1 / "
+                        f"{N_RESAMPLES + 1:,} (more draws lower it)."
+                        ) + "\n")
     p.append(f"![Kaplan-Meier curves of steps to target]({KM_FIGURE})\n")
     p.append("## Circuits of the final models\n")
     p.append("Strongest previous-token head (attention on the previous token, random "

@@ -108,3 +108,20 @@ def test_bad_input_names_the_parameter(args, match):
 def test_unknown_alternative():
     with pytest.raises(ValueError, match="alternative must be one of"):
         logrank_test([1], [True], [2], [True], alternative="greater")
+
+
+def test_min_p_is_the_floor_of_the_test_as_run():
+    """Enumerated: one relabelling of C(n, n_a); sampled: the observed one among the draws,
+    so a fully separated sample never reports a p below what its draws can give."""
+    import math
+
+    from posinterp.analysis.survival import logrank_test
+
+    slow, fast = [300] * 5, [100] * 5
+    exact = logrank_test(slow, [True] * 5, fast, [True] * 5)
+    assert exact.exact and exact.min_p == pytest.approx(1 / math.comb(10, 5))
+    assert exact.p_exact == pytest.approx(exact.min_p)
+    slow, fast = [300 + i for i in range(10)], [100 + i for i in range(10)]
+    sampled = logrank_test(slow, [True] * 10, fast, [True] * 10, n_resamples=999)
+    assert not sampled.exact and sampled.min_p == pytest.approx(1 / 1000)
+    assert sampled.p_exact >= sampled.min_p - 1e-12
