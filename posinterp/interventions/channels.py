@@ -129,6 +129,8 @@ def channel_projector(B: np.ndarray, channel: str, eps: float = 1e-8, null_tol: 
 
 def _all_projectors(B: np.ndarray, channels, eps: float, null_tol: float
                     ) -> dict[str, np.ndarray]:
+    if not np.isfinite(B).all():  # the eigen-solvers raised on these before; say so by name
+        raise ValueError("B must be finite; it holds NaN or inf")
     if not B.size or not np.abs(B).max() > 0:
         return {c: np.eye(len(B)) if c == "null" else np.zeros_like(B) for c in channels}
     T, Z, which = _schur_channels(B, eps, null_tol)
@@ -149,7 +151,7 @@ def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
         ``{channel: Π_c}``; an empty channel has Π_c = 0.
 
     Raises:
-        ValueError: if ``B`` is not square.
+        ValueError: if ``B`` is not square or holds NaN or inf.
     """
     if B.ndim != 2 or B.shape[0] != B.shape[1]:
         raise ValueError(f"B must be a square [d_head, d_head] matrix, got {tuple(B.shape)}")

@@ -382,3 +382,10 @@ def test_channel_projectors_equal_the_sorted_schur_path(case):
     for c, Pc in P.items():
         np.testing.assert_allclose(Pc.numpy(), _projector_by_sorted_schur(B, c), atol=1e-9)
     assert np.allclose(sum(P.values()).numpy(), np.eye(d), atol=1e-9)
+
+
+def test_channel_projectors_refuse_a_non_finite_form():
+    B = torch.eye(4, dtype=torch.float64)
+    B[1, 2] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        channel_projectors(B)
