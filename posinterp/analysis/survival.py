@@ -60,6 +60,32 @@ def _censored(t: np.ndarray, e: np.ndarray) -> stats.CensoredData:
     return stats.CensoredData.right_censored(t, ~e)
 
 
+def _logrank_z(t: np.ndarray, e: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """The log-rank Z of the runs in each row of ``masks`` against the rest, all at once.
+
+    ``scipy.stats.logrank``'s statistic (O - E) / sqrt(V) (Mantel 1966; at risk at an
+    event time: every run whose time is at least it), evaluated for ``[m, n]`` boolean
+    group masks in one pass instead of one scipy call per relabelling: the permutation
+    test at 10 vs 10 draws 20,000 of them. 0 when no run reached the target.
+    """
+    if not e.any():
+        return np.zeros(len(masks))
+    times = np.unique(t[e])
+    at_risk = (t[None, :] >= times[:, None]).astype(float)          # [k, n]
+    died = ((t[None, :] == times[:, None]) & e[None, :]).astype(float)
+    n_j, d_j = at_risk.sum(1), died.sum(1)
+    m = masks.astype(float)
+    n_a = m @ at_risk.T                                               # [m, k]
+    observed = m @ e.astype(float)
+    expected = (n_a * (d_j / n_j)).sum(1)
+    # a time with one run at risk adds no variance (scipy drops it: 0/0 simplifies to 0)
+    ok = n_j > 1
+    var = (n_a[:, ok] * (n_j[ok] - n_a[:, ok]) * d_j[ok] * (n_j[ok] - d_j[ok])
+           / (n_j[ok] ** 2 * (n_j[ok] - 1))).sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (observed - expected) / np.sqrt(var)
+
+
 def kaplan_meier(steps, reached, confidence: float = 0.95) -> pd.DataFrame:
     """The Kaplan-Meier estimate of P(still below target after ``step`` steps).
 
@@ -172,23 +198,19 @@ def logrank_test(a_steps, a_reached, b_steps, b_reached, alternative: str = "slo
     t, e = np.r_[ta, tb], np.r_[ea, eb]
     n, na = len(t), len(ta)
 
-    def z(idx_a) -> float:
-        mask = np.zeros(n, bool)
-        mask[list(idx_a)] = True
-        if not e.any():
-            return 0.0  # no event anywhere: nothing to compare
-        return float(stats.logrank(_censored(t[mask], e[mask]), _censored(t[~mask], e[~mask])).statistic)
-
-    observed = z(range(na))
+    observed = float(_logrank_z(t, e, np.arange(n)[None, :] < na)[0])
     p_normal = 1.0 if not e.any() else float(stats.logrank(
         _censored(ta, ea), _censored(tb, eb), alternative=sides[alternative]).pvalue)
     total = math.comb(n, na)
     exact = total <= EXACT_LIMIT
     if exact:
-        null = np.array([z(c) for c in itertools.combinations(range(n), na)])
+        idx = np.array(list(itertools.combinations(range(n), na)), dtype=int).reshape(-1, na)
     else:
         rng = np.random.default_rng(seed)
-        null = np.array([observed] + [z(rng.permutation(n)[:na]) for _ in range(n_resamples)])
+        idx = np.stack([np.arange(na)] + [rng.permutation(n)[:na] for _ in range(n_resamples)])
+    masks = np.zeros((len(idx), n), bool)
+    np.put_along_axis(masks, idx, True, axis=1)
+    null = _logrank_z(t, e, masks)
     tol = 1e-12 * max(1.0, abs(observed))  # ties of the statistic count as extreme
     if alternative == "slower":
         p = np.mean(null <= observed + tol)

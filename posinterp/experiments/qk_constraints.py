@@ -629,7 +629,7 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
         slower = ("holds" if r.q_bh <= 0.05 else
                   UNTESTABLE if smallest_p(int(r.n), n_ctrl) > 0.05 else "fails")
         rows.append(dict(claim=f"{r.pe}: {r.constraint} slows learning (q <= 0.05 vs none)",
-                         measured=f"{r.ratio:.2f}x [{r.ci_low:.2f}, {r.ci_high:.2f}], "
+                         measured=f"{_fmt_ratio(r)}x, "
                                   f"q = {r.q_bh:.3g}, control censored "
                                   f"{int(r.control_censored)}/{r.n}",
                          verdict="undetermined" if blind and r.censored == r.n else slower))
@@ -1076,6 +1076,16 @@ def _sensitivity_runs(out: Path) -> dict[str, Path]:
             if n in found}
 
 
+def _seeds_text(parts) -> str:
+    """How many seeds the sensitivity grids ran, next to the default grid's."""
+    default = parts[0][3]["seeds"]
+    theirs = sorted({rg["seeds"] for _, _, _, rg, _ in parts[1:]})
+    if theirs == [default]:
+        return f"{default} seeds each"
+    return (f"{' or '.join(map(str, theirs))} seeds per sensitivity grid "
+            f"({default} in the default grid)")
+
+
 def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
     """Claim 2's sensitivity grids (:func:`run_sensitivity`) as page text, or nothing when
     ``out`` has none."""
@@ -1117,10 +1127,10 @@ def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
     q = np.full(len(table), np.nan)
     if extra.any():
         q[extra] = stats.false_discovery_control(table.p[extra], method="bh")
-    table["log-rank p (exact)"] = table.p.map("{:.3g}".format)
+    table["log-rank p (permutation)"] = table.p.map("{:.3g}".format)
     table["smallest possible p"] = table.floor.map("{:.3g}".format)
     table["q (BH)"] = [f"{v:.3g}" if np.isfinite(v) else "(main table)" for v in q]
-    table = table[["setting", "reached", "median steps", "ratio [95% CI]", "log-rank p (exact)",
+    table = table[["setting", "reached", "median steps", "ratio [95% CI]", "log-rank p (permutation)",
                    "smallest possible p", "q (BH)", "~2.9x"]]
     ran = [c for _, _, _, _, run in parts[1:] for c in run["calls"] if c.get("cells_run")]
     pending = [n for n in SENSITIVITY if n not in shown]
@@ -1132,10 +1142,11 @@ def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
         "architecture. Each row below is a grid of its own (`run_sensitivity`, "
         "`--sensitivity` on the command line, outputs under `sensitivity/<variant>/`) that "
         "changes one thing of the default grid: absolute PE, `symmetric` vs the untied "
-        f"model (`none`), {g['seeds']} seeds each unless the row says otherwise, the same "
+        f"model (`none`), {_seeds_text(parts)}, the same "
         "task, cap and target. Ratio of median steps (symmetric / none) with its 95% "
-        "bootstrap CI; one-sided exact log-rank p (symmetric slower) beside the smallest p "
-        "the design can give; q: Benjamini-Hochberg over the sensitivity rows (the default "
+        "bootstrap CI; one-sided permutation log-rank p (symmetric slower; exact up to "
+        f"{EXACT_LIMIT:,} relabellings, else {N_RESAMPLES:,} seeded draws) "
+        "beside the smallest p the test can give; q: Benjamini-Hochberg over the sensitivity rows (the default "
         "row's q is in the survival table above); '~2.9x' is the verdict of the claimed "
         "slowdown as in the claims table (the CI must cover 2.9).\n",
         _md_table(table) + "\n",
