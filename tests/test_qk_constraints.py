@@ -385,6 +385,13 @@ def test_committed_outputs_are_restored_as_finished_cells(tmp_path):
                        tmp_path / "again", progress=False)
     run = json.loads((tmp_path / "again" / "run.json").read_text())
     assert run["calls"][-1]["cells_run"] == 2
+    # each call names the TransformerLens line its cells ran on, and the page says it
+    from importlib.metadata import version
+
+    assert run["calls"][-1]["transformer_lens"] == version("transformer-lens")
+    page = render_markdown(tmp_path / "again")
+    assert f"2 cells in one process with one torch thread on TransformerLens " \
+           f"{version('transformer-lens')}" in page
 
 
 def test_sensitivity_grids_are_their_own_grids_on_the_page(tmp_path):

@@ -60,7 +60,6 @@ __all__ = ["FREQUENCY_METRICS", "band_label", "frequency_bands", "inspection_fre
 
 FREQUENCY_METRICS = ("W_Q", "W_K", "qk")
 SCORE_METRICS = ("positional_score", "positional_residual", "symbolic_residual")
-CHUNK_VALUES = 2 ** 25  # float64: 256 MB for the permuted keys of a chunk of heads
 
 
 # --- pure functions over weights and activations --------------------------------------------
@@ -194,7 +193,22 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     Raises:
         ValueError: if no query has ``min_keys`` keys in its window.
     """
-    H, n, _ = q.shape
+    n = q.shape[1]
+    pos = torch.arange(n)
+    q_rot = rotate(q, pos[None], first, second, inv_freq)  # [H, n, d]
+    k = k.double()
+    logits = torch.einsum("hid,hjd->hij", q_rot, rotate(k, pos[None], first, second, inv_freq)) / scale
+    return _score_from_rotated(q_rot, k, logits, first, second, inv_freq, scale, generator,
+                               key_start, min_keys)
+
+
+def _score_from_rotated(q_rot: Tensor, k: Tensor, logits: Tensor, first: Tensor, second: Tensor,
+                        inv_freq: Tensor, scale: float, generator: torch.Generator,
+                        key_start: int, min_keys: int) -> dict[str, Tensor]:
+    """:func:`positional_symbolic_from_qk` from ``[H, n, d]`` rotated queries, unrotated
+    float64 keys and the ``[H, n, n]`` unpermuted logits (a caller that has them already
+    checked them against the model)."""
+    n = q_rot.shape[1]
     pos = torch.arange(n)
     i, j = pos[:, None], pos[None, :]
     window = (j >= key_start) & (j <= i)  # [query, key]
@@ -207,58 +221,34 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     order = torch.argsort(torch.where(window, r, 2.0 + j.double()), dim=-1)
     sigma = torch.where(window, order.gather(-1, (j - key_start).clamp(0, n - 1).expand(n, n)),
                         j.expand(n, n))  # [query, key]
-    q_rot = rotate(q, pos[None], first, second, inv_freq)  # [H, n, d]
-    k = k.double()
-    logits = torch.einsum("hid,hjd->hij", q_rot, rotate(k, pos[None], first, second, inv_freq)) / scale
-    l_perm = _permuted_logits(q_rot, k, sigma, first, second, inv_freq) / scale
-    l_follow = logits.gather(-1, sigma.expand(H, n, n))
-    keep = (window & rows[:, None]).expand(H, n, n)
-    count = keep[0].sum()
-
-    def rms(x: Tensor) -> Tensor:
-        return torch.sqrt(torch.where(keep, x, 0.0).square().sum((-2, -1)) / count)
-
-    d_pos, d_sym = rms(l_perm - logits), rms(l_perm - l_follow)
+    keep = window & rows[:, None]
+    d_pos, d_sym = (torch.sqrt(torch.from_numpy(x) / keep.sum())
+                    for x in _residual_sums(q_rot, k, logits, sigma, keep, first, second,
+                                            inv_freq, scale))
     total = d_pos + d_sym
     score = torch.where(total > 0, d_sym / torch.where(total > 0, total, 1.0), torch.nan)
     return {"positional_score": score, "positional_residual": d_pos, "symbolic_residual": d_sym}
 
 
-def _permuted_logits(q_rot: Tensor, k: Tensor, sigma: Tensor, first: Tensor, second: Tensor,
-                     inv_freq: Tensor) -> Tensor:
-    """``[H, query, key]`` (q_i R(i)) · (k_{σ_i(j)} R(j)), float64, without rotating keys.
-
-    Per rotary pair p, with u = (q_i R(i))_p, v = (k_m)_p and c, s = cos, sin(j θ_p):
-    u · v R(j) = c (u1 v1 + u2 v2) + s (u2 v1 - u1 v2). So the per-pair dot and cross
-    products of every query with every unrotated key, gathered by σ, weighted by j's
-    cos and sin and summed over pairs, give the permuted logits: a few [head, query, key,
-    pair] arrays instead of rotating each gathered key ([head, query, key, d_head]).
-    Unrotated dims add q_i · k_m. A chunk of heads at a time, at most CHUNK_VALUES values
-    per array.
+def _residual_sums(q_rot: Tensor, k: Tensor, logits: Tensor, sigma: Tensor, keep: Tensor,
+                   first: Tensor, second: Tensor, inv_freq: Tensor, scale: float):
+    """Per head, Σ (l' - l)² and Σ (l'_i(j) - l_i(σ_i(j)))² over ``keep`` (float64 numpy),
+    where l'_i(j) = (q_i R(i)) · (k_{σ_i(j)} R(j)) / scale, without rotating keys: per
+    rotary pair p, with u = (q_i R(i))_p, v = (k_m)_p and c, s = cos, sin(j θ_p),
+    u · v R(j) = c (u1 v1 + u2 v2) + s (u2 v1 - u1 v2); unrotated dims add q_i · k_m.
+    A compiled loop (:mod:`._rotary_kernel`), one pass, no [head, query, key] temporaries.
     """
-    H, n, d = q_rot.shape
-    P = len(first)
+    from ._rotary_kernel import permutation_residual_sums
+
+    n, d = q_rot.shape[1], q_rot.shape[2]
     angle = torch.arange(n, dtype=torch.float64)[:, None] * inv_freq.double()  # [key j, P]
-    cos, sin = torch.cos(angle), torch.sin(angle)
     used = torch.zeros(d, dtype=torch.bool)
     used[first] = used[second] = True
     rest = (~used).nonzero().flatten()
-    u1, u2, v1, v2 = q_rot[..., first], q_rot[..., second], k[..., first], k[..., second]
-    step = max(1, CHUNK_VALUES // (n * n * max(P, 1)))
-    out = []
-    for h in range(0, H, step):
-        a1, a2 = u1[h:h + step, :, None, :], u2[h:h + step, :, None, :]  # [h, i, 1, P]
-        b1, b2 = v1[h:h + step, None, :, :], v2[h:h + step, None, :, :]  # [h, 1, m, P]
-        index = sigma[None, :, :, None].expand(a1.shape[0], n, n, P)
-        dot = (a1 * b1).addcmul_(a2, b2).gather(2, index)  # [h, i, j, P] at m = σ_i(j)
-        cross = (a2 * b1).addcmul_(a1, b2, value=-1).gather(2, index)
-        part = torch.einsum("hijp,jp->hij", dot, cos) + torch.einsum("hijp,jp->hij", cross, sin)
-        if len(rest):
-            plain = torch.einsum("hid,hmd->him", q_rot[h:h + step][..., rest],
-                                 k[h:h + step][..., rest])
-            part += plain.gather(2, sigma.expand(a1.shape[0], n, n))
-        out.append(part)
-    return torch.cat(out)
+    return permutation_residual_sums(
+        q_rot.double().numpy(), k.double().numpy(), logits.double().numpy(), sigma.numpy(),
+        keep.numpy(), first.numpy(), second.numpy(), rest.numpy(), torch.cos(angle).numpy(),
+        torch.sin(angle).numpy(), float(scale))
 
 
 def frequency_bands(inv_freq: Float[Tensor, "n_pairs"], n_bands: int = 4) -> list[tuple[int, ...]]:
@@ -408,8 +398,8 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
                               heads: int | Sequence[int] | None = None, key_start: int = 0,
                               min_keys: int = 2, level: float = 0.95, seed: int = 0,
                               check_tol: float | None = None,
-                              attention_mask: Int[Tensor, "batch pos"] | None = None
-                              ) -> pd.DataFrame:
+                              attention_mask: Int[Tensor, "batch pos"] | None = None,
+                              *, _cache=None) -> pd.DataFrame:
     """Positional vs symbolic score of every selected head on ``tokens``, with an interval.
 
     Operational version of Urrutia et al. (ICLR 2026, arXiv 2511.11579, §3; the paper's
@@ -465,12 +455,9 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
     from ..models.backend import (
         MissingFeatureError,
         attn_scale,
-        hook_meaning,
         n_kv_heads,
-        query_hooks,
         rotary_spec,
         run_cached,
-        scores_hook,
     )
     from ._checks import check_attention_mask, check_tokens
     from .inspect import t_interval
@@ -486,16 +473,11 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
     layer_ids = _select("layers", layers, model.cfg.n_layers)
     head_ids = _select("heads", heads, model.cfg.n_heads)
     H, group = model.cfg.n_heads, model.cfg.n_heads // n_kv_heads(model)
-    names = {}
-    for layer in layer_ids:
-        q_name, k_name = query_hooks(model, layer)  # verified on this model, or raises
-        meaning = hook_meaning(model, layer)
-        if meaning.scores is None and meaning.pattern is None:
-            scores_hook(model, layer)  # raises, naming what the probe found
-        ref = meaning.scores if meaning.scores is not None else meaning.pattern
-        names[layer] = (q_name, k_name, ref, meaning.scores is None)
-    wanted = {n for trio in names.values() for n in trio[:3]}
-    cache = run_cached(model, tokens, mask, lambda name: name in wanted)
+    names = _score_hooks(model, layer_ids)
+    cache = _cache  # a run of this model on these tokens holding those hooks (inspect_heads)
+    if cache is None:
+        wanted = {n for trio in names.values() for n in trio[:3]}
+        cache = run_cached(model, tokens, mask, lambda name: name in wanted)
     real = (torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool().cpu())
     gen = torch.Generator().manual_seed(seed)
     rows = []
@@ -514,13 +496,17 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
         per_seq = {m: [] for m in SCORE_METRICS}
         for b in range(tokens.shape[0]):
             r = real[b]
-            qb, kb = q[b, r], k[b, r]  # [n_b, head, d_head]: a pad is never a position
-            _check_reconstruction(qb[None], kb[None], ref[b][:, r][:, :, r][None], first, second,
-                                  spec.inv_freq, scale, tol, layer, MissingFeatureError,
-                                  is_pattern=is_pattern)
-            out = positional_symbolic_from_qk(
-                qb.transpose(0, 1)[head_ids], kb.transpose(0, 1)[head_ids], first, second,
-                spec.inv_freq, scale, gen, key_start, min_keys)
+            # [head, n_b, d_head]: a pad is never a position
+            qb, kb = q[b, r].transpose(0, 1), k[b, r].transpose(0, 1)
+            pos = torch.arange(qb.shape[1])
+            q_rot = rotate(qb, pos[None], first, second, spec.inv_freq)
+            logits = torch.einsum("hid,hjd->hij", q_rot,
+                                  rotate(kb, pos[None], first, second, spec.inv_freq)) / scale
+            # the logits the score permutes are the model's own, or nothing is reported
+            _check_logits(logits, ref[b][:, r][:, :, r], tol, layer, MissingFeatureError,
+                          is_pattern=is_pattern)
+            out = _score_from_rotated(q_rot[head_ids], kb[head_ids], logits[head_ids], first,
+                                      second, spec.inv_freq, scale, gen, key_start, min_keys)
             for m in SCORE_METRICS:
                 per_seq[m].append(out[m])
         for m in SCORE_METRICS:
@@ -530,6 +516,39 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
                                  value=float(mean[t]), ci_low=float(low[t]), ci_high=float(high[t]),
                                  n_sequences=int(n[t])))
     return pd.DataFrame(rows)
+
+
+def _score_hooks(model, layer_ids) -> dict[int, tuple[str, str, str, bool]]:
+    """Per layer: the hooks verified on ``model`` as its unrotated q and k, the hook its
+    logits are checked against (pre-softmax scores, else the pattern) and whether that is
+    the pattern (:func:`positional_symbolic_score`).
+
+    Raises:
+        MissingFeatureError: as :func:`positional_symbolic_score`.
+    """
+    from ..models.backend import hook_meaning, query_hooks, scores_hook
+
+    names = {}
+    for layer in layer_ids:
+        q_name, k_name = query_hooks(model, layer)  # verified on this model, or raises
+        meaning = hook_meaning(model, layer)
+        if meaning.scores is None and meaning.pattern is None:
+            scores_hook(model, layer)  # raises, naming what the probe found
+        ref = meaning.scores if meaning.scores is not None else meaning.pattern
+        names[layer] = (q_name, k_name, ref, meaning.scores is None)
+    return names
+
+
+def positional_score_hooks(model) -> set[str]:
+    """The hooks :func:`positional_symbolic_score` reads on every layer of ``model`` (a
+    caller that runs the model anyway can cache them and pass the run on, as
+    :func:`posinterp.analysis.inspect.inspect_heads` does).
+
+    Raises:
+        MissingFeatureError: as :func:`positional_symbolic_score`.
+    """
+    names = _score_hooks(model, range(model.cfg.n_layers))
+    return {n for trio in names.values() for n in trio[:3]}
 
 
 def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, layer, error,
@@ -542,7 +561,14 @@ def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, lay
     pos = torch.arange(n)
     qr = rotate(q, pos[None, :, None], first, second, inv_freq)
     kr = rotate(k, pos[None, :, None], first, second, inv_freq)
-    pred = torch.einsum("bihd,bjhd->bhij", qr, kr) / scale
+    _check_logits(torch.einsum("bihd,bjhd->bhij", qr, kr) / scale, scores, tol, layer, error,
+                  is_pattern)
+
+
+def _check_logits(pred, scores, tol, layer, error, is_pattern: bool = False) -> None:
+    """:func:`_check_reconstruction` from the reconstructed ``[..., head, query, key]``
+    logits ``pred``."""
+    n = pred.shape[-1]
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     if is_pattern:
         pred = pred.masked_fill(~causal, float("-inf")).softmax(-1)
@@ -563,7 +589,7 @@ def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, lay
 
 def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
                               attention_mask: Int[Tensor, "batch pos"] | None = None,
-                              seed: int = 0) -> tuple[pd.DataFrame, list[str]]:
+                              seed: int = 0, cache=None) -> tuple[pd.DataFrame, list[str]]:
     """The RoPE rows of ``posinterp inspect`` (docs/inspect.md), in its table's columns.
 
     * ``frequency_share``: per head, rotary pair (``rank``; NA for the unrotated dims of a
@@ -574,6 +600,10 @@ def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
     * ``positional_score``: per head, :func:`positional_symbolic_score` on the inspected
       input, with its interval over sequences (keys at position 0 left out of the
       permutations when every sequence starts with the tokenizer's BOS).
+
+    ``cache``: a run of ``model`` on ``tokens`` (with this mask) holding the hooks
+    :func:`positional_score_hooks` names, when the caller has one (``inspect_heads``
+    does); else the score runs the model once.
 
     On a model that is not RoPE, no rows and a note saying why; where the score cannot be
     checked on this model (:class:`~posinterp.models.backend.MissingFeatureError`), the
@@ -603,7 +633,7 @@ def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
     key_start = 1 if bos is not None and all(f == bos for f in firsts) else 0
     try:
         score = positional_symbolic_score(model, tokens, key_start=key_start, seed=seed,
-                                          attention_mask=attention_mask)
+                                          attention_mask=attention_mask, _cache=cache)
     except MissingFeatureError as err:
         notes.append(f"No positional/symbolic score on this model: {err}.")
     else:

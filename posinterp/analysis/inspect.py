@@ -20,6 +20,7 @@ Everything lands in one tidy DataFrame (:attr:`Inspection.table`); the HTML page
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -31,7 +32,15 @@ from scipy import stats
 from torch import Tensor
 
 from .._validate import is_int
-from ..models.backend import MissingFeatureError, eager, hooks_at_sites, scores_hook, unwrap, z_hook
+from ..models.backend import (
+    MissingFeatureError,
+    eager,
+    hooks_at_sites,
+    positional_type,
+    scores_hook,
+    unwrap,
+    z_hook,
+)
 from ._checks import (
     check_attention_mask,
     check_tokens,
@@ -42,16 +51,23 @@ from ._checks import (
 )
 from .adjacency import adjacency_hooks
 from .explain import DEFAULT_MAX_VALUES, dashboard_score_parts
-from .frequencies import band_label, frequency_bands, inspection_frequency_rows
+from .frequencies import (
+    band_label,
+    frequency_bands,
+    inspection_frequency_rows,
+    positional_score_hooks,
+)
 from .heads import previous_token_score
 from .spectral import (
+    DEFAULT_EPS,
     NULL_HEADS,
+    _measures_frame,
+    _spectra,
+    _spectrum_frame,
     eigenvalues,
     ginibre_null,
     null_percentiles,
-    qk_spectrum,
     qk_weights,
-    spectral_measures,
 )
 
 __all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "block_labels", "compact_pattern",
@@ -224,13 +240,22 @@ def null_band(d_model: int, d_head: int, n_heads: int = 200, quantiles=(0.05, 0.
 
     For W_Q, W_K with i.i.d. N(0, σ_Q²), N(0, σ_K²) entries the moduli scale by σ_Q σ_K,
     so a head's band is these numbers times the RMS entries of its W_Q and W_K
-    (docs/spectra.md, the product-Ginibre null; Ginibre 1965).
+    (docs/spectra.md, the product-Ginibre null; Ginibre 1965). Seeded: drawn once per
+    process for each argument set.
 
     Raises:
         ValueError: for non-positive sizes.
     """
     if min(d_model, d_head, n_heads) < 1:
         raise ValueError("d_model, d_head and n_heads must be >= 1")
+    return _null_band(int(d_model), int(d_head), int(n_heads),
+                      tuple(float(x) for x in quantiles), int(seed))
+
+
+@functools.lru_cache(maxsize=8)
+def _null_band(d_model: int, d_head: int, n_heads: int, quantiles: tuple, seed: int
+               ) -> tuple[float, float]:
+    # seeded: drawn once per process for each argument set, as ginibre_null
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(n_heads, d_model, d_head, generator=gen, dtype=torch.float64)
     k = torch.randn(n_heads, d_model, d_head, generator=gen, dtype=torch.float64)
@@ -535,6 +560,12 @@ def inspect_heads(
         except MissingFeatureError as err:
             notes.append(f"Layer {layer}: no pre-softmax score kernel ({err}).")
     wanted = {f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)} | set(score_hooks.values())
+    # RoPE: the positional score's verified q/k hooks ride on the same pass
+    if positional_type(model) == "rotary":
+        try:
+            wanted |= positional_score_hooks(model)
+        except MissingFeatureError:
+            pass  # the score is left out with a note below
     # One forward pass: patterns and scores are cached, and the adjacency hooks score each
     # residual point as the pass reaches it (nothing of theirs is kept).
     adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
@@ -576,11 +607,13 @@ def inspect_heads(
     notes.append(note)
 
     # QK spectra: measures, null percentiles, eigenvalues, null band at each head's scale.
-    meas = spectral_measures(model)
+    # one solve per head for both (spectral_measures and qk_spectrum would each solve it)
+    keys, lam, anti = _spectra(model, None, None, None, "effective")
+    meas = _measures_frame(keys, lam, anti, None, DEFAULT_EPS)
     null = ginibre_null(model.cfg.d_model, model.cfg.d_head, n_heads=n_null, seed=seed)
     spec = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
     frames.append(spec.drop(columns="position"))
-    eig = qk_spectrum(model)
+    eig = _spectrum_frame(keys, lam)
     for part in ("real", "imag"):
         frames.append(eig.rename(columns={part: "value"})[["hook", "layer", "head", "offset", "rank",
                                                            "value"]].assign(metric=f"eigenvalue_{part}"))
@@ -594,7 +627,7 @@ def inspect_heads(
                                 metric=metric, value=scale * q))
 
     # RoPE heads: QK energy per rotary pair and the positional/symbolic score.
-    freq_rows, freq_notes = inspection_frequency_rows(model, tokens, mask, seed)
+    freq_rows, freq_notes = inspection_frequency_rows(model, tokens, mask, seed, cache=cache)
     frames.append(freq_rows)
     notes += freq_notes
 

@@ -26,6 +26,7 @@ the same spectra; the gain g is folded here when the model still has it
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -536,14 +537,32 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
         ValueError: layers/heads out of range, a model without ``W_Q``, or ``offset`` on
             a non-rotary model.
     """
-    keys, forms = [], []
+    keys, lam, _ = _spectra(model, layers, heads, offset, weights, antisymmetric=False)
+    return _spectrum_frame(keys, lam)
+
+
+def _spectra(model, layers, heads, offset, weights, antisymmetric: bool = True):
+    """``(keys, eigenvalues, antisymmetric energies)`` of every selected head, where keys
+    are ``(offset, layer, head_ids)`` in order and the tensors ``[sum heads, d_head]`` and
+    ``[sum heads]`` follow them (None without ``antisymmetric``): one pass over the
+    weights and one eigvals call for :func:`qk_spectrum` and :func:`spectral_measures`
+    alike, so a caller that needs both (``inspect_heads``) solves each head once."""
+    keys, forms, anti = [], [], []
     for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
         q, k = qk_float64(W_Q, W_K)
         keys.append((off, layer, head_ids))
         forms.append(k.mT @ q)  # [heads, d_head, d_head]
+        if antisymmetric:
+            anti.append(antisymmetric_energy(q, k))
     # every head of every layer and offset in one eigvals call: 540 64 x 64 problems for
     # SmolLM2-135M (docs/performance.md)
-    lam = small_form_eigenvalues(torch.cat(forms)).numpy()  # [sum heads, d_head]
+    lam = small_form_eigenvalues(torch.cat(forms))  # [sum heads, d_head]
+    return keys, lam, (torch.cat(anti) if antisymmetric else None)
+
+
+def _spectrum_frame(keys, lam: Tensor) -> pd.DataFrame:
+    """:func:`qk_spectrum`'s rows from :func:`_spectra`'s keys and eigenvalues."""
+    lam = lam.numpy()
     n = lam.shape[-1]
     n_rows = [len(h) * n for _, _, h in keys]
     offs = [pd.NA if off is None else off for off, _, _ in keys]
@@ -573,15 +592,24 @@ def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
     Raises:
         ValueError: as :func:`qk_spectrum`, or ``k_e < 1``.
     """
-    rows = []
-    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
-        meas = rotational_measures(eigenvalues(W_Q, W_K), k_e, eps)
-        meas["antisymmetric_energy"] = antisymmetric_energy(W_Q, W_K)
+    return _measures_frame(*_spectra(model, layers, heads, offset, weights), k_e, eps)
+
+
+def _measures_frame(keys, lam: Tensor, anti: Tensor, k_e, eps) -> pd.DataFrame:
+    """:func:`spectral_measures`' rows from :func:`_spectra`'s output: per (offset, layer),
+    each measure over the heads, in that order."""
+    meas = rotational_measures(lam, k_e, eps)
+    meas["antisymmetric_energy"] = anti
+    frames, start = [], 0
+    for off, layer, head_ids in keys:
+        stop = start + len(head_ids)
         for metric, values in meas.items():
-            for head, v in zip(head_ids, values.tolist(), strict=True):
-                rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head,
-                                 position=pd.NA, offset=off, metric=metric, value=float(v)))
-    return pd.DataFrame(rows).astype({"offset": "Int64", "position": "Int64"})
+            frames.append(pd.DataFrame({
+                "hook": f"blocks.{layer}.attn", "layer": layer, "head": list(head_ids),
+                "position": pd.NA, "offset": off, "metric": metric,
+                "value": values[start:stop].double().numpy()}))
+        start = stop
+    return pd.concat(frames, ignore_index=True).astype({"offset": "Int64", "position": "Int64"})
 
 
 def qk_geometry(model, layers=None, heads=None, offset: int | None = None,
@@ -621,6 +649,9 @@ def ginibre_null(d_model: int, d_head: int, n_heads: int = NULL_HEADS, std: floa
     2,500 heads keep the Monte Carlo standard error of a percentile at most 1 point
     (100·sqrt(p(1-p)/n) <= 100·0.5/50); :func:`null_percentiles` reports it per head.
 
+    Seeded: the same arguments give the same frame, so it is drawn once per process and
+    copied out on later calls.
+
     Returns:
         Wide DataFrame, one row per simulated head, columns = measure names.
 
@@ -629,6 +660,16 @@ def ginibre_null(d_model: int, d_head: int, n_heads: int = NULL_HEADS, std: floa
     """
     if min(d_model, d_head, n_heads) < 1:
         raise ValueError("d_model, d_head and n_heads must be >= 1")
+    return _ginibre_null(int(d_model), int(d_head), int(n_heads), float(std),
+                         None if k_e is None else int(k_e), float(eps), int(seed)).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _ginibre_null(d_model: int, d_head: int, n_heads: int, std: float, k_e: int | None,
+                  eps: float, seed: int) -> pd.DataFrame:
+    # Seeded, so the same arguments always give the same frame: drawn once per process
+    # (about 10 s for 2,500 heads at d_model 576), then copied out. A notebook that
+    # inspects one model several times, or a zoo of one architecture, pays for it once.
     gen = torch.Generator().manual_seed(seed)
     out = []
     for start in range(0, n_heads, 256):

@@ -822,7 +822,9 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
     calls = (read_json_record(run_file) or {}).get("calls", [])
     calls.append({"seconds": round(time.time() - t0, 1), "cells_run": len(todo),
                   "executor": executor.name, "workers": getattr(executor, "workers", None),
-                  "command": command})
+                  "command": command,
+                  # per call: a grid resumed on the other TL line says which cells ran where
+                  "transformer_lens": versions().get("transformer-lens")})
     atomic_write_json(run_file, {"grid": asdict(grid), "versions": versions(),
                                  "induction_ceiling": ceiling, "qk_convention": QK_CONVENTION,
                                  "cells": len(cells), "calls": calls, "pending": pending,
@@ -1011,7 +1013,9 @@ def _calls_text(calls: list[dict]) -> str:
     if len(ran) <= 1:
         return _where(ran[-1] if ran else calls[-1])
     return "over {} calls ({})".format(len(ran), "; ".join(
-        f"{c['cells_run']} cells {_where(c)}, {c['seconds'] / 60:.1f} min" for c in ran))
+        f"{c['cells_run']} cells {_where(c)}"
+        + (f" on TransformerLens {c['transformer_lens']}" if c.get("transformer_lens") else "")
+        + f", {c['seconds'] / 60:.1f} min" for c in ran))
 
 
 def _rank_matched_section(runs: pd.DataFrame, g: dict) -> list[str]:
@@ -1146,9 +1150,9 @@ def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
         "task, cap and target. Ratio of median steps (symmetric / none) with its 95% "
         "bootstrap CI; one-sided permutation log-rank p (symmetric slower; exact up to "
         f"{EXACT_LIMIT:,} relabellings, else {N_RESAMPLES:,} seeded draws) "
-        "beside the smallest p the test can give; q: Benjamini-Hochberg over the sensitivity rows (the default "
-        "row's q is in the survival table above); '~2.9x' is the verdict of the claimed "
-        "slowdown as in the claims table (the CI must cover 2.9).\n",
+        "beside the smallest p the test can give; q: Benjamini-Hochberg over the "
+        "sensitivity rows (the default row's q is in the survival table above); '~2.9x' "
+        "is the verdict of the claimed slowdown as in the claims table (the CI must cover 2.9).\n",
         _md_table(table) + "\n",
         f"The sensitivity grids took {sum(c['seconds'] for c in ran) / 60:.1f} min of wall time "
         f"({sum(c['cells_run'] for c in ran)} cells run, "

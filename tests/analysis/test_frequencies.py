@@ -334,23 +334,6 @@ def test_bfloat16_model_passes_the_check_and_agrees_with_float32():
     np.testing.assert_allclose(a[score].value, b[score].value, atol=0.05)
 
 
-def test_head_chunks_do_not_change_the_score(monkeypatch):
-    """The permuted logits are computed a chunk of heads at a time; one head per chunk gives
-    the same numbers as all heads at once."""
-    from posinterp.analysis import frequencies as fr
-
-    gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(5, 12, 8, generator=gen), torch.randn(5, 12, 8, generator=gen)
-    first, second, _ = pair_indices(8, 8, True)
-    whole = fr.positional_symbolic_from_qk(q, k, first, second, INV, 2.0,
-                                           torch.Generator().manual_seed(1))
-    monkeypatch.setattr(fr, "CHUNK_VALUES", 1)
-    chunked = fr.positional_symbolic_from_qk(q, k, first, second, INV, 2.0,
-                                             torch.Generator().manual_seed(1))
-    for key in whole:
-        torch.testing.assert_close(whole[key], chunked[key])
-
-
 @pytest.mark.parametrize("adjacent, rotary_dim, key_start", [(False, 8, 0), (True, 8, 1),
                                                              (False, 6, 0), (True, 4, 2)])
 def test_permuted_logits_equal_rotating_each_permuted_key(adjacent, rotary_dim, key_start):
