@@ -284,3 +284,23 @@ def test_batched_qk_spectrum_from_weights_alone_equals_the_per_layer_eig():
             k = effective_weights(W_K[layer], gain[layer], False) @ R.T
             ref[(off, layer)] = _per_layer_reference(q, k)
     _assert_same_spectrum(df, ref, H)
+
+
+def test_the_null_is_drawn_once_per_process_and_handed_out_as_copies():
+    """ginibre_null and null_band are seeded, so a repeat returns the memoized draw: the
+    same frame as a fresh draw, and a caller that edits its copy changes nobody else's."""
+    import pandas as pd
+
+    from posinterp.analysis import inspect as inspect_mod
+    from posinterp.analysis import spectral
+
+    a = spectral.ginibre_null(8, 4, n_heads=20, seed=3)
+    a.iloc[0, 0] = 99.0
+    b = spectral.ginibre_null(8, 4, n_heads=20, seed=3)
+    assert b.iloc[0, 0] != 99.0
+    spectral._ginibre_null.cache_clear()
+    pd.testing.assert_frame_equal(b, spectral.ginibre_null(8, 4, n_heads=20, seed=3))
+    assert not b.equals(spectral.ginibre_null(8, 4, n_heads=20, seed=4))
+    band = inspect_mod.null_band(8, 4, n_heads=20, seed=3)
+    inspect_mod._null_band.cache_clear()
+    assert inspect_mod.null_band(8, 4, n_heads=20, seed=3, quantiles=[0.05, 0.95]) == band
