@@ -494,14 +494,17 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
             k = k.repeat_interleave(group, dim=2)
         ref = cache[ref_name].double()  # [batch, head, query, key]
         per_seq = {m: [] for m in SCORE_METRICS}
+        # no padding: every sequence rotated at once (positions 0..pos-1 for all)
+        whole = _rotated_logits(q.transpose(1, 2), k.transpose(1, 2), first, second,
+                                spec.inv_freq, scale) if bool(real.all()) else None
         for b in range(tokens.shape[0]):
             r = real[b]
-            # [head, n_b, d_head]: a pad is never a position
-            qb, kb = q[b, r].transpose(0, 1), k[b, r].transpose(0, 1)
-            pos = torch.arange(qb.shape[1])
-            q_rot = rotate(qb, pos[None], first, second, spec.inv_freq)
-            logits = torch.einsum("hid,hjd->hij", q_rot,
-                                  rotate(kb, pos[None], first, second, spec.inv_freq)) / scale
+            if whole is not None:
+                q_rot, kb, logits = (x[b] for x in whole)
+            else:  # [head, n_b, d_head]: a pad is never a position
+                q_rot, kb, logits = _rotated_logits(q[b, r].transpose(0, 1),
+                                                    k[b, r].transpose(0, 1), first, second,
+                                                    spec.inv_freq, scale)
             # the logits the score permutes are the model's own, or nothing is reported
             _check_logits(logits, ref[b][:, r][:, :, r], tol, layer, MissingFeatureError,
                           is_pattern=is_pattern)
@@ -516,6 +519,16 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
                                  value=float(mean[t]), ci_low=float(low[t]), ci_high=float(high[t]),
                                  n_sequences=int(n[t])))
     return pd.DataFrame(rows)
+
+
+def _rotated_logits(q: Tensor, k: Tensor, first: Tensor, second: Tensor, inv_freq: Tensor,
+                    scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(q R(i), k, q R(i) · k R(j) / scale)`` for ``[..., head, n, d_head]`` q and k at
+    positions 0..n-1, float64."""
+    pos = torch.arange(q.shape[-2])
+    q_rot = rotate(q, pos, first, second, inv_freq)
+    logits = torch.einsum("...id,...jd->...ij", q_rot, rotate(k, pos, first, second, inv_freq))
+    return q_rot, k.double(), logits / scale
 
 
 def _score_hooks(model, layer_ids) -> dict[int, tuple[str, str, str, bool]]:

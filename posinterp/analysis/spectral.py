@@ -167,7 +167,11 @@ def antisymmetric_energy(W_Q: Float[Tensor, "... d_model d_head"],
     orthogonal changes of basis but not spectral. Source: docs/concepts.md.
     """
     q, k = W_Q.detach().double(), W_K.detach().double()
-    B = k.mT @ q
+    return _antisymmetric_energy(q, k, k.mT @ q)
+
+
+def _antisymmetric_energy(q: Tensor, k: Tensor, B: Tensor) -> Tensor:
+    """:func:`antisymmetric_energy` of float64 q, k whose small form B = k^T q is at hand."""
     tr_b2 = (B * B.mT).sum((-1, -2))
     norm2 = ((q.mT @ q) * (k.mT @ k)).sum((-1, -2))  # tr(Q^T Q K^T K), both symmetric
     safe = torch.where(norm2 > 0, norm2, torch.ones_like(norm2))
@@ -553,7 +557,7 @@ def _spectra(model, layers, heads, offset, weights, antisymmetric: bool = True):
         keys.append((off, layer, head_ids))
         forms.append(k.mT @ q)  # [heads, d_head, d_head]
         if antisymmetric:
-            anti.append(antisymmetric_energy(q, k))
+            anti.append(_antisymmetric_energy(q, k, forms[-1]))
     # every head of every layer and offset in one eigvals call: 540 64 x 64 problems for
     # SmolLM2-135M (docs/performance.md)
     lam = small_form_eigenvalues(torch.cat(forms))  # [sum heads, d_head]
@@ -676,8 +680,9 @@ def _ginibre_null(d_model: int, d_head: int, n_heads: int, std: float, k_e: int 
         n = min(256, n_heads - start)
         q = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
         k = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
-        m = rotational_measures(eigenvalues(q, k), k_e, eps)
-        m["antisymmetric_energy"] = antisymmetric_energy(q, k)
+        B = k.mT @ q
+        m = rotational_measures(small_form_eigenvalues(B), k_e, eps)
+        m["antisymmetric_energy"] = _antisymmetric_energy(q, k, B)
         out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
     return pd.concat(out, ignore_index=True)
 

@@ -15,8 +15,9 @@ B = diag(1, 0) and M_null = e2 e3^T, with eigenvalues 0 yet a score). So
 removing "every channel" must remove it too (``remove_all`` does).
 
 Projectors come from one real Schur form (``scipy.linalg.schur``), reordered per channel
-by LAPACK's ``dtrsen``, and a Sylvester equation (``scipy.linalg.solve_sylvester``) that
-decouples the selected block, which stays stable where an eigenvector basis would be
+by LAPACK's ``dtrsen``, and a Sylvester equation on the reordered form's blocks
+(LAPACK's ``dtrsyl``, the step ``scipy.linalg.solve_sylvester`` ends in) that decouples
+the selected block, which stays stable where an eigenvector basis would be
 ill-conditioned.
 """
 
@@ -65,11 +66,24 @@ def _leading_projector(T: np.ndarray, Z: np.ndarray, k: int) -> np.ndarray:
     A, C, D = T[:k, :k], T[:k, k:], T[k:, k:]
     # With Y solving A Y - Y D = -C, [[I, Y], [0, I]] block-diagonalizes T and the
     # projector onto the leading block along the trailing one is [[I, -Y], [0, 0]].
-    Y = linalg.solve_sylvester(A, -D, -C)
+    # A and D are blocks of a real Schur form already, so LAPACK's triangular Sylvester
+    # solver takes them as they are (solve_sylvester would Schur-decompose both again).
+    Y = _sylvester_schur(A, D, -C)
     P = np.zeros_like(T)
     P[:k, :k] = np.eye(k)
     P[:k, k:] = -Y
     return Z @ P @ Z.T
+
+
+def _sylvester_schur(A: np.ndarray, D: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Y with A Y - Y D = C for A, D in real Schur canonical form (``dtrsyl``; what
+    ``scipy.linalg.solve_sylvester`` calls after reducing its inputs to that form)."""
+    Y, scale, info = lapack.dtrsyl(A, D, C, isgn=-1)
+    if info < 0:
+        raise np.linalg.LinAlgError(f"LAPACK dtrsyl: illegal argument {-info}")
+    # info = 1: A and D have close eigenvalues and LAPACK perturbed them to solve; the
+    # channels never share an eigenvalue, and solve_sylvester accepts the same answer
+    return Y / scale
 
 
 def _schur_channels(B: np.ndarray, eps: float, null_tol: float
@@ -81,7 +95,7 @@ def _schur_channels(B: np.ndarray, eps: float, null_tol: float
     """
     T, Z = linalg.schur(B, output="real")
     wr, wi = _schur_eigenvalues(T)
-    scale = float(np.abs(np.linalg.eigvals(B)).max())
+    scale = float(np.hypot(wr, wi).max())  # max |λ|, read off the Schur form B = Z T Z^T
     channels = np.array([channel_of(r, i, scale, eps, null_tol) for r, i in zip(wr, wi, strict=True)],
                         dtype=object)
     rot = np.flatnonzero(channels == "complex")
