@@ -80,16 +80,18 @@ class _SafeCache:
         return None
 
 
-def _jit(fn):
-    """``numba.njit(nogil=True)`` with a cache that cannot fail a run (:class:`_SafeCache`),
-    or none where numba finds no writable cache folder (it raises "cannot cache
-    function" at decoration then)."""
+def _jit(fn=None, **options):
+    """``numba.njit(nogil=True, **options)`` with a cache that cannot fail a run
+    (:class:`_SafeCache`), or none where numba finds no writable cache folder (it raises
+    "cannot cache function" at decoration then). ``@_jit`` or ``@_jit(fastmath=...)``."""
+    if fn is None:
+        return lambda f: _jit(f, **options)
     try:
-        disp = njit(cache=True, nogil=True)(fn)
+        disp = njit(cache=True, nogil=True, **options)(fn)
     except RuntimeError as e:  # no writable __pycache__, user cache or NUMBA_CACHE_DIR
         if "cannot cache" not in str(e):
             raise
-        return njit(nogil=True)(fn)
+        return njit(nogil=True, **options)(fn)
     disp._cache = _SafeCache(disp._cache)
     return disp
 

@@ -152,11 +152,25 @@ def rotate(x: Float[Tensor, "... d_head"], positions: Tensor, first: Tensor, sec
     x = x.double()
     angle = positions.double()[..., None] * inv_freq.double()  # [..., P]
     c, s = torch.cos(angle), torch.sin(angle)
-    a, b = x[..., first], x[..., second]
-    out = x.clone()
-    out[..., first] = a * c - b * s
-    out[..., second] = b * c + a * s
-    return out
+    if x.numel() < 1 << 14:  # small: indexed writes cost less than building the tables
+        a, b = x[..., first], x[..., second]
+        out = x.clone()
+        out[..., first] = a * c - b * s
+        out[..., second] = b * c + a * s
+        return out
+    # One pass over x instead of indexed writes: x R = x * cos_d + x[partner] * sin_d,
+    # with per-dim cos_d, sin_d (-sin on a pair's first dim, 1 and 0 on unrotated dims):
+    # a c + b (-s) and b c + a s are a c - b s and b c + a s bit for bit.
+    d, P = x.shape[-1], len(first)
+    pair = torch.full((d,), P, dtype=torch.long)
+    pair[first] = pair[second] = torch.arange(P)
+    partner = torch.arange(d)
+    partner[first], partner[second] = second, first
+    sign = torch.zeros(d, dtype=torch.float64)
+    sign[first], sign[second] = -1.0, 1.0
+    cos_d = torch.cat([c, torch.ones_like(c[..., :1])], -1)[..., pair]
+    sin_d = torch.cat([s, torch.zeros_like(s[..., :1])], -1)[..., pair] * sign
+    return x * cos_d + x[..., partner] * sin_d
 
 
 def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Tensor, "head pos d_head"],

@@ -604,16 +604,25 @@ def _measures_frame(keys, lam: Tensor, anti: Tensor, k_e, eps) -> pd.DataFrame:
     each measure over the heads, in that order."""
     meas = rotational_measures(lam, k_e, eps)
     meas["antisymmetric_energy"] = anti
-    frames, start = [], 0
-    for off, layer, head_ids in keys:
-        stop = start + len(head_ids)
-        for metric, values in meas.items():
-            frames.append(pd.DataFrame({
-                "hook": f"blocks.{layer}.attn", "layer": layer, "head": list(head_ids),
-                "position": pd.NA, "offset": off, "metric": metric,
-                "value": values[start:stop].double().numpy()}))
+    values = {m: v.double().numpy() for m, v in meas.items()}
+    cols = {c: [] for c in ("hook", "layer", "head", "offset", "metric", "value")}
+    start = 0
+    for off, layer, head_ids in keys:  # one block per (offset, layer, measure), heads within
+        stop, n = start + len(head_ids), len(head_ids)
+        for metric, v in values.items():
+            cols["hook"] += [f"blocks.{layer}.attn"] * n
+            cols["layer"] += [layer] * n
+            cols["head"] += list(head_ids)
+            cols["offset"] += [pd.NA if off is None else off] * n
+            cols["metric"] += [metric] * n
+            cols["value"].append(v[start:stop])
         start = stop
-    return pd.concat(frames, ignore_index=True).astype({"offset": "Int64", "position": "Int64"})
+    cols["value"] = np.concatenate(cols["value"]) if cols["value"] else np.zeros(0)
+    df = pd.DataFrame({"hook": cols["hook"], "layer": cols["layer"], "head": cols["head"],
+                       "position": pd.array([pd.NA] * len(cols["hook"]), dtype="Int64"),
+                       "offset": pd.array(cols["offset"], dtype="Int64"),
+                       "metric": cols["metric"], "value": cols["value"]})
+    return df
 
 
 def qk_geometry(model, layers=None, heads=None, offset: int | None = None,

@@ -371,3 +371,24 @@ def test_permuted_logits_equal_rotating_each_permuted_key(adjacent, rotary_dim, 
     torch.testing.assert_close(got["symbolic_residual"], d_sym, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got["positional_score"], d_sym / (d_pos + d_sym), rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("d, rotary_dim, adjacent", [(64, 64, False), (64, 64, True), (16, 8, False)])
+def test_rotate_is_the_pairwise_formula_bit_for_bit_at_any_size(d, rotary_dim, adjacent):
+    """rotate's one-pass form (large inputs) equals a c - b s, b c + a s written pair by
+    pair, exactly: the positional score and the model check compare logits built from it."""
+    from posinterp.analysis.frequencies import pair_indices, rotate
+
+    g = torch.Generator().manual_seed(0)
+    first, second, _ = pair_indices(d, rotary_dim, adjacent)
+    inv = 1e4 ** (-torch.arange(len(first), dtype=torch.float64) * 2 / rotary_dim)
+    for shape in ((2, 5, d), (4, 9, 64, d)):  # below and above the one-pass threshold
+        x = torch.randn(*shape, generator=g)
+        pos = torch.arange(shape[-2])
+        xx = x.double()
+        ang = pos.double()[..., None] * inv
+        c, s = torch.cos(ang), torch.sin(ang)
+        want = xx.clone()
+        want[..., first] = xx[..., first] * c - xx[..., second] * s
+        want[..., second] = xx[..., second] * c + xx[..., first] * s
+        assert torch.equal(rotate(x, pos, first, second, inv), want)
