@@ -118,22 +118,38 @@ def score_parts_from_qk(
         raise ValueError(f"scale must be > 0, got {scale}")
     if alibi is not None and tuple(alibi.shape) != (n,):
         raise ValueError(f"alibi must be [n={n}], got {tuple(alibi.shape)}")
-    q, k = q.detach().double().cpu(), k.detach().double().cpu()
-    bq, bk = b_Q.detach().double().cpu(), b_K.detach().double().cpu()
-    u, v = q - bq, k - bk
+    rot = None
     if rotary is not None:
         if query_pos is None or key_pos is None or query_pos.shape != (n,) or key_pos.shape != (n,):
             raise ValueError(f"a RoPE head needs query_pos and key_pos of shape [n={n}]")
-        first, second, unrot, inv_freq = rotary
+        rot = (rotary, query_pos.cpu(), key_pos.cpu())
+    parts = _parts_of_heads(q[None], k[None], b_Q[None], b_K[None],
+                            {c: projectors[c][None] for c in CHANNEL_PARTS}, scale, rot,
+                            None if alibi is None else alibi[None])
+    return {key: val[0] for key, val in parts.items()}
+
+
+def _parts_of_heads(q: Tensor, k: Tensor, b_Q: Tensor, b_K: Tensor, projectors: dict,
+                    scale: float, rot, alibi: Tensor | None) -> dict[str, Tensor]:
+    """:func:`score_parts_from_qk` for ``[H, n, d_head]`` q and k, ``[H, d_head]`` biases,
+    ``[H, d_head, d_head]`` projectors and ``[H, n]`` ALiBi of H heads at once (the
+    inspector's dashboard splits every head of a layer in one go); ``rot``: None or
+    ``((first, second, unrotated, inv_freq), query_pos, key_pos)``. Returns ``[H, ...]``."""
+    H, n, d = q.shape
+    q, k = q.detach().double().cpu(), k.detach().double().cpu()
+    bq, bk = b_Q.detach().double().cpu()[:, None], b_K.detach().double().cpu()[:, None]
+    u, v = q - bq, k - bk
+    if rot is not None:
+        (first, second, unrot, inv_freq), query_pos, key_pos = rot
 
         def rq(x: Tensor) -> Tensor:
-            return rotate(x.expand(n, d), query_pos.cpu(), first, second, inv_freq)
+            return rotate(x.expand(H, n, d), query_pos, first, second, inv_freq)
 
         def rk(x: Tensor) -> Tensor:
-            return rotate(x.expand(n, d), key_pos.cpu(), first, second, inv_freq)
+            return rotate(x.expand(H, n, d), key_pos, first, second, inv_freq)
     else:
         def rq(x: Tensor) -> Tensor:
-            return x.expand(n, d)
+            return x.expand(H, n, d)
         rk = rq
 
     def dot(a: Tensor, b: Tensor) -> Tensor:
@@ -144,12 +160,13 @@ def score_parts_from_qk(
     out["q_dot_b_K"] = dot(ru, rk(bk))
     out["b_Q_dot_k"] = dot(rq(bq), rv)
     out["b_Q_dot_b_K"] = dot(rq(bq), rk(bk))
-    out["alibi"] = torch.zeros(n, dtype=torch.float64) if alibi is None else alibi.detach().double().cpu()
+    out["alibi"] = (torch.zeros(H, n, dtype=torch.float64) if alibi is None
+                    else alibi.detach().double().cpu())
     out["total"] = sum(out[c] for c in (*CHANNEL_PARTS, *BIAS_PARTS, "alibi"))
-    if rotary is not None:
-        prod = ru * rv / scale  # [n, d_head]
-        out["pair"] = prod[:, first] + prod[:, second]
-        out["unrotated"] = prod[:, unrot].sum(-1)
+    if rot is not None:
+        prod = ru * rv / scale  # [H, n, d_head]
+        out["pair"] = prod[..., first] + prod[..., second]
+        out["unrotated"] = prod[..., unrot].sum(-1)
     return out
 
 
@@ -283,12 +300,16 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
             rotary, freq = (first, second, unrot, spec.inv_freq), spec.inv_freq.double().numpy()
         alibi = alibi_bias_of(model, layer) if scheme == "alibi" else None  # this pass's bias
         alibi = None if alibi is None else alibi.detach().cpu()  # on the model's device
-        for head in head_ids:
-            P = channel_projectors(W_K[head].T @ W_Q[head])
-            parts = score_parts_from_qk(
-                q_all[0, qi, head], k_all[0, kj, head], b_Q[head], b_K[head], P, scale,
-                rotary=rotary, query_pos=qi, key_pos=kj,
-                alibi=None if alibi is None else alibi[0, head, qi, kj].double().cpu())
+        # every selected head of the layer split at once
+        projs = [channel_projectors(W_K[head].T @ W_Q[head]) for head in head_ids]
+        hs = list(head_ids)
+        heads_parts = _parts_of_heads(
+            q_all[0, qi][:, hs].transpose(0, 1), k_all[0, kj][:, hs].transpose(0, 1),
+            b_Q[hs], b_K[hs], {c: torch.stack([P[c] for P in projs]) for c in CHANNEL_PARTS},
+            scale, None if rotary is None else (rotary, qi, kj),
+            None if alibi is None else alibi[0][hs][:, qi, kj].double().cpu())
+        for t, head in enumerate(head_ids):
+            parts = {key: val[t] for key, val in heads_parts.items()}
             model_score = (cache[s_name][0, head, qi, kj] if s_name is not None
                            else torch.full((len(qi),), torch.nan, dtype=torch.float64))
             # a masked cell (past a sliding window) is no score: it is left out
