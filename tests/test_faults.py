@@ -305,7 +305,11 @@ def test_a_zoo_model_with_damaged_weights_is_not_done(tmp_path, where):
 def test_a_signal_to_the_pool_driver_cancels_pending_cells_and_ends_its_workers(tmp_path, sig):
     marks = tmp_path / "marks"
     marks.mkdir()
-    script = ("import sys\nfrom posinterp.executors import Cell, ProcessExecutor, run_cells\n"
+    # A shell that starts a job in the background without job control (``cmd &`` in a
+    # script, ``nohup``) makes it ignore SIGINT, and Python then installs no Ctrl-C
+    # handler; the driver restores it, as the terminal session of a user pressing Ctrl-C has.
+    script = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from posinterp.executors import Cell, ProcessExecutor, run_cells\n"
               "from tests._signal_cells import slow_cell\n"
               "cells = [Cell(f'c{i}', slow_cell, dict(i=i, marks=sys.argv[2])) for i in range(8)]\n"
               "run_cells(cells, sys.argv[1], ProcessExecutor(2), progress=False)\n")
