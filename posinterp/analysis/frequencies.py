@@ -578,23 +578,12 @@ def positional_score_hooks(model) -> set[str]:
     return {n for trio in names.values() for n in trio[:3]}
 
 
-def _check_reconstruction(q, k, scores, first, second, inv_freq, scale, tol, layer, error,
-                          is_pattern: bool = False) -> None:
-    """Raise ``error`` unless q R(i) · k R(j) / scale reproduces the model's attention on
-    the causal entries (j <= i): its pre-softmax ``scores`` to ``tol`` relative to their
-    largest magnitude, or, with ``is_pattern``, its pattern (``scores`` holds it) as the
-    causal softmax of the logits to ``tol`` in probability."""
-    n = q.shape[1]
-    pos = torch.arange(n)
-    qr = rotate(q, pos[None, :, None], first, second, inv_freq)
-    kr = rotate(k, pos[None, :, None], first, second, inv_freq)
-    _check_logits(torch.einsum("bihd,bjhd->bhij", qr, kr) / scale, scores, tol, layer, error,
-                  is_pattern)
-
-
 def _check_logits(pred, scores, tol, layer, error, is_pattern: bool = False) -> None:
-    """:func:`_check_reconstruction` from the reconstructed ``[..., head, query, key]``
-    logits ``pred``."""
+    """Raise ``error`` unless the reconstructed ``[..., head, query, key]`` logits ``pred``
+    (q R(i) · k R(j) / scale) reproduce the model's attention on the causal entries
+    (j <= i): its pre-softmax ``scores`` to ``tol`` relative to their largest magnitude,
+    or, with ``is_pattern``, its pattern (``scores`` holds it) as the causal softmax of
+    the logits to ``tol`` in probability."""
     n = pred.shape[-1]
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     if is_pattern:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from posinterp.analysis.frequencies import (
-    _check_reconstruction,
+    _check_logits,
+    _rotated_logits,
     pair_energy_shares,
     pair_indices,
     positional_symbolic_score,
@@ -318,10 +319,10 @@ def test_reconstruction_check_catches_scores_it_cannot_reproduce():
 
     scores = torch.einsum("bihd,bjhd->bhij", rotate(q, pos[None, :, None], first, second, inv),
                           rotate(k, pos[None, :, None], first, second, inv)) / 2.0
-    _check_reconstruction(q, k, scores, first, second, inv, 2.0, 1e-9, 0, ValueError)
+    _check_rotated(q, k, scores, first, second, inv, 2.0, 1e-9, 0, ValueError)
     unrotated = torch.einsum("bihd,bjhd->bhij", q.double(), k.double()) / 2.0
     with pytest.raises(ValueError, match="do not reproduce"):
-        _check_reconstruction(q, k, unrotated, first, second, inv, 2.0, 1e-3, 0, ValueError)
+        _check_rotated(q, k, unrotated, first, second, inv, 2.0, 1e-3, 0, ValueError)
 
 
 def test_bfloat16_model_passes_the_check_and_agrees_with_float32():
@@ -392,3 +393,9 @@ def test_rotate_is_the_pairwise_formula_bit_for_bit_at_any_size(d, rotary_dim, a
         want[..., first] = xx[..., first] * c - xx[..., second] * s
         want[..., second] = xx[..., second] * c + xx[..., first] * s
         assert torch.equal(rotate(x, pos, first, second, inv), want)
+
+
+def _check_rotated(q, k, scores, first, second, inv, scale, tol, layer, error, is_pattern=False):
+    """The model check of positional_symbolic_score on ``[batch, pos, head, d_head]`` q, k."""
+    logits = _rotated_logits(q.transpose(1, 2), k.transpose(1, 2), first, second, inv, scale)[2]
+    _check_logits(logits, scores, tol, layer, error, is_pattern=is_pattern)

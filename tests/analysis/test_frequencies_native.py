@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from posinterp.analysis.frequencies import (
-    _check_reconstruction,
+    _check_logits,
+    _rotated_logits,
     pair_indices,
     positional_symbolic_score,
     rotate,
@@ -110,9 +111,9 @@ def test_pattern_check_catches_logits_it_cannot_reproduce():
 
     right = pattern(rotate(q, pos[None, :, None], first, second, inv),
                     rotate(k, pos[None, :, None], first, second, inv))
-    _check_reconstruction(q, k, right, first, second, inv, 2.0, 1e-9, 0, ValueError, is_pattern=True)
+    _check_rotated(q, k, right, first, second, inv, 2.0, 1e-9, 0, ValueError, is_pattern=True)
     with pytest.raises(ValueError, match="do not reproduce its pattern"):
-        _check_reconstruction(q, k, pattern(q, k), first, second, inv, 2.0, 1e-3, 0, ValueError,
+        _check_rotated(q, k, pattern(q, k), first, second, inv, 2.0, 1e-3, 0, ValueError,
                               is_pattern=True)
 
 
@@ -143,3 +144,9 @@ def test_half_precision_probe_verifies_query_hooks_and_still_tells_rotations_apa
     rotated = backend._content(backend.rope_rotate(q, spec, pos), backend.rope_rotate(k, spec, pos), scale)
     assert backend._explains(pattern, rotated, allowed, 3e-2)
     assert not backend._explains(pattern, backend._content(q, k, scale), allowed, 3e-2)
+
+
+def _check_rotated(q, k, scores, first, second, inv, scale, tol, layer, error, is_pattern=False):
+    """The model check of positional_symbolic_score on ``[batch, pos, head, d_head]`` q, k."""
+    logits = _rotated_logits(q.transpose(1, 2), k.transpose(1, 2), first, second, inv, scale)[2]
+    _check_logits(logits, scores, tol, layer, error, is_pattern=is_pattern)
