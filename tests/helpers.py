@@ -177,6 +177,18 @@ def parity_cases() -> dict:
             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
             intermediate_size=64, max_position_embeddings=_N, vocab_size=V,
             rope_theta=12345.5), None),
+        "qwen3-qk-norm": ("Qwen3ForCausalLM", lambda: T.Qwen3Config(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            head_dim=16, intermediate_size=64, max_position_embeddings=_N, vocab_size=V,
+            rope_theta=12345.5), None),
+        "qwen3-sliding-16": ("Qwen3ForCausalLM", lambda: T.Qwen3Config(
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=_N, vocab_size=V, use_sliding_window=True,
+            sliding_window=16, max_window_layers=1), "use_sliding_window"),
+        "qwen3-attention-bias": ("Qwen3ForCausalLM", lambda: T.Qwen3Config(
+            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+            intermediate_size=64, max_position_embeddings=_N, vocab_size=V, attention_bias=True),
+            "attention_bias"),
         "gptj-rotary-dim-4": ("GPTJForCausalLM", lambda: T.GPTJConfig(
             n_layer=1, n_head=4, n_embd=32, rotary_dim=4, n_positions=_N, vocab_size=V), None),
         "bloom-6-heads": ("BloomForCausalLM", lambda: T.BloomConfig(

@@ -41,7 +41,7 @@ from .._validate import check_indices, is_int
 
 __all__ = [
     "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm", "channel_masses",
-    "effective_weights",
+    "effective_weights", "fold_qk_norm",
     "eigenvalues", "ginibre_null", "real_within_rounding", "null_percentiles", "qk_convention", "qk_spectrum",
     "model_rotary_matrix", "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
     "directionality_score", "qk_geometry", "symmetry_score",
@@ -50,6 +50,9 @@ __all__ = [
 QK_CONVENTION = ("effective: W_Q, W_K acting on the normalized residual (the gain of the norm "
                  "feeding attention folded in, LayerNorm's centering applied), as "
                  "TransformerLens's fold_ln writes them")
+QK_NORM_CONVENTION = ("{module} gains ({over}) folded into W_Q, W_K columns before "
+                      "RoPE: M(Δ) = W_Q diag(γ_q) R(-Δ) diag(γ_k) W_K^T; the per-token "
+                      "1/(s_q s_k) of the norm is outside M")
 WEIGHTS = ("effective", "stored")
 
 DEFAULT_EPS = 1e-8
@@ -341,6 +344,26 @@ def effective_weights(W: Float[Tensor, "... d_model d_head"], gain: Float[Tensor
     return W
 
 
+def fold_qk_norm(W_Q: Float[Tensor, "... n_heads d_model d_head"],
+                 W_K: Float[Tensor, "... n_heads d_model d_head"], norm) -> tuple[Tensor, Tensor]:
+    """W_Q diag(γ_q), W_K diag(γ_k) per head: the QK circuit of a qk-norm head.
+
+    With a q/k RMSNorm (Qwen3, OLMo-2, Gemma-3) the score is
+    (γ_q ⊙ x_i W_Q / s_q(i)) R(i - j) (γ_k ⊙ x_j W_K / s_k(j))^T / attn_scale, so the
+    bilinear form is M(Δ) = W_Q diag(γ_q) R(-Δ) diag(γ_k) W_K^T: the gains sit between
+    the projection and the rotation (they need not commute with R when a pair's two gains
+    differ), and the positive per-token scale 1/(s_q(i) s_k(j)) stays outside M: M gives
+    each score up to that factor, which depends on the tokens and is no weight's.
+
+    ``norm``: a :class:`~posinterp.models.backend.QKNorm` (``q_gain``, ``k_gain``
+    ``[n_heads, d_head]``) or None (returned unchanged). Float64.
+    Source: Dehghani et al. 2023 (ViT-22B), §3; DESIGN.md §4 "qk-norm".
+    """
+    if norm is None:
+        return W_Q, W_K
+    return (W_Q * norm.q_gain.to(W_Q)[..., None, :], W_K * norm.k_gain.to(W_K)[..., None, :])
+
+
 def attention_input_norm(model, layer: int) -> tuple[Tensor | None, bool, str]:
     """``(gain, center, where)`` of the norm whose output feeds ``layer``'s attention.
 
@@ -369,16 +392,24 @@ def qk_convention(model) -> dict:
     """How :func:`qk_weights` forms W_Q, W_K for ``model`` (recorded in ``ModelInfo``).
 
     Returns:
-        ``{"convention", "normalization", "norm_gain", "centered", "norm"}``, where
-        ``norm_gain`` is ``"folded by the loader"``, ``"folded by posinterp.spectral"``
-        or ``"no norm before attention"``.
+        ``{"convention", "normalization", "norm_gain", "centered", "norm", "qk_norm"}``,
+        where ``norm_gain`` is ``"folded by the loader"``, ``"folded by posinterp.spectral"``
+        or ``"no norm before attention"``, and ``qk_norm`` says how q/k-norm gains enter
+        (:func:`fold_qk_norm`) or ``"none"``.
+
+    Raises:
+        MissingFeatureError: for a q/k norm posinterp cannot fold exactly.
     """
+    from ..models.backend import qk_norm
+
     norm_type = model.cfg.normalization_type
     gain, center, where = attention_input_norm(model, 0)
     how = ("no norm before attention" if norm_type is None
            else "folded by posinterp.spectral" if gain is not None else "folded by the loader")
+    qkn = qk_norm(model, 0)
     return {"convention": QK_CONVENTION, "normalization": norm_type, "norm_gain": how,
-            "centered": bool(center), "norm": where if norm_type else "none"}
+            "centered": bool(center), "norm": where if norm_type else "none",
+            "qk_norm": QK_NORM_CONVENTION.format(over=qkn.over, module=qkn.module) if qkn else "none"}
 
 
 # --- model plumbing --------------------------------------------------------------------------
@@ -414,7 +445,9 @@ def qk_weights(model, layer: int, offset: int | None = None, weights: str = "eff
 
     ``weights="effective"`` (default, :data:`QK_CONVENTION`): C diag(g) W for both, with
     the attention input norm's gain g (:func:`attention_input_norm`), so raw and
-    ``fold_ln``-processed loads of one model agree; ``"stored"``: the matrices as stored.
+    ``fold_ln``-processed loads of one model agree, and on qk-norm models each head's
+    q/k-norm gains folded into the columns before any rotation (:func:`fold_qk_norm`);
+    ``"stored"``: the matrices as stored.
     W_K is expanded over grouped-query heads. For rotary heads and an ``offset`` Δ,
     W_K' = W_K R(-Δ)^T, so M(Δ) = W_Q R(-Δ) W_K^T; Δ = None or 0 gives the unrotated W_K.
 
@@ -424,7 +457,7 @@ def qk_weights(model, layer: int, offset: int | None = None, weights: str = "eff
             TL RoPE scaling on a model whose frequencies posinterp did not install, or
             ``weights`` not in ``("effective", "stored")``.
     """
-    from ..models.backend import attention_weights
+    from ..models.backend import attention_weights, qk_norm
 
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
@@ -434,6 +467,7 @@ def qk_weights(model, layer: int, offset: int | None = None, weights: str = "eff
     if weights == "effective":
         gain, center, _ = attention_input_norm(model, layer)
         W_Q, W_K = effective_weights(W_Q, gain, center), effective_weights(W_K, gain, center)
+        W_Q, W_K = fold_qk_norm(W_Q, W_K, qk_norm(model, layer))
     if offset is None or offset == 0:
         return W_Q, W_K
     if not is_rotary(model):
@@ -480,6 +514,7 @@ def _selected_qk_only(qk, layers, heads, offset, weights):
         if weights == "effective":
             W_Q = effective_weights(W_Q, qk.gain[layer], qk.center)
             W_K = effective_weights(W_K, qk.gain[layer], qk.center)
+            W_Q, W_K = fold_qk_norm(W_Q, W_K, qk.qk_norm[layer] if qk.qk_norm else None)
         return W_Q, W_K
 
     # folded once per layer, not once per offset

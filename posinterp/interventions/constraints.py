@@ -95,6 +95,10 @@ _RENAMED = {"no_positive_real": "left_half_plane", "no_negative_real": "right_ha
 _EPS = 1e-3
 
 
+_QK_NORM_WHY = ("the norm rescales q and k by their own root-mean-square after the projection, so a "
+                "constraint on W_Q, W_K no longer fixes the content form")
+
+
 def _check_kind(kind: str) -> None:
     if kind in _RENAMED:
         raise ValueError(f"constraint {kind!r} was renamed {_RENAMED[kind]!r}: it bans a whole "
@@ -228,11 +232,12 @@ def banned_ranks(model, channel: str) -> torch.Tensor:
         ValueError: for a ``channel`` not in :data:`posinterp.interventions.CHANNELS`.
     """
     from ..analysis.spectral import attention_input_norm
-    from ..models.backend import attention_weights
+    from ..models.backend import attention_weights, refuse_qk_norm
     from .channels import CHANNELS
 
     if channel not in CHANNELS:
         raise ValueError(f"channel must be one of {CHANNELS}, got {channel!r}")
+    refuse_qk_norm(model, "banned_ranks", _QK_NORM_WHY)
     out = []
     for layer in range(model.cfg.n_layers):
         w = attention_weights(model, layer)
@@ -378,7 +383,8 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
             ``layers`` that are not distinct ints in ``[0, n_layers)`` (checked before
             any layer is changed).
         MissingFeatureError: a bridge whose q/k projections are not ``nn.Linear`` in
-            TransformerLens's per-head row order (:func:`~posinterp.models.backend.qk_slots`).
+            TransformerLens's per-head row order (:func:`~posinterp.models.backend.qk_slots`),
+            or a qk-norm model (the norm undoes any constraint on the weights' scale).
         ValueError: ``ban_band`` on a model that is not RoPE, without a non-empty
             ``band`` of pair indices in range, or ``band`` with another kind;
             ``ban_random_subspace`` without ``rank`` or with ranks outside [0, d_head]
@@ -386,9 +392,10 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
     """
     from ..analysis.spectral import attention_input_norm
     from ..devices import model_device
-    from ..models.backend import n_kv_heads, qk_slots
+    from ..models.backend import n_kv_heads, qk_slots, refuse_qk_norm
 
     _check_kind(kind)
+    refuse_qk_norm(model, "constrain_qk", _QK_NORM_WHY)
     if kind in TIED_CONSTRAINTS and n_kv_heads(model) != model.cfg.n_heads:
         raise ValueError("tied constraints need one key per query head (no grouped-query "
                          "attention); the ban_* constraints work with grouped keys")

@@ -26,6 +26,7 @@ _ASSUMED = {
     "LlamaForCausalLM": (("attention_bias", False), ("mlp_bias", False)),
     "MistralForCausalLM": (),
     "Qwen2ForCausalLM": (("use_sliding_window", False),),
+    "Qwen3ForCausalLM": (("use_sliding_window", False), ("attention_bias", False)),
     "OPTForCausalLM": (("do_layer_norm_before", True), ("enable_bias", True)),
     "GPTNeoXForCausalLM": (("attention_bias", True),),
     "BloomForCausalLM": (("apply_residual_connection_post_layernorm", False),),

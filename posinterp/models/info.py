@@ -26,6 +26,7 @@ ARCHITECTURE_SCHEMES: dict[str, str] = {
     "LlamaForCausalLM": "rotary",
     "MistralForCausalLM": "rotary",
     "Qwen2ForCausalLM": "rotary",
+    "Qwen3ForCausalLM": "rotary",
     "GPTJForCausalLM": "rotary",
     "BloomForCausalLM": "alibi",
 }

@@ -10,8 +10,10 @@ TransformerLens's per-head layout. No forward pass is run, no full model is in m
 :func:`~posinterp.analysis.spectral.qk_spectrum` gives for the fully loaded model.
 
 Supported: the Llama family layout (``LlamaForCausalLM``, ``MistralForCausalLM``,
-``Qwen2ForCausalLM``: ``model.layers.{l}.self_attn.{q,k}_proj`` and
-``input_layernorm``, RMSNorm, RoPE on split halves). Others are refused by name.
+``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``: ``model.layers.{l}.self_attn.{q,k}_proj`` and
+``input_layernorm``, RMSNorm, RoPE on split halves; Qwen3's per-head
+``self_attn.{q,k}_norm`` gains too, folded as
+:func:`posinterp.analysis.spectral.fold_qk_norm` says). Others are refused by name.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from torch import Tensor
 
 __all__ = ["QK_ONLY_ARCHITECTURES", "QKWeights", "read_qk_weights"]
 
-QK_ONLY_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+QK_ONLY_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                         "Qwen3ForCausalLM")
+# architectures whose q and k pass a per-head RMSNorm (gain = weight) before RoPE
+_QK_NORM = ("Qwen3ForCausalLM",)
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class QKWeights:
             as HF's ``repeat_kv``).
         gain: per layer ``[d_model]``, the gain of the RMSNorm feeding attention.
         center: False (RMSNorm does not centre).
+        qk_norm: per layer a :class:`~posinterp.models.backend.QKNorm` (gains
+            ``[n_heads, d_head]``, keys expanded) for qk-norm architectures, else None.
         pe, rotary_dim, adjacent_pairs, inv_freq: the RoPE the model applies
             (``inv_freq`` ``[rotary_dim / 2]``, HF's frequencies).
         source: what was read (path, format, tensor count, bytes of those tensors).
@@ -60,6 +67,7 @@ class QKWeights:
     adjacent_pairs: bool | None
     inv_freq: Tensor | None
     source: dict = field(default_factory=dict)
+    qk_norm: tuple | None = None
 
 
 def _per_head(w: Tensor, n: int, d_head: int) -> Tensor:
@@ -67,7 +75,8 @@ def _per_head(w: Tensor, n: int, d_head: int) -> Tensor:
     return w.double().reshape(n, d_head, -1).transpose(1, 2).contiguous()
 
 
-def _assemble(spec, architecture, hf_config, q, k, g, source) -> QKWeights:
+def _assemble(spec, architecture, hf_config, q, k, g, source, qn=(), kn=()) -> QKWeights:
+    from .backend import QKNorm
     from .hf_config import hf_rotary_inv_freq
     from .info import scheme_for_architecture
 
@@ -78,11 +87,13 @@ def _assemble(spec, architecture, hf_config, q, k, g, source) -> QKWeights:
     inv_freq = hf_rotary_inv_freq(architecture, hf_config)  # refuses unsupported RoPE settings
     W_Q = tuple(_per_head(w, n_heads, d_head) for w in q)
     W_K = tuple(_per_head(w, n_kv, d_head).repeat_interleave(n_heads // n_kv, dim=0) for w in k)
+    norms = tuple(QKNorm(a.double().expand(n_heads, d_head).clone(), b.double().expand(n_heads, d_head).clone(),
+                         "per head", "RMSNorm (gain w)") for a, b in zip(qn, kn)) or None
     return QKWeights(spec=str(spec), architecture=architecture, pe=scheme_for_architecture(architecture),
                      n_layers=len(q), n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head,
                      W_Q=W_Q, W_K=W_K, gain=tuple(x.double() for x in g), center=False,
                      rotary_dim=2 * inv_freq.numel(), adjacent_pairs=False,
-                     inv_freq=inv_freq.double(), source=source)
+                     inv_freq=inv_freq.double(), source=source, qk_norm=norms)
 
 
 def _check_architecture(spec, architecture: str) -> None:
@@ -112,7 +123,9 @@ def _read_folder(folder: Path) -> QKWeights:
     n_layers = hf_config.num_hidden_layers
     names = {kind: [f"model.layers.{i}.{part}.weight" for i in range(n_layers)]
              for kind, part in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"),
-                                ("g", "input_layernorm"))}
+                                ("g", "input_layernorm"))
+             + ((("qn", "self_attn.q_norm"), ("kn", "self_attn.k_norm"))
+                if architecture in _QK_NORM else ())}
     out, nbytes, handles = {}, 0, {}
     try:
         for kind, keys in names.items():
@@ -132,7 +145,8 @@ def _read_folder(folder: Path) -> QKWeights:
         handles.clear()
     return _assemble(folder, architecture, hf_config, out["q"], out["k"], out["g"],
                      {"path": str(folder.resolve()), "format": "safetensors",
-                      "tensors": 3 * n_layers, "bytes": nbytes})
+                      "tensors": len(names) * n_layers, "bytes": nbytes},
+                     out.get("qn", ()), out.get("kn", ()))
 
 
 def _read_gguf(path: Path) -> QKWeights:
@@ -155,10 +169,12 @@ def _read_gguf(path: Path) -> QKWeights:
     proc = TENSOR_PROCESSORS.get(header["architecture"], TensorProcessor)(config={
         "num_attention_heads": hf_config.num_attention_heads,
         "num_key_value_heads": hf_config.num_key_value_heads})
-    out, nbytes = {"q": [], "k": [], "g": []}, 0
+    kinds = [("q", "attn_q"), ("k", "attn_k"), ("g", "attn_norm")]
+    if architecture in _QK_NORM:  # llama.cpp's names for Qwen3's per-head q/k norms
+        kinds += [("qn", "attn_q_norm"), ("kn", "attn_k_norm")]
+    out, nbytes = {kind: [] for kind, _ in kinds}, 0
     for i in range(hf_config.num_hidden_layers):
-        for kind, name in (("q", f"blk.{i}.attn_q.weight"), ("k", f"blk.{i}.attn_k.weight"),
-                           ("g", f"blk.{i}.attn_norm.weight")):
+        for kind, name in ((kind, f"blk.{i}.{part}.weight") for kind, part in kinds):
             if name not in tensors:
                 raise ValueError(f"{path}: tensor {name} is missing")
             t = tensors[name]
@@ -169,8 +185,8 @@ def _read_gguf(path: Path) -> QKWeights:
             out[kind].append(torch.from_numpy(w.copy()).float())
     return _assemble(path, architecture, hf_config, out["q"], out["k"], out["g"],
                      {"path": str(path.resolve()), "format": "gguf", "file_type": header["file_type"],
-                      "dequantized": True, "tensors": 3 * hf_config.num_hidden_layers,
-                      "bytes": nbytes})
+                      "dequantized": True, "tensors": len(kinds) * hf_config.num_hidden_layers,
+                      "bytes": nbytes}, out.get("qn", ()), out.get("kn", ()))
 
 
 def read_qk_weights(spec: str | os.PathLike) -> QKWeights:
