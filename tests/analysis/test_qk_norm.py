@@ -225,3 +225,13 @@ def test_a_q_norm_that_is_not_rms_is_refused():
     attn.q_norm, attn.k_norm = torch.nn.LayerNorm(d_head), torch.nn.LayerNorm(d_head)
     with pytest.raises(MissingFeatureError, match="q_norm.*not an RMSNorm"):
         pi.qk_spectrum(model)
+
+
+def test_qwen3_with_qk_norm_gains_at_hf_parity(qwen3, no_network):
+    """The parity cases keep HF's unit gains, which a loader that dropped the q/k norms would
+    also match; this checkpoint's gains are not 1 (padding on either side and a mask gap)."""
+    from posinterp.models.parity import hf_parity
+
+    folder, _ = qwen3
+    table = hf_parity(folder, lengths=(8, 60))
+    assert len(table) == 8 and table["value"].max() <= 1e-5
