@@ -276,6 +276,10 @@ def _compare(args: argparse.Namespace) -> int:
     print(f"\nformed or dissolved: {len(cmp.formed)} crossing(s)")
     if len(cmp.formed):
         print(_table(cmp.formed))
+    if cmp.notes:  # what was not compared and why, as on the page
+        print("\nnotes:")
+        for note in cmp.notes:
+            print(f"- {note}")
     print(f"\ntook {res.seconds:.1f} s; page: {res.report_path.resolve()}")
     return 0
 

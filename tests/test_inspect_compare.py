@@ -1,5 +1,6 @@
 """`posinterp inspect A --compare B`: two checkpoints of one run, one offline page."""
 
+import html
 import json
 import re
 
@@ -72,3 +73,26 @@ def test_a_single_inspection_also_writes_its_json(steps, tmp_path):
     csv = pd.read_csv(out / "heads.csv")
     assert list(res.table.metric) == list(csv.metric)
     assert np.allclose(res.table.value.to_numpy(float), csv.value.to_numpy(float), equal_nan=True, rtol=1e-15)
+
+
+def test_a_rotary_and_an_absolute_run_compare_at_delta_0_and_say_what_was_skipped(tmp_path, capsys):
+    cfg = TrainConfig(max_steps=1, batch_size=8, eval_every=1, n_eval=16, checkpoint_every=1,
+                      warmup_steps=1, target_accuracy=None, seed=3)
+    folders = []
+    for pe in ("rotary", "absolute"):  # one shape, two schemes
+        train(preset("tiny", pe=pe), tiny_task("reversal", n=40, max_digits=6), cfg,
+              checkpoint_dir=tmp_path / pe, progress=False)
+        (step,) = sorted((tmp_path / pe).glob("step_*"))
+        folders.append(str(step))
+    out = tmp_path / "cmp"
+    assert main(["inspect", *folders[:1], "--compare", folders[1], "--tokens", "10", "--batch", "3",
+                 "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    changes = pd.read_csv(out / "changes.csv")
+    spectrum = changes[changes.metric == "spectrum_change"]
+    assert len(spectrum) == 8 and np.isfinite(spectrum.value).all() and (spectrum.value > 0).all()
+    # the same sentence in the CLI output, on the page and in run.json
+    (note,) = [n for n in json.loads((out / "run.json").read_text())["notes"] if n.startswith("Not compared")]
+    assert f"only {folders[0]} defines them: " in note and "at Δ = -1: " in note
+    assert "notes:" in printed and note in printed
+    assert html.escape(note) in (out / "compare.html").read_text()

@@ -19,10 +19,21 @@ Definitions (all per head):
   min_σ sqrt(mean_i |λ_i − μ_σ(i)|²) / (sqrt(mean|λ|²) + sqrt(mean|μ|²)), found with
   ``scipy.optimize.linear_sum_assignment`` (Kuhn 1955). In [0, 1] by Minkowski's
   inequality; 0 iff the spectra are equal; scaling B by c > 0 gives |c − 1| / (1 + c).
-  Rotary heads: the larger of Δ = 0 and Δ = −1.
+  Rotary heads: the larger over the offsets both sides have (Δ = 0 and Δ = −1 for two
+  rotary models, Δ = 0 alone across schemes: below).
 * ``change``: the largest of ``kernel_attention_change``, ``spectrum_change`` and the
   absolute changes of the previous-token, self and first-token scores and of the
   rotational mass (every offset): all unit-free on a 0–1 scale, so no weights are needed.
+
+**Across positional schemes** (a rotary model and one without rotation: absolute, ALiBi,
+NoPE) only what both sides define is compared. A head without rotation has one QK form,
+the raw W_Q W_K^T (its spectral rows carry no offset); a rotary head's form at Δ = 0 is
+W_Q R(0) W_K^T, the same raw W_Q W_K^T. So a metric whose rows have no offset on one side
+and offset 0 on the other is compared at Δ = 0 (keys ``@Δ=0``); kernels keep their key
+offsets. What only one side defines (Δ = −1 spectra and measures, frequency shares, the
+positional score, band ablations, a missing score kernel) is not compared:
+:attr:`Comparison.skipped` lists it and a note names it, as a note names every head whose
+change has no value, and every formation criterion that could not be evaluated.
 
 A head **formed** when a criterion is below its threshold in A and at or above it in B
 (``dissolved``: the reverse). Default criteria (:data:`FORMATION_CRITERIA`): the
@@ -43,7 +54,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from ._checks import check_tokens
-from .inspect import _VECTOR_METRICS, Inspection, inspect_heads
+from .inspect import _KERNEL_METRICS, _VECTOR_METRICS, Inspection, head_wide, inspect_heads, score_key
 
 __all__ = ["FORMATION_CRITERIA", "Comparison", "compare_inspections", "compare_models",
            "input_facts", "spectrum_distance"]
@@ -52,6 +63,9 @@ __all__ = ["FORMATION_CRITERIA", "Comparison", "compare_inspections", "compare_m
 FORMATION_CRITERIA = (("rotational_mass_null_percentile", 95.0), ("previous_token_score", 0.5))
 # Scores whose absolute change enters ``change`` (all on a 0-1 scale).
 _UNIT_SCORES = ("previous_token_score", "self_score", "first_token_score", "rotational_mass")
+
+
+_SKIPPED_COLUMNS = ["quantity", "metric", "offset", "ablation", "side", "only_in"]
 
 
 def _digest(*parts) -> str:
@@ -132,8 +146,17 @@ class Comparison:
             ablation, metric, a, b, value``; a score's rows hold A's and B's values and
             ``value`` = B − A; the rows of ``change``, ``kernel_attention_change``,
             ``kernel_score_change`` and ``spectrum_change`` hold the change in ``value``.
-            Heads in the order of ``heads``.
-        notes: plain sentences shown on the page.
+            Heads in the order of ``heads``. A quantity only one side defines keeps that
+            side's value and has no ``value`` (it is listed in ``skipped``).
+        notes: plain sentences shown on the page (and printed by the CLI), including
+            what was not compared and why.
+        skipped: what only one side defines, so was not compared: ``quantity`` (a score
+            key as in ``heads``, ``eigenvalues@Δ=<offset>`` for a spectrum, a kernel's or
+            ``frequency_share@Δ=<offset>``'s metric), ``metric``, ``offset``, ``ablation``,
+            ``side`` (``"a"`` or ``"b"``, the side that has it) and ``only_in`` (its name).
+        compared: A's and B's per-head table rows as compared: a side without RoPE
+            offsets has its spectral rows labelled Δ = 0 when the other side is rotary
+            (module docstring); the page is drawn from these.
     """
 
     a: Inspection
@@ -145,6 +168,8 @@ class Comparison:
     layers: pd.DataFrame
     table: pd.DataFrame
     notes: list[str] = field(default_factory=list)
+    skipped: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=_SKIPPED_COLUMNS))
+    compared: tuple[pd.DataFrame, pd.DataFrame] | None = None
 
     def _repr_html_(self) -> str:
         """The comparison page inline in a notebook (posinterp.viz.notebook)."""
@@ -186,24 +211,136 @@ def _check_comparable(a: Inspection, b: Inspection, names) -> list[str]:
     return notes
 
 
-def _kernel_changes(a: Inspection, b: Inspection) -> pd.DataFrame:
+def _align_offsets(ta: pd.DataFrame, tb: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list, list]:
+    """A's and B's per-head rows with their RoPE offsets lined up across schemes.
+
+    A head without rotation has one QK form, the raw W_Q W_K^T (spectral rows with offset
+    NA); a rotary head's Δ = 0 form is the same W_Q W_K^T. A metric (not a kernel, whose
+    offsets are key offsets) with only NA offsets on one side, and offset 0 and no NA on
+    the other, gets offset 0 on the NA side. Returns both tables and, per side, the
+    metrics relabelled.
+    """
+    ta, tb = (t[t["head"].notna()] for t in (ta, tb))
+
+    def facts(t):
+        rope = t[~t.metric.isin(_KERNEL_METRICS)]
+        na = rope.offset.isna()
+        zero = (rope.offset == 0).fillna(False).astype(bool)
+        return na.groupby(rope.metric).all(), zero.groupby(rope.metric).any(), na.groupby(rope.metric).any()
+
+    fa, fb = facts(ta), facts(tb)
+    out = []
+    for t, (all_na, _, _), (_, has_zero, any_na) in ((ta, fa, fb), (tb, fb, fa)):
+        metrics = sorted(m for m in all_na.index[all_na.to_numpy(bool)]
+                         if has_zero.get(m, False) and not any_na.get(m, True))
+        if metrics:
+            t = t.copy()
+            t.loc[t.metric.isin(metrics), "offset"] = 0
+        out.append((t, metrics))
+    (ta, ma), (tb, mb) = out
+    return ta, tb, ma, mb
+
+
+def _quantities(t: pd.DataFrame) -> pd.DataFrame:
+    """What one side's per-head rows define: one row per quantity (module docstring)."""
+    kinds = t.metric.where(~t.metric.isin(["eigenvalue_real", "eigenvalue_imag"]), "eigenvalues")
+    q = pd.DataFrame({"metric": kinds, "offset": t.offset.astype("Int64"),
+                      "ablation": t.ablation.astype("string")})
+    q.loc[q.metric.isin(_KERNEL_METRICS), "offset"] = pd.NA  # key offsets: compared where both have one
+    q = q.drop_duplicates(ignore_index=True)
+    q["quantity"] = [score_key(m, o, a) for m, o, a in zip(q.metric, q.offset, q.ablation, strict=True)]
+    return q
+
+
+def _skipped(ta: pd.DataFrame, tb: pd.DataFrame, names) -> pd.DataFrame:
+    qa, qb = _quantities(ta), _quantities(tb)
+    rows = []
+    for mine, other, side, name in ((qa, qb, "a", names[0]), (qb, qa, "b", names[1])):
+        only = mine[~mine.quantity.isin(set(other.quantity))]
+        rows.append(only.assign(side=side, only_in=name))
+    return pd.concat(rows, ignore_index=True)[_SKIPPED_COLUMNS].sort_values(
+        ["side", "offset", "quantity"], ignore_index=True, na_position="last")
+
+
+def _head_ids(frame: pd.DataFrame, limit: int = 8) -> str:
+    ids = [f"L{int(la)}H{int(h)}" for la, h in zip(frame.layer, frame["head"], strict=True)]
+    return ", ".join(ids[:limit]) + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def _schema_notes(names, relabelled, skipped: pd.DataFrame) -> list[str]:
+    """Say how two schemes were lined up and what only one side defines."""
+    notes = []
+    for side, other in ((0, 1), (1, 0)):
+        if relabelled[side]:
+            notes.append(
+                f"{names[other]} is rotary and {names[side]} is not: a head without rotation has one "
+                "QK form, the raw W_Q W_K^T, which is what a rotary head's form at Δ = 0 is "
+                f"(R(0) = I), so {names[side]}'s spectra and spectral measures are compared with "
+                f"{names[other]}'s at Δ = 0 (keys @Δ=0).")
+    for side, name in zip("ab", names, strict=True):
+        rows = skipped[skipped.side == side]
+        if rows.empty:
+            continue
+        parts = []
+        for off in sorted(rows.offset.dropna().unique(), reverse=True):
+            at = rows[rows.offset == off]
+            parts.append(f"at Δ = {int(off)}: " + ", ".join(
+                m if pd.isna(a) else f"{m}[{a}]" for m, a in zip(at.metric, at.ablation, strict=True)))
+        plain = rows[rows.offset.isna()]
+        if len(plain):
+            parts.append(", ".join(plain.quantity))
+        why = (" spectrum_change is the distance at the offsets both sides have."
+               if (rows.metric == "eigenvalues").any() else "")
+        notes.append(f"Not compared, as only {name} defines them: {'; '.join(parts)}.{why}")
+    return notes
+
+
+def _missing_notes(heads: pd.DataFrame, wa: pd.DataFrame, wb: pd.DataFrame, names) -> list[str]:
+    """One note per column of ``heads`` with a missing value: which heads, and why."""
+    notes = []
+    for col in heads.columns:
+        if col in ("layer", "head") or not heads[col].isna().any():
+            continue
+        miss = heads[col].isna().to_numpy()
+        if col.startswith("delta_"):
+            key = col.removeprefix("delta_")
+            na_a, na_b = wa[key].isna().to_numpy(), wb[key].isna().to_numpy()
+            why = np.where(na_a & na_b, f"neither {names[0]} nor {names[1]} has a value",
+                           np.where(na_a, f"{names[0]} has no value", f"{names[1]} has no value"))
+        elif col == "spectrum_change":
+            why = np.full(len(heads), f"no offset at which both {names[0]} and {names[1]} have a spectrum")
+        elif col == "change":
+            why = np.full(len(heads), "none of its parts has a value")
+        else:
+            why = np.full(len(heads), f"no offset at which both {names[0]} and {names[1]} have a "
+                                      f"{col.removesuffix('_change')} value")
+        for reason in dict.fromkeys(why[miss]):
+            sel = miss & (why == reason)
+            notes.append(f"{col} has no value for {int(sel.sum())} of {len(heads)} heads "
+                         f"({_head_ids(heads[sel])}): {reason}.")
+    return notes
+
+
+def _kernel_changes(ta: pd.DataFrame, tb: pd.DataFrame) -> pd.DataFrame:
     keys = ["layer", "head", "metric", "offset"]
-    pick = lambda t: t[t.metric.isin(["kernel_attention", "kernel_score"])][keys + ["value"]]  # noqa: E731
-    k = pick(a.table).merge(pick(b.table), on=keys, how="outer", suffixes=("_a", "_b"))
+    pick = lambda t: t[t.metric.isin(_KERNEL_METRICS)][keys + ["value"]]  # noqa: E731
+    k = pick(ta).merge(pick(tb), on=keys, how="outer", suffixes=("_a", "_b"))
     k = k.rename(columns={"value_a": "a", "value_b": "b"})
     k["delta"] = k["b"] - k["a"]
     return k.sort_values(keys, ignore_index=True).astype({"head": "int64"})
 
 
-def _spectrum_changes(a: Inspection, b: Inspection) -> pd.DataFrame:
+def _spectrum_changes(ta: pd.DataFrame, tb: pd.DataFrame) -> pd.DataFrame:
     def eig(t):
         t = t[t.metric.isin(["eigenvalue_real", "eigenvalue_imag"])]
+        if t.empty:
+            return {}
         w = t.pivot_table(index=["layer", "head", "offset", "rank"], columns="metric", values="value",
                           dropna=False, sort=True)
         return {k: (g["eigenvalue_real"] + 1j * g["eigenvalue_imag"]).to_numpy()
                 for k, g in w.reset_index().groupby(["layer", "head", "offset"], dropna=False)}
 
-    ea, eb = eig(a.table), eig(b.table)
+    ea, eb = eig(ta), eig(tb)
     rows = []
     for key in sorted(set(ea) & set(eb), key=str):
         layer, head, off = key
@@ -212,22 +349,32 @@ def _spectrum_changes(a: Inspection, b: Inspection) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["layer", "head", "offset", "spectrum_change"])
 
 
-def _formation(wa: pd.DataFrame, wb: pd.DataFrame, criteria) -> pd.DataFrame:
-    rows = []
+def _formation(wa: pd.DataFrame, wb: pd.DataFrame, criteria, names) -> tuple[pd.DataFrame, list[str]]:
+    rows, notes = [], []
     for prefix, threshold in criteria:
-        cols = [c for c in wa.columns if c in wb.columns
-                and (c == prefix or c.startswith(prefix + "@"))]
+        in_b = {c for c in wb.columns if c == prefix or c.startswith(prefix + "@")}
+        cols = [c for c in wa.columns if c in in_b]
+        if not cols:
+            notes.append(f"Formation criterion {prefix} (threshold {threshold:g}) is not evaluated: "
+                         f"{names[0]} and {names[1]} have no score of that name in common.")
         for col in cols:
+            missing = []
             for (layer, h, va), vb in zip(wa[["layer", "head", col]].itertuples(index=False, name=None),
                                       wb[col], strict=True):
                 if pd.isna(va) or pd.isna(vb):
+                    missing.append((layer, h))
                     continue
                 event = ("formed" if va < threshold <= vb else
                          "dissolved" if vb < threshold <= va else None)
                 if event:
                     rows.append(dict(layer=int(layer), head=int(h), criterion=col, threshold=threshold,
                                      a=float(va), b=float(vb), event=event))
-    return pd.DataFrame(rows, columns=["layer", "head", "criterion", "threshold", "a", "b", "event"])
+            if missing:
+                frame = pd.DataFrame(missing, columns=["layer", "head"])
+                notes.append(f"Formation criterion {col} is not evaluated for {len(missing)} heads "
+                             f"({_head_ids(frame)}): {names[0]} or {names[1]} has no value there.")
+    return (pd.DataFrame(rows, columns=["layer", "head", "criterion", "threshold", "a", "b", "event"]),
+            notes)
 
 
 def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = ("A", "B"),
@@ -244,6 +391,9 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
     Returns:
         :class:`Comparison`; definitions of every column in the module docstring.
         Comparing an inspection with itself gives zero changes and no formed heads.
+        Across positional schemes only what both define is compared (module docstring);
+        what was skipped is in ``skipped`` and ``notes``, and every missing value in
+        ``heads`` has a note naming its heads and cause.
 
     Raises:
         ValueError: if n_layers or n_heads differ, d_vocab or the tokenizer vocabulary
@@ -251,20 +401,28 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
     """
     names = (str(names[0]), str(names[1]))
     notes = _check_comparable(a, b, names)
-    wa, wb = a.head_view(), b.head_view()
+    ta, tb, rel_a, rel_b = _align_offsets(a.table, b.table)
+    skipped = _skipped(ta, tb, names)
+    notes += _schema_notes(names, (rel_a, rel_b), skipped)
+    wa, wb = head_wide(ta), head_wide(tb)
+    extra = wb.merge(wa[["layer", "head"]], on=["layer", "head"], how="left", indicator=True)
+    extra = extra[extra["_merge"] == "left_only"]
+    if len(extra):
+        notes.append(f"{len(extra)} heads have scores in {names[1]} only and are not compared "
+                     f"({_head_ids(extra)}).")
     common = [c for c in wa.columns if c in wb.columns and c not in ("layer", "head")]
     wb = wa[["layer", "head"]].merge(wb, on=["layer", "head"], how="left")
     deltas = pd.DataFrame({f"delta_{c}": wb[c].to_numpy() - wa[c].to_numpy() for c in common})
     heads = pd.concat([wa[["layer", "head"]].reset_index(drop=True), deltas], axis=1)
 
-    kernels = _kernel_changes(a, b)
+    kernels = _kernel_changes(ta, tb)
     kmax = (kernels.assign(absd=kernels["delta"].abs())
             .groupby(["layer", "head", "metric"])["absd"].max().unstack("metric"))
-    for metric in ("kernel_attention", "kernel_score"):
+    for metric in _KERNEL_METRICS:
         col = kmax[metric] if metric in kmax else pd.Series(dtype=float)
         heads[f"{metric}_change"] = [col.get((li, h), np.nan) for li, h in zip(heads.layer, heads["head"],
                                                                            strict=True)]
-    spec = _spectrum_changes(a, b)
+    spec = _spectrum_changes(ta, tb)
     smax = spec.groupby(["layer", "head"])["spectrum_change"].max()
     heads["spectrum_change"] = [smax.get((li, h), np.nan) for li, h in zip(heads.layer, heads["head"],
                                                                          strict=True)]
@@ -275,6 +433,7 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
     lead = ["layer", "head", "change", "kernel_attention_change", "kernel_score_change",
             "spectrum_change"]
     heads = heads[lead + [c for c in heads.columns if c not in lead]]
+    notes += _missing_notes(heads, wa, wb, names)  # heads still in wa's order here
     heads = heads.sort_values(["change", "layer", "head"], ascending=[False, True, True],
                               ignore_index=True, na_position="last")
 
@@ -283,21 +442,24 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
     layers = adj(a.table).merge(adj(b.table), on=["layer", "hook"], how="outer", suffixes=("_a", "_b"))
     layers = layers.rename(columns={"value_a": "a", "value_b": "b"})
     layers["delta"] = layers["b"] - layers["a"]
-    formed = _formation(wa, wb, criteria)
-    return Comparison(a, b, names, heads, kernels, formed, layers, _long(a, b, heads), notes)
+    formed, formed_notes = _formation(wa, wb, criteria, names)
+    notes += formed_notes
+    return Comparison(a, b, names, heads, kernels, formed, layers, _long(ta, tb, heads), notes,
+                      skipped, (ta, tb))
 
 
 _CHANGES = ("change", "kernel_attention_change", "kernel_score_change", "spectrum_change")
 
 
-def _long(a: Inspection, b: Inspection, heads: pd.DataFrame) -> pd.DataFrame:
-    """The saved long form of a comparison (DESIGN: saved results are long)."""
+def _long(ta: pd.DataFrame, tb: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
+    """The saved long form of a comparison (DESIGN: saved results are long), from the
+    per-head rows as compared (:func:`_align_offsets`)."""
     keys = ["hook", "layer", "head", "offset", "ablation", "metric"]
 
     def scalar(t):
         t = t[t["head"].notna() & ~t.metric.isin(_VECTOR_METRICS)]
         return t[keys + ["value"]]
-    scores = scalar(a.table).merge(scalar(b.table), on=keys, how="outer", suffixes=("_a", "_b"))
+    scores = scalar(ta).merge(scalar(tb), on=keys, how="outer", suffixes=("_a", "_b"))
     scores = scores.rename(columns={"value_a": "a", "value_b": "b"})
     scores["value"] = scores["b"] - scores["a"]
     changes = heads.melt(id_vars=["layer", "head"], value_vars=list(_CHANGES), var_name="metric")

@@ -322,8 +322,13 @@ def score_key(metric: str, offset, ablation) -> str:
     return key
 
 
-_VECTOR_METRICS = ("kernel_attention", "kernel_score", "eigenvalue_real", "eigenvalue_imag",
-                   "frequency_share")
+#: Metrics whose ``offset`` is the key offset Δ = j - i (the positional kernels); every other
+#: offset in the table is a RoPE offset (spectral rows, frequency shares).
+_KERNEL_METRICS = ("kernel_attention", "kernel_score")
+#: Metrics with several rows per head at one offset and ablation (by key offset, eigenvalue
+#: ``rank`` or rotary pair ``rank``): never one per-head score. The one list: the wide view,
+#: the comparison and both pages read it (the pages from their embedded data).
+_VECTOR_METRICS = (*_KERNEL_METRICS, "eigenvalue_real", "eigenvalue_imag", "frequency_share")
 
 
 def head_wide(table: pd.DataFrame) -> pd.DataFrame:

@@ -7,7 +7,8 @@ function records(t) { return t.rows.map(r => Object.fromEntries(t.columns.map((c
 const HEADS = records(DATA.heads);
 const KERNELS = records(DATA.kernels);
 const EIG = records(DATA.eig);
-const SCORES = records(DATA.scores);
+const SCORES = records(DATA.scores);  // per-head scalars only: compare.py leaves DATA.vector_metrics out
+const FREQ = records(DATA.frequency);  // frequency_share, one row per side, offset and rotary pair
 const BY_ID = Object.fromEntries(HEADS.map(r => [r.layer + '-' + r.head, r]));
 const KEYS = DATA.heads.columns.filter(c => c !== 'layer' && c !== 'head');
 const COLOURS = {a: '#08519c', b: '#e4572e'};
@@ -126,15 +127,46 @@ function eigenPlot(l, h, offset) {
   const S = 200, C = S / 2;
   const s = svg('svg', {width: S, height: S + 16});
   const rows = EIG.filter(r => r.layer === l && r.head === h && r.offset === offset);
+  const sides = ['a', 'b'].filter(w => rows.some(r => r.which === w));
   const rmax = Math.max(...rows.map(r => Math.hypot(r.re, r.im)), 1e-12) * 1.1;
   const P = v => C + v / rmax * (C - 4);
   s.appendChild(svg('line', {x1: 0, x2: S, y1: C, y2: C, stroke: '#999'}));
   s.appendChild(svg('line', {x1: C, x2: C, y1: 0, y2: S, stroke: '#999'}));
   for (const r of rows)
     s.appendChild(svg('circle', {cx: P(r.re), cy: P(-r.im), r: 3, fill: COLOURS[r.which], opacity: 0.8}));
-  s.appendChild(svg('text', {x: 2, y: S + 12}, (offset === null ? '' : 'Δ = ' + offset + ': ') + 'QK eigenvalues'));
+  const only = sides.length === 1 ? ' (' + NAMES[sides[0] === 'a' ? 0 : 1] + ' only, not compared)' : '';
+  s.appendChild(svg('text', {x: 2, y: S + 12}, (offset === null ? '' : 'Δ = ' + offset + ': ') + 'QK eigenvalues' + only));
   s.appendChild(svg('text', {x: S - 2, y: 10, 'text-anchor': 'end'}, '|λ| max ' + fmt(rmax / 1.1)));
   return s;
+}
+function spectrumOffsets(l, h) {  // Δ = 0 first, then -1; null: a non-rotary pair's one form
+  const offs = [...new Set(EIG.filter(r => r.layer === l && r.head === h).map(r => r.offset))];
+  return offs.sort((x, y) => (x === null) - (y === null) || y - x);
+}
+function frequencyTable(l, h) {
+  // One row per offset and rotary pair: pairs are never merged into one per-head score.
+  const cells = {};
+  for (const r of FREQ.filter(r => r.layer === l && r.head === h)) {
+    const k = r.offset + '|' + r.rank;
+    (cells[k] = cells[k] || {offset: r.offset, rank: r.rank})[r.which] = r.value;
+  }
+  const rows = Object.values(cells).sort((x, y) => y.offset - x.offset ||
+    (x.rank === null) - (y.rank === null) || x.rank - y.rank);
+  if (!rows.length) return null;
+  const t = el('table', {class: 'scores frequency'});
+  t.appendChild(el('tr')).append(...['Δ', 'rotary pair', 'A: ' + NAMES[0], 'B: ' + NAMES[1], 'B − A'].map(c => el('th', {}, c)));
+  for (const r of rows) {
+    const tr = el('tr', {'data-offset': r.offset, 'data-pair': r.rank === null ? 'unrotated' : r.rank});
+    tr.append(el('td', {}, String(r.offset)), el('td', {}, r.rank === null ? 'unrotated dims' : 'pair ' + r.rank),
+              side(r, 'a'), side(r, 'b'), el('td', {}, fmt(defined(r) ? r.b - r.a : null)));
+    t.appendChild(tr);
+  }
+  return t;
+}
+function defined(v) { return v.a !== undefined && v.b !== undefined && v.a !== null && v.b !== null; }
+function side(v, w) {  // a value, or a dash saying that this side does not define it
+  if (v[w] !== undefined) return el('td', {}, fmt(v[w]));
+  return el('td', {title: 'not defined for ' + NAMES[w === 'a' ? 0 : 1] + ': not compared'}, '—');
 }
 function scoreKey(r) {
   let k = r.metric;
@@ -160,9 +192,8 @@ function openCard(id) {
     (vals[k] = vals[k] || {})[r.which] = r.value;
   }
   for (const [k, v] of Object.entries(vals)) {
-    const d = (v.a === undefined || v.b === undefined || v.a === null || v.b === null) ? null : v.b - v.a;
     const tr = el('tr');
-    tr.append(el('td', {}, k), el('td', {}, fmt(v.a)), el('td', {}, fmt(v.b)), el('td', {}, fmt(d)));
+    tr.append(el('td', {}, k), side(v, 'a'), side(v, 'b'), el('td', {}, fmt(defined(v) ? v.b - v.a : null)));
     t.appendChild(tr);
   }
   card.appendChild(t);
@@ -173,8 +204,14 @@ function openCard(id) {
   card.appendChild(plots);
   card.appendChild(el('h3', {}, 'QK eigenvalues of W_K^T W_Q (blue A, red B)'));
   const eig = el('div', {class: 'plots'});
-  for (const o of (META.rotary ? [0, -1] : [null])) eig.appendChild(eigenPlot(l, h, o));
+  for (const o of spectrumOffsets(l, h)) eig.appendChild(eigenPlot(l, h, o));
   card.appendChild(eig);
+  const freq = frequencyTable(l, h);
+  if (freq) {
+    card.appendChild(el('h3', {}, 'Share of QK energy per rotary pair (frequency_share)'));
+    card.appendChild(freq);
+    card.appendChild(el('p', {class: 'facts'}, 'One row per offset and rotary pair (pair 0 turns fastest); the shares of one side and offset sum to 1.'));
+  }
   drawGrid();
 }
 function init() {

@@ -21,8 +21,6 @@ from .inspect import _STYLE, _clean
 
 __all__ = ["compare_data", "compare_page", "save_compare_page"]
 
-_VECTOR = ("kernel_attention", "kernel_score", "eigenvalue_real", "eigenvalue_imag")
-
 
 def _records(df: pd.DataFrame) -> dict:
     return {"columns": [str(c) for c in df.columns],
@@ -30,28 +28,46 @@ def _records(df: pd.DataFrame) -> dict:
 
 
 def compare_data(comparison) -> dict:
-    """The JSON object the page embeds (missing values ``null``; nothing rounded)."""
+    """The JSON object the page embeds (missing values ``null``; nothing rounded).
+
+    Drawn from the per-head rows as compared (:attr:`Comparison.compared`: across schemes
+    a non-rotary side's spectra at Δ = 0). ``scores``: the per-head scalar rows of both
+    sides, one per (side, layer, head, metric, offset, ablation); every metric of the
+    inspection schema's vector list (``vector_metrics``: kernels, eigenvalues, frequency
+    shares, several rows per head) is left out of them and has its own records:
+    ``eig`` (by ``rank``) and ``frequency`` (``frequency_share`` by offset and rotary
+    pair ``rank``; NA for a partial-rotary head's unrotated dims). ``skipped``: what only
+    one side defines.
+    """
+    from ..analysis.inspect import _VECTOR_METRICS
+
     c = comparison
-    eig = []
-    for which, insp in (("a", c.a), ("b", c.b)):
-        t = insp.table[insp.table.metric.isin(["eigenvalue_real", "eigenvalue_imag"])]
-        w = t.pivot_table(index=["layer", "head", "offset", "rank"], columns="metric", values="value",
-                          dropna=False, sort=True).reset_index()
-        eig.append(w.assign(which=which)[["which", "layer", "head", "offset", "rank",
-                                          "eigenvalue_real", "eigenvalue_imag"]])
-    eig = pd.concat(eig, ignore_index=True).rename(columns={"eigenvalue_real": "re",
-                                                            "eigenvalue_imag": "im"})
-    scalar = []
-    for which, insp in (("a", c.a), ("b", c.b)):
-        t = insp.table[insp.table["head"].notna() & ~insp.table.metric.isin(_VECTOR)]
-        scalar.append(t.assign(which=which)[["which", "layer", "head", "metric", "offset", "ablation",
+    tables = c.compared if c.compared is not None else (c.a.table, c.b.table)
+    eig, scalar, freq = [], [], []
+    for which, t in zip("ab", tables, strict=True):
+        e = t[t.metric.isin(["eigenvalue_real", "eigenvalue_imag"])]
+        if len(e):
+            w = e.pivot_table(index=["layer", "head", "offset", "rank"], columns="metric", values="value",
+                              dropna=False, sort=True).reset_index()
+            eig.append(w.assign(which=which)[["which", "layer", "head", "offset", "rank",
+                                              "eigenvalue_real", "eigenvalue_imag"]])
+        s = t[t["head"].notna() & ~t.metric.isin(_VECTOR_METRICS)]
+        scalar.append(s.assign(which=which)[["which", "layer", "head", "metric", "offset", "ablation",
                                              "value", "ci_low", "ci_high"]])
+        f = t[t["head"].notna() & (t.metric == "frequency_share")]
+        freq.append(f.assign(which=which)[["which", "layer", "head", "offset", "rank", "value"]])
+    eig = (pd.concat(eig, ignore_index=True) if eig else
+           pd.DataFrame(columns=["which", "layer", "head", "offset", "rank", "eigenvalue_real",
+                                 "eigenvalue_imag"]))
+    eig = eig.rename(columns={"eigenvalue_real": "re", "eigenvalue_imag": "im"})
     meta = {"names": list(c.names), "n_layers": c.a.meta.get("n_layers"),
             "n_heads": c.a.meta.get("n_heads"), "rotary": c.a.meta.get("pe") == "rotary",
-            "n_null": c.a.meta.get("n_null")}
-    return {"meta": meta, "heads": _records(c.heads), "kernels": _records(c.kernels),
-            "eig": _records(eig), "scores": _records(pd.concat(scalar, ignore_index=True)),
-            "formed": _records(c.formed), "layers": _records(c.layers)}
+            "pe": [c.a.meta.get("pe"), c.b.meta.get("pe")], "n_null": c.a.meta.get("n_null")}
+    return {"meta": meta, "vector_metrics": list(_VECTOR_METRICS), "heads": _records(c.heads),
+            "kernels": _records(c.kernels), "eig": _records(eig),
+            "scores": _records(pd.concat(scalar, ignore_index=True)),
+            "frequency": _records(pd.concat(freq, ignore_index=True)),
+            "skipped": _records(c.skipped), "formed": _records(c.formed), "layers": _records(c.layers)}
 
 
 def _script() -> str:
@@ -93,7 +109,11 @@ its two sets of QK eigenvalues after the best matching, divided by their RMS siz
 the same spectrum, 1 at most). All are on a 0–1 scale; heads are listed largest change
 first. A head <b>formed</b> when a score crossed its threshold from A to B: rotational
 mass beyond the 95th percentile of random heads, or a previous-token score of 0.5 or
-more. Click a head for its card: A's and B's kernels and eigenvalues on the same axes.</p>
+more. Only what both models define is compared: across positional schemes a head without
+rotation has one QK form, the raw W_Q W_K^T, compared with a rotary head's Δ = 0 form (the
+same object); what only one side has (Δ = −1, frequency shares, ...) is named in a note
+and not compared. Click a head for its card: A's and B's kernels and eigenvalues on the
+same axes, and on RoPE models each rotary pair's share of the QK energy.</p>
 {notes}
 <div class="controls">
  <label>colour by <select id="colour-key"></select></label>

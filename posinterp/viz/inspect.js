@@ -4,7 +4,7 @@ const RAW = JSON.parse(document.getElementById('inspect-data').textContent);
 const META = RAW.meta;
 const COLS = RAW.columns;
 const ROWS = RAW.rows.map(r => Object.fromEntries(COLS.map((c, i) => [c, r[i]])));
-const VECTOR = new Set(['kernel_attention', 'kernel_score', 'eigenvalue_real', 'eigenvalue_imag', 'frequency_share']);
+const VECTOR = new Set(RAW.vector_metrics);  // the inspection schema's list (analysis/inspect.py)
 function key(r) {
   let k = r.metric;
   if (r.ablation) k += '[' + r.ablation + ']';

@@ -110,12 +110,14 @@ def colour_scale(key: str, values, d_head: int | None = None) -> dict:
 
 
 def inspect_data(inspection) -> dict:
-    """The JSON object the page embeds: ``meta``, the table as ``columns`` + ``rows``, and
-    the grid's ``colour_scales`` (:func:`colour_scale`, by score column).
+    """The JSON object the page embeds: ``meta``, the table as ``columns`` + ``rows``, the
+    grid's ``colour_scales`` (:func:`colour_scale`, by score column) and
+    ``vector_metrics``, the inspection schema's list of metrics with several rows per
+    head (never a per-head score; the page's script reads it from here).
 
     Missing values (NA, NaN, ±inf) become ``null``; nothing is rounded.
     """
-    from ..analysis.inspect import head_wide
+    from ..analysis.inspect import _VECTOR_METRICS, head_wide
 
     t = inspection.table
     rows = [[_clean(v) for v in row] for row in t.itertuples(index=False, name=None)]
@@ -124,7 +126,8 @@ def inspect_data(inspection) -> dict:
     wide = head_wide(t)
     scales = {k: colour_scale(k, wide[k], inspection.meta.get("d_head"))
               for k in wide.columns if k not in ("layer", "head")}
-    return {"meta": meta, "columns": list(t.columns), "rows": rows, "colour_scales": scales}
+    return {"meta": meta, "columns": list(t.columns), "rows": rows, "colour_scales": scales,
+            "vector_metrics": list(_VECTOR_METRICS)}
 
 
 def _pattern_renders(inspection) -> tuple[str | None, dict[str, tuple[str, str]]]:
