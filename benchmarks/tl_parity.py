@@ -274,6 +274,26 @@ def fixture_qk_cell() -> dict:
     return {k: float(v) for k, v in row.items() if isinstance(v, (int, float))}
 
 
+def cpu_signature() -> str:
+    """The CPU's model name and its vector ISA flags: float kernels round differently on
+    different x86 CPUs with one torch build (DESIGN.md §6, "Bitwise results are per CPU")."""
+    import platform
+
+    name, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = sorted(x for x in value.split() if x.startswith(("avx", "fma", "amx")))
+                    break
+    except OSError:
+        pass
+    return f"{name} [{' '.join(flags)}]"
+
+
 def train_fixture(out: Path) -> None:
     """Write the weights ``posinterp.train`` reaches after FIXTURE_STEPS steps (absolute and
     rotary, fixture_setup) and a qk-constraints cell's runs.csv row (fixture_qk_cell) under
@@ -295,7 +315,7 @@ def train_fixture(out: Path) -> None:
         tensors.update({f"{pe}/{k}": v.contiguous() for k, v in model.state_dict().items()})
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out, metadata={"transformer_lens": TL_VERSION, "torch": torch.__version__,
-                                      "machine": platform.machine(),
+                                      "machine": platform.machine(), "cpu": cpu_signature(),
                                       "qk_cell": json.dumps(fixture_qk_cell()),
                                       "command": "python benchmarks/tl_parity.py train-fixture "
                                                  "(under TransformerLens 3.9)"})
