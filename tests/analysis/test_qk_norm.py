@@ -235,3 +235,39 @@ def test_qwen3_with_qk_norm_gains_at_hf_parity(qwen3, no_network):
     folder, _ = qwen3
     table = hf_parity(folder, lengths=(8, 60))
     assert len(table) == 8 and table["value"].max() <= 1e-5
+
+
+def test_qwen3_symmetrization_is_half_the_sum_of_its_content_scores(qwen3, no_network):
+    """Content-symmetric symmetrization reads the normed, rotated q/k (hook_rot_q/k, verified
+    against the pattern on the loaded model): its scores are (c_ij + c_ji)/2."""
+    from posinterp.interventions import QKIntervention
+    from posinterp.models.backend import attn_scale, rotated_qk_hooks
+    from tests.interventions.test_qk import _hooked_scores
+
+    folder, _ = qwen3
+    model, _ = pi.load_model(str(folder))
+    toks = torch.randint(4, 90, (1, 7), generator=torch.Generator().manual_seed(0))
+    _, cache = model.run_with_cache(toks)
+    q_name, k_name = rotated_qk_hooks(model, 1)
+    q = cache[q_name].double()
+    k = torch.repeat_interleave(cache[k_name].double(), N_HEADS // cache[k_name].shape[2], dim=2)
+    c = torch.einsum("bihd,bjhd->bhij", q, k) / attn_scale(model, 1)
+    got = _hooked_scores(model, toks, QKIntervention("symmetric", 1), layer=1)
+    lower = torch.ones(7, 7, dtype=torch.bool).tril()
+    torch.testing.assert_close(got[..., lower], (0.5 * (c + c.mT))[..., lower], rtol=1e-5, atol=1e-5)
+
+
+def test_qwen3_previous_token_scores_equal_hf_attention(qwen3, no_network):
+    """Pattern scores read hook_pattern: on a qk-norm model they equal HF's own eager
+    attention weights (mean over i >= 1 of A[i, i-1])."""
+    folder, hf = qwen3
+    model, _ = pi.load_model(str(folder))
+    toks = torch.randint(4, 90, (2, 10), generator=torch.Generator().manual_seed(1))
+    df = pi.previous_token_scores(model, toks)
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():
+        att = hf(toks, output_attentions=True).attentions  # per layer [batch, head, q, k]
+    for layer, A in enumerate(att):
+        want = A.diagonal(offset=-1, dim1=-2, dim2=-1).mean((0, -1)).numpy()
+        got = df[df["layer"] == layer].sort_values("head")["value"].to_numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
