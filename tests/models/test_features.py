@@ -151,6 +151,12 @@ def test_softcap_refuses_additive_score_splits_by_name(kind, tmp_path_factory):
     if backend.positional_type(model) == "rotary":
         with pytest.raises(ValueError, match=rf"positional_symbolic_score .*soft-caps.*{setting}"):
             positional_symbolic_score(model, toks)
+    if kind == "gemma2":  # the inspector goes on without them and says why
+        from posinterp.analysis import inspect_heads
+
+        notes = inspect_heads(model, toks, n_null=20).notes
+        assert any(n.startswith("Explain one score is not available") and setting in n for n in notes)
+        assert any(n.startswith("No positional/symbolic score") and setting in n for n in notes)
 
 
 @pytest.mark.skipif(backend.TL_MAJOR < 4, reason="posinterp's own attention runs only on TL 4")
