@@ -244,14 +244,16 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
     Raises:
         ValueError: bad tokens or indices, a bidirectional model.
         MissingFeatureError: where no hook is verified to carry the unrotated query and
-            key, or the sums do not reproduce the model's scores (attention this
-            decomposition does not describe, e.g. logit soft-capping).
+            key, on a model whose attention scores are soft-capped (the setting named:
+            T tanh(q·k / T) has no additive parts), on multi-head latent attention (MLA,
+            named), or where the sums do not reproduce the model's scores.
     """
     from ..interventions.channels import channel_projectors  # noqa: PLC0415 (projectors live there)
     from ..models.backend import (
         MissingFeatureError,
         attention_weights,
         attn_scale,
+        check_no_soft_cap,
         content_qk_from,
         hook_meaning,
         positional_type,
@@ -272,6 +274,7 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
     k_ids = set(_select("keys", keys, n))
     H = model.cfg.n_heads
     scheme = positional_type(model)
+    check_no_soft_cap(model, "score_parts", layer_ids)  # tanh(content): no additive parts
     names = {}
     for layer in layer_ids:  # verified hooks, asked before the pass (the probe runs its own)
         m = hook_meaning(model, layer)

@@ -464,7 +464,9 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
             query window.
         MissingFeatureError: where the model has no hook verified as the unrotated q/k, or
             neither a pre-softmax score hook nor an editable pattern hook to check the
-            reconstruction against, or the hooks do not reproduce the model's attention.
+            reconstruction against, or the hooks do not reproduce the model's attention;
+            on a model whose attention scores are soft-capped (the setting named), and on
+            multi-head latent attention (MLA, named).
     """
     from ..models.backend import (
         MissingFeatureError,
@@ -553,8 +555,10 @@ def _score_hooks(model, layer_ids) -> dict[int, tuple[str, str, str, bool]]:
     Raises:
         MissingFeatureError: as :func:`positional_symbolic_score`.
     """
-    from ..models.backend import hook_meaning, query_hooks, scores_hook
+    from ..models.backend import check_no_soft_cap, hook_meaning, query_hooks, scores_hook
 
+    layer_ids = list(layer_ids)
+    check_no_soft_cap(model, "positional_symbolic_score", layer_ids)  # tanh: no additive split
     names = {}
     for layer in layer_ids:
         q_name, k_name = query_hooks(model, layer)  # verified on this model, or raises

@@ -415,10 +415,13 @@ def qk_convention(model) -> dict:
 # --- model plumbing --------------------------------------------------------------------------
 
 def _check_model(model) -> None:
+    from ..models.backend import check_not_mla
+
     for attr in ("cfg", "blocks"):
         if not hasattr(model, attr):
             raise ValueError(f"model has no {attr!r}: qk_spectrum needs a TransformerLens model "
                              "(HookedTransformer or compatible)")
+    check_not_mla(model, "the QK circuit M = W_Q W_K^T (qk_spectrum, spectral_measures, qk_geometry)")
     if not hasattr(model.blocks[0].attn, "W_Q"):
         raise ValueError("model's attention has no W_Q; cannot form QK circuits")
 

@@ -26,7 +26,11 @@ Kinds (docs/concepts.md):
   RoPE's phase channel survives) and applied as a delta d = new - old content to the
   scores, so the ALiBi bias, the mask and every edit a hook made before (a user's bias
   or knockout) survive unchanged. ``rope_variant="offset"`` symmetrizes M(Δ) for every
-  offset instead, which removes the phase. Where a model has no pre-softmax score hook
+  offset instead, which removes the phase. On a soft-capped model (Gemma-2's
+  ``attn_logit_softcapping``, TL's ``attn_scores_soft_cap``: score term T tanh(c / T))
+  the content is symmetrized inside the cap, d = T tanh(c' / T) - T tanh(c / T); the
+  projection kinds edit q, which the model's own cap then sees, so every kind is exact
+  there. Where a model has no pre-softmax score hook
   (OPT/GPT-Neo bridges and native models on TL 4) the same delta is applied exactly at
   the pattern, softmax(s + d) = p e^d / Σ p e^d (:func:`reweight_pattern`, which states
   its limit).
@@ -206,7 +210,22 @@ def _projection_hook(projectors: dict[int, Tensor]):
 
 def _content_delta(model, iv: QKIntervention, heads, offset_variant, q, k):
     """d_ij = new content - old content (``[batch, len(heads), query, key]``, float64 score
-    units): ((c_ij ± c_ji)/2 - c_ij) / attn_scale, from the call's q and k."""
+    units): ((c_ij ± c_ji)/2 - c_ij) / attn_scale, from the call's q and k.
+
+    On a soft-capped model (score term T tanh(c / T), :func:`~posinterp.models.backend.
+    attn_soft_cap`) the content is symmetrized inside the cap, as the model would score
+    it: d = T tanh(c' / T) - T tanh(c / T), c' = (c_ij ± c_ji) / 2.
+    """
+    old, new = _content_pair(model, iv, offset_variant, q, k)
+    cap = hook_meaning(model, iv.layer).soft_cap
+    if cap is None:
+        return new - old
+    return cap * (torch.tanh(new / cap) - torch.tanh(old / cap))
+
+
+def _content_pair(model, iv: QKIntervention, offset_variant, q, k):
+    """(c, c'): the call's content term c_ij and its (anti)symmetrized c'_ij, float64
+    ``[batch, head, query, key]`` in score units (q·k / attn_scale)."""
     scale = attn_scale(model, iv.layer)
     sign = 1.0 if iv.kind == "symmetric" else -1.0
     if offset_variant:
@@ -222,9 +241,9 @@ def _content_delta(model, iv: QKIntervention, heads, offset_variant, q, k):
             j = i - t
             o[:, :, i, j] = torch.einsum("bphd,bphd->bhp", qt[:, i], k[:, j])
             s[:, :, i, j] = torch.einsum("bphd,bphd->bhp", qt[:, j], k[:, i])
-        return 0.5 * (sign * s - o) / scale
+        return o / scale, 0.5 * (sign * s + o) / scale
     direct = torch.einsum("bihd,bjhd->bhij", q, k)
-    return 0.5 * (sign * direct.transpose(-1, -2) - direct) / scale
+    return direct / scale, 0.5 * (sign * direct.transpose(-1, -2) + direct) / scale
 
 
 def _score_hooks(model, iv: QKIntervention):

@@ -43,11 +43,13 @@ from torch.nn.utils import parametrize
 __all__ = ["TL_MAJOR", "TL_VERSION", "BlockInputs", "CompiledModelError", "HookMeaning",
            "MissingFeatureError", "QKNorm", "QKSlot", "RotarySpec", "arm_output_edit", "capture_block_inputs",
            "final_logits", "run_blocks_from", "suffix_replay_matches", "attention_input_norm_module",
-           "attention_weights", "attn_scale", "check_not_wrapped", "compiled_kind",
+           "attention_weights", "attn_scale", "attn_soft_cap", "check_no_soft_cap", "check_not_mla",
+           "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
            "guard_kv_cache", "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for",
-           "install_output_edit", "is_bridge", "is_post_ln", "mark_folded", "n_kv_heads", "norm_gain_folded",
-           "pattern_edit", "position_limit", "positional_type", "process_weights", "qk_norm", "qk_slots", "refuse_qk_norm",
+           "install_output_edit", "is_bridge", "is_post_ln", "mark_folded", "mla_settings",
+           "n_kv_heads", "norm_gain_folded", "pattern_edit", "position_limit", "positional_type",
+           "process_weights", "qk_norm", "qk_slots", "refuse_qk_norm",
            "query_hooks", "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached",
            "scores_hook", "site_module", "unhonoured_settings", "unwrap", "verify_pattern_hook",
            "z_hook"]
@@ -142,6 +144,122 @@ def positional_type(model) -> str:
     return str(model.cfg.positional_embedding_type)
 
 
+def attn_soft_cap(model, layer: int = 0) -> float | None:
+    """The attention soft-cap T of ``layer`` (the score's content term is T tanh(q·k /
+    (attn_scale T)) before any positional bias and the mask), None where it has none.
+
+    Read from what runs: an HF module's ``attn_logit_softcapping`` (Gemma-2, through a TL 4
+    bridge), TL 4 native attention's ``attn_scores_soft_cap``, else the config's
+    ``attn_scores_soft_cap`` (TL 3.9 ``HookedTransformer``: > 0 when set, -1 when not).
+    """
+    model = unwrap(model)
+    if is_posinterp_attention(model, layer):
+        return None  # posinterp's own attention has no soft-cap (its builders refuse one)
+    comp = _native_attention(model, layer)
+    for name in ("attn_logit_softcapping", "attn_scores_soft_cap"):
+        value = getattr(comp, name, None) if comp is not None else None
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    value = getattr(model.cfg, "attn_scores_soft_cap", None)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _soft_cap_setting(model, layer: int) -> str:
+    """The setting that soft-caps ``layer``'s scores, as the user would find it."""
+    comp = _native_attention(unwrap(model), layer)
+    cap = attn_soft_cap(model, layer)
+    if isinstance(getattr(comp, "attn_logit_softcapping", None), (int, float)):
+        return f"attn_logit_softcapping={cap:g} in its HF config"
+    return f"cfg.attn_scores_soft_cap={cap:g}"
+
+
+def check_no_soft_cap(model, analysis: str, layers=None) -> None:
+    """Refuse ``analysis``, an additive split of each head's pre-softmax score (score parts,
+    the positional/symbolic score), on a model whose attention scores are soft-capped
+    (:func:`attn_soft_cap`): with score = T tanh(c / T) no part of the content term c adds
+    to the score, so the split has no exact meaning.
+
+    Raises:
+        MissingFeatureError: naming the setting, its value, and what still works.
+    """
+    for layer in range(model.cfg.n_layers) if layers is None else layers:
+        cap = attn_soft_cap(model, layer)
+        if cap is not None:
+            raise MissingFeatureError(
+                f"{analysis} splits each head's pre-softmax score into terms that add up to it, "
+                f"but this model soft-caps its attention scores ({_soft_cap_setting(model, layer)}: "
+                f"score = {cap:g} * tanh(q.k / (attn_scale * {cap:g})) at layer {layer}), so no "
+                "term of q.k adds to the score and the split is not defined. Still exact on this "
+                "model: attention patterns and previous-token scores, inspect_heads' kernels, "
+                "QK spectra (of the pre-cap form W_Q W_K^T; the cap is monotone and acts after "
+                "it), head and channel/band ablations (edits of q that the model's own cap then "
+                "sees) and symmetrization (applied inside the cap)")
+
+
+# Config fields of multi-head latent attention (DeepSeek-V2/V3, GLM-4-MoE-Lite, Kimi-K2, ...):
+# q and k are decompressed from low-rank latents and split into a "nope" part and a rope
+# part whose key is shared by every head.
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _mla_of_config(config) -> dict | None:
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    defining = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim")
+    if not any(isinstance(get(k), int) and not isinstance(get(k), bool) and get(k) > 0
+               for k in defining):
+        return None
+    return {k: get(k) for k in _MLA_FIELDS if get(k, "absent") != "absent"}
+
+
+def mla_settings(source) -> dict | None:
+    """The multi-head latent attention (MLA) settings of a model or a config (``{field:
+    value}`` over ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+    ``qk_rope_head_dim``, ``v_head_dim``), None where it has no MLA.
+
+    ``source``: a model (a bridge's HF config and TL config, and TransformerLens's MLA
+    attention component, are read), an HF config object, or a ``config.json`` dict. The one
+    place posinterp recognizes MLA (:func:`check_not_mla`).
+    """
+    if isinstance(source, dict) or not hasattr(source, "cfg"):
+        return _mla_of_config(source)
+    model = unwrap(source)
+    hf = getattr(model, "original_model", None)
+    for config in (getattr(hf, "config", None), model.cfg):
+        found = _mla_of_config(config) if config is not None else None
+        if found:
+            return found
+    blocks = getattr(model, "blocks", None)
+    if blocks is not None and len(blocks) and "MLA" in type(getattr(blocks[0], "attn", None)).__name__:
+        return {"attention": type(blocks[0].attn).__name__}
+    return None
+
+
+def mla_message(settings: dict, analysis: str) -> str:
+    """Why ``analysis`` refuses multi-head latent attention, naming ``settings``."""
+    fields = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return (f"{analysis} does not support multi-head latent attention (MLA, as in DeepSeek-V2/V3 "
+            f"and GLM-4-MoE-Lite: {fields}): each head's query and key are decompressed from "
+            "low-rank latents (q_lora_rank, kv_lora_rank) and concatenate a content part "
+            "(qk_nope_head_dim) with a rotary part (qk_rope_head_dim) whose key is shared by all "
+            "heads, so no per-head W_Q, W_K (M = W_Q W_K^T, B = W_K^T W_Q) or single RoPE layout "
+            "describes the score; posinterp refuses rather than analyse other matrices. Analyses of "
+            "the attention pattern and the residual stream (previous_token_scores, "
+            "adjacency_by_layer, similarity_by_layer) still run on a TransformerBridge you boot "
+            "over the model yourself")
+
+
+def check_not_mla(model, analysis: str) -> None:
+    """Refuse ``analysis`` (one that reads W_Q/W_K, q/k hooks or the RoPE layout) on a
+    model with multi-head latent attention (:func:`mla_settings`).
+
+    Raises:
+        MissingFeatureError: (a ``ValueError``) naming MLA and its config fields.
+    """
+    settings = mla_settings(model)
+    if settings:
+        raise MissingFeatureError(mla_message(settings, analysis))
+
+
 def _expand(W: Tensor, n_heads: int) -> Tensor:
     if W.shape[0] == n_heads:
         return W
@@ -165,10 +283,12 @@ def attention_weights(model, layer: int, names=_ATTENTION_WEIGHTS) -> dict[str, 
 
     Raises:
         ValueError: for a name not among the seven above.
+        MissingFeatureError: a model with multi-head latent attention (:func:`check_not_mla`).
     """
     bad = [n for n in names if n not in _ATTENTION_WEIGHTS]
     if bad:
         raise ValueError(f"names must be among {_ATTENTION_WEIGHTS}, got {bad}")
+    check_not_mla(model, "reading per-head W_Q, W_K, W_V, W_O (spectra, channels, score parts)")
     attn = _attn(model, layer)
     H, dh = model.cfg.n_heads, model.cfg.d_head
     out = {}
@@ -388,8 +508,10 @@ def rotary_spec(model, layer: int = 0) -> RotarySpec:
 
     Raises:
         ValueError: for a model whose positional scheme is not rotary.
-        MissingFeatureError: a bridged HF model whose rotary frequencies cannot be read.
+        MissingFeatureError: a bridged HF model whose rotary frequencies cannot be read, or
+            one with multi-head latent attention (:func:`check_not_mla`).
     """
+    check_not_mla(model, "the RoPE layout of a head (rotary_spec)")
     if positional_type(model) != "rotary":
         raise ValueError(f"a rotary model is needed; this model's positional scheme is "
                          f"{positional_type(model)!r}")
@@ -444,7 +566,11 @@ class HookMeaning:
     ``hook_q``/``hook_k`` verified as the query/key before any rotation, whose edits take
     effect, else None. ``z``: ``hook_z``, verified as each head's pattern-weighted values
     (``[batch, pos, head, d_head]``, z_h = p_h v_h) whose edits take effect, else None.
-    ``found``: what the probe saw, for error messages.
+    ``found``: what the probe saw, for error messages. ``soft_cap``: the attention
+    soft-cap T the model applies to the content term (score = T tanh(q·k / (attn_scale T))
+    + position terms; :func:`attn_soft_cap`), else None: ``content_qk``/``query_qk`` were
+    then verified as the q/k of the **pre-cap** content term, which every reader of them
+    must pass through the cap (or refuse, :func:`check_no_soft_cap`).
     """
 
     scores: str | None
@@ -454,6 +580,7 @@ class HookMeaning:
     query_qk: tuple[str, str] | None
     z: str | None
     found: str
+    soft_cap: float | None = None
 
 
 def rope_rotate(x: Tensor, spec: RotarySpec, positions: Tensor) -> Tensor:
@@ -597,8 +724,10 @@ def content_qk_from(names: tuple[str, ...], captured, n_heads: int) -> tuple[Ten
     return q, k
 
 
-def _content(q, k, scale):
-    return torch.einsum("bihd,bjhd->bhij", q, k) / scale
+def _content(q, k, scale, cap: float | None = None):
+    """q·k / scale, through the soft-cap T tanh(. / T) where the model has one."""
+    c = torch.einsum("bihd,bjhd->bhij", q, k) / scale
+    return c if cap is None else cap * torch.tanh(c / cap)
 
 
 def _changes_output(model, tokens, clean, hooks) -> bool:
@@ -652,21 +781,34 @@ def _in_float32(model):
     float32 lets the probe's tolerances tell meanings apart in a bf16/fp16 model too (half
     precision rounds the pattern by ~1e-2). Half -> float32 -> half is exact, so the
     model's weights come back bit for bit. Yields whether anything was in half precision
-    (tables computed from half-precision values, such as RoPE's cos/sin, keep that rounding)."""
-    saved = []
+    (tables computed from half-precision values, such as RoPE's cos/sin, keep that rounding).
+
+    The configs say float32 for the block too: TL 3.9's norms cast their output to
+    ``cfg.dtype`` (``LayerNormPre``/``RMSNormPre`` of a folded bf16 load would hand bf16
+    activations to float32 weights: "mat1 and mat2 must have the same dtype"), and TL 3.9
+    builds other tensors in ``cfg.dtype``, which must match the weights."""
+    saved, configs = [], {}
     for module in model.modules():
         for store in (module._parameters, module._buffers):
             for t in store.values():
-                # half precision only: a float64 model already resolves meanings, and
-                # TL 3.9 builds some tensors in cfg.dtype, which must match its weights
+                # half precision only: a float64 model already resolves meanings
                 if t is not None and t.dtype in (torch.float16, torch.bfloat16):
                     saved.append((t, t.data))
                     t.data = t.data.float()
+        cfg = module.__dict__.get("cfg")
+        if getattr(cfg, "dtype", None) in (torch.float16, torch.bfloat16):
+            configs[id(cfg)] = (cfg, cfg.dtype)
     try:
+        if saved:
+            for cfg, _ in configs.values():
+                cfg.dtype = torch.float32
         yield bool(saved)
     finally:
         for t, data in saved:
             t.data = data
+        if saved:
+            for cfg, dtype in configs.values():
+                cfg.dtype = dtype
 
 
 class _without_lens_hooks:  # noqa: N801
@@ -705,6 +847,9 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
     clean, cache = model.run_with_cache(tokens, names_filter=lambda x: x in names)
     cache = {k: v.detach().cpu() for k, v in cache.items()}
     rotary = positional_type(model) == "rotary"
+    # MLA: hook_q/hook_k hold [nope | rope] concatenations of another width than d_head and
+    # hook_z values of v_head_dim; no q/k/z meaning is probed (readers refuse by name)
+    mla = mla_settings(model)
     out = {}
     for layer in range(model.cfg.n_layers):
         p = f"blocks.{layer}.attn."
@@ -714,6 +859,9 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
             out[layer] = HookMeaning(None, None, False, None, None, None, "hook_pattern does not fire")
             continue
         scale = attn_scale(model, layer)
+        cap = attn_soft_cap(model, layer)
+        if cap is not None:
+            found.append(f"q/k checked through the attention soft-cap ({_soft_cap_setting(model, layer)})")
         # pre-softmax scores
         scores_name = None
         s = cache.get(p + "hook_attn_scores")
@@ -728,23 +876,25 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
             scores_name = p + "hook_attn_scores"
         # q/k whose product is the content term
         content_qk = query_qk = None
-        if p + "hook_q" in cache and p + "hook_k" in cache:
+        if mla:
+            found.append("multi-head latent attention (MLA): hook_q/hook_k/hook_z not probed")
+        elif p + "hook_q" in cache and p + "hook_k" in cache:
             q, k = _qk(cache, p + "hook_q", p + "hook_k", H)
             if rotary:
                 spec = rotary_spec(model, layer)
                 pos = torch.arange(n)[None].expand(2, n)
                 q, k = rope_rotate(q, spec, pos), rope_rotate(k, spec, pos)
-            if _explains(pattern, _content(q, k, scale), allowed, rtol) and _changes_output(
+            if _explains(pattern, _content(q, k, scale, cap), allowed, rtol) and _changes_output(
                     model, tokens, clean, [(p + "hook_q", _noise(100 + layer))]):
                 query_qk = (p + "hook_q", p + "hook_k")
             else:
                 found.append("hook_q/hook_k do not give the scores' q·k term")
             if not rotary:
                 content_qk = query_qk
-        if rotary:
+        if rotary and not mla:
             if p + "hook_rot_q" in cache and p + "hook_rot_k" in cache:
                 q, k = _qk(cache, p + "hook_rot_q", p + "hook_rot_k", H)
-                if _explains(pattern, _content(q, k, scale), allowed, rtol):
+                if _explains(pattern, _content(q, k, scale, cap), allowed, rtol):
                     content_qk = (p + "hook_rot_q", p + "hook_rot_k")
                 else:
                     found.append("hook_rot_q/hook_rot_k do not give the scores' q·k term")
@@ -754,7 +904,7 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
             if content_qk is None and all(t in cache for t in tables):
                 # GPT-NeoX bridges fire the cos/sin each call used (positions from the mask)
                 q, k = content_qk_from(tables, cache, H)
-                if _explains(pattern, _content(q, k, scale), allowed, rtol):
+                if _explains(pattern, _content(q, k, scale, cap), allowed, rtol):
                     content_qk = tables
                     found.append("hook_q/hook_k rotated by hook_cos/hook_sin give the scores")
         pattern_name, output_edit = None, False
@@ -768,7 +918,7 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
             if not output_edit:
                 found.append("its attention module's output cannot be edited with the pattern")
         z_name = None
-        if p + "hook_z" in cache and p + "hook_v" in cache:
+        if p + "hook_z" in cache and p + "hook_v" in cache and not mla:
             v = cache[p + "hook_v"].double()
             v = v if v.shape[2] == H else torch.repeat_interleave(v, H // v.shape[2], dim=2)
             pv = torch.einsum("bhij,bjhd->bihd", pattern.double(), v)
@@ -779,7 +929,7 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
             else:
                 found.append("hook_z is not the pattern-weighted values or edits are discarded")
         out[layer] = HookMeaning(scores_name, pattern_name, output_edit, content_qk, query_qk,
-                                 z_name, "; ".join(found))
+                                 z_name, "; ".join(found), cap)
     return out
 
 
@@ -901,6 +1051,9 @@ def _verify_output_edit(model, layer, tokens, clean, cache) -> bool:
 
 
 def _refusal(model, layer, what: str) -> MissingFeatureError:
+    mla = mla_settings(model)
+    if mla:
+        return MissingFeatureError(mla_message(mla, f"reading {what} from hooks"))
     m = hook_meaning(model, layer)
     why = ""
     if getattr(_attn(model, layer), "q_norm", None) is not None:
@@ -946,7 +1099,9 @@ def rotated_qk_hooks(model, layer: int) -> tuple[str, ...]:
 def content_qk_hooks(model, layer: int) -> tuple[str, ...]:
     """Hooks whose ``q_i · k_j / attn_scale`` is ``layer``'s content score (rotated q/k on
     RoPE models), verified on the model: read them with :func:`content_qk_from` (two
-    names: q and k; four: unrotated q, k and the call's cos/sin tables).
+    names: q and k; four: unrotated q, k and the call's cos/sin tables). On a soft-capped
+    model (``hook_meaning(model, layer).soft_cap``) it is the content term before the cap:
+    the score holds T tanh(q·k / (attn_scale T)).
 
     Raises:
         MissingFeatureError: where none is verified.
@@ -959,7 +1114,8 @@ def content_qk_hooks(model, layer: int) -> tuple[str, ...]:
 
 def query_hooks(model, layer: int) -> tuple[str, str]:
     """``hook_q``/``hook_k``, verified as ``layer``'s query and key before any rotation
-    (rotating them with :func:`rotary_spec` gives the scores) with edits that take effect.
+    (rotating them with :func:`rotary_spec` gives the scores, through the soft-cap where
+    ``hook_meaning(model, layer).soft_cap`` is set) with edits that take effect.
 
     Raises:
         MissingFeatureError: where they do not have that meaning.
@@ -1232,6 +1388,7 @@ def qk_slots(model, layer: int) -> dict[str, QKSlot | None]:
         MissingFeatureError: a bridge whose ``attn.q`` / ``attn.k`` wrap no ``nn.Linear``
             of shape ``[heads * d_head, d_model]`` in TL's per-head row order.
     """
+    check_not_mla(model, "training-time QK constraints (qk_slots)")
     H, dh = model.cfg.n_heads, model.cfg.d_head
     if not is_bridge(model):
         attn = _attn(model, layer)

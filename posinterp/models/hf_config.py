@@ -62,15 +62,43 @@ def _rotary_dim(architecture: str, hf_config) -> int:
     return int(_head_dim(hf_config) * fraction)  # HF's own rounding
 
 
+# Config fields with which transformers runs a decoder-only architecture with a
+# bidirectional (non-causal) mask: masking_utils.create_causal_mask falls back to
+# create_bidirectional_mask for ``is_causal=False`` (any architecture using it: every
+# causal LM posinterp lists); Gemma-2/3 read ``use_bidirectional_attention``.
+_BIDIRECTIONAL = (("is_causal", False), ("use_bidirectional_attention", True))
+
+
+def _refuse_bidirectional(architecture: str, hf_config) -> None:
+    if architecture.startswith("Bert"):
+        return  # encoders are bidirectional by design (loaded as such)
+    for name, bidirectional in _BIDIRECTIONAL:
+        if getattr(hf_config, name, None) is bidirectional:
+            raise UnsupportedConfigError(
+                f"{architecture} with {name}={bidirectional!r} runs with a bidirectional "
+                "attention mask in transformers (every token attends to every other, as in an "
+                "embedding model or a prefix-LM), but TransformerLens builds "
+                f"{architecture} with a causal mask, so the loaded model would be another model "
+                "(its log-probabilities differ from HF's). posinterp loads it only as the causal LM: "
+                f"if the checkpoint was trained causally, remove {name!r} from config.json (or set "
+                f"it to {not bidirectional!r}); a bidirectional checkpoint cannot be loaded (the "
+                "bidirectional encoder posinterp loads is BERT: BertModel, BertForMaskedLM)")
+
+
 def check_supported(architecture: str, hf_config) -> None:
     """Refuse, by name, a config setting that TransformerLens would silently drop.
 
+    Checked before any weight is read or compared with HF.
+
     Raises:
         UnsupportedConfigError: the setting, its value and what TL assumes (on TL 4 also
-            the settings its bridge ignores, :func:`.backend.unhonoured_settings`).
+            the settings its bridge ignores, :func:`.backend.unhonoured_settings`); a
+            bidirectional mask (``is_causal=False``, ``use_bidirectional_attention=True``)
+            on a causal architecture.
     """
     from .backend import TL_VERSION, unhonoured_settings
 
+    _refuse_bidirectional(architecture, hf_config)
     for name, assumed in _ASSUMED.get(architecture, ()):
         value = getattr(hf_config, name, assumed)
         if value != assumed:

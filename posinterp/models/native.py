@@ -332,12 +332,19 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
             attention biases (``b_Q``, ...) all or none; a missing unembedding bias is 0.
 
     Raises:
-        ValueError: a weight whose shape does not match ``cfg`` (from ``convert_tl_checkpoint``);
+        ValueError: a weight whose shape does not match ``cfg`` (from ``convert_tl_checkpoint``),
+            or ``cfg.attn_scores_soft_cap > 0`` (posinterp's attention has no soft-cap);
             RuntimeError: a missing or extra weight (strict ``load_state_dict``).
     """
     from transformer_lens.conversion_utils import convert_tl_checkpoint
     from transformer_lens.model_bridge.sources.native.model import NativeModel
 
+    cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
+    if isinstance(cap, (int, float)) and cap > 0:
+        # PosinterpAttention computes the scores itself, without a cap: refuse, never drop it
+        raise ValueError(f"attn_scores_soft_cap={cap:g} is not supported by posinterp's TL 4 "
+                         "attention (it would run uncapped); TransformerLens's own native model "
+                         "(transformer_lens.model_bridge.sources.native.boot) applies it")
     with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws; weights follow
         native = NativeModel(cfg)
     cls = _attention_class()

@@ -333,6 +333,7 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
 
     raw_cfg = _read_config(folder)
     architecture = raw_cfg["architectures"][0]
+    _refuse_mla(raw_cfg, architecture)  # before the scheme lookup: say what it is
     pe = scheme_for_architecture(architecture)
     if architecture.startswith("Bert"):
         return _load_bert(folder, str(folder), processing)
@@ -351,6 +352,18 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
         model, spec=str(folder), source="local-hf", pe=pe, architecture=architecture,
         alibi_slopes=slopes, rope_parameters=_rope_record(pe, hf_config), processing=done,
         weights=weights, hf_check=hf_check)
+
+
+def _refuse_mla(raw_cfg: dict, architecture: str) -> None:
+    """Refuse multi-head latent attention (DeepSeek-V2/V3, GLM-4-MoE-Lite, ...) by name,
+    from config.json and its ``text_config`` (:func:`.backend.mla_settings`)."""
+    from .backend import mla_message, mla_settings
+
+    for cfg in (raw_cfg, raw_cfg.get("text_config") or {}):
+        settings = mla_settings(cfg)
+        if settings:
+            raise ValueError(mla_message(settings, f"reading {architecture} (load_model, "
+                                                   "weights-only spectra)"))
 
 
 def _bridge_builder(folder: Path, architecture: str, pe: str, hf_config, overrides):

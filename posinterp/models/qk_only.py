@@ -106,10 +106,11 @@ def _read_folder(folder: Path) -> QKWeights:
     import transformers
     from safetensors import safe_open
 
-    from .pretrained import _read_config
+    from .pretrained import _read_config, _refuse_mla
 
     raw = _read_config(folder)
     architecture = raw["architectures"][0]
+    _refuse_mla(raw, architecture)  # named, not "load the whole model instead"
     _check_architecture(folder, architecture)
     hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     index = folder / "model.safetensors.index.json"
