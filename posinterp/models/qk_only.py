@@ -87,8 +87,11 @@ def _assemble(spec, architecture, hf_config, q, k, g, source, qn=(), kn=()) -> Q
     inv_freq = hf_rotary_inv_freq(architecture, hf_config)  # refuses unsupported RoPE settings
     W_Q = tuple(_per_head(w, n_heads, d_head) for w in q)
     W_K = tuple(_per_head(w, n_kv, d_head).repeat_interleave(n_heads // n_kv, dim=0) for w in k)
-    norms = tuple(QKNorm(a.double().expand(n_heads, d_head).clone(), b.double().expand(n_heads, d_head).clone(),
-                         "per head", "RMSNorm (gain w)") for a, b in zip(qn, kn)) or None
+    def per_head(gain):
+        return gain.double().expand(n_heads, d_head).clone()
+
+    norms = tuple(QKNorm(per_head(a), per_head(b), "per head", "RMSNorm (gain w)")
+                  for a, b in zip(qn, kn, strict=True)) or None
     return QKWeights(spec=str(spec), architecture=architecture, pe=scheme_for_architecture(architecture),
                      n_layers=len(q), n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head,
                      W_Q=W_Q, W_K=W_K, gain=tuple(x.double() for x in g), center=False,

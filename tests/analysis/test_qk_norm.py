@@ -15,8 +15,8 @@ import torch
 import transformers
 
 import posinterp as pi
-from posinterp.models.backend import MissingFeatureError, TL_MAJOR
 from posinterp.analysis.spectral import qk_convention
+from posinterp.models.backend import TL_MAJOR, MissingFeatureError
 from posinterp.models.qk_only import read_qk_weights
 from tests.helpers import HF_VOCAB, set_norm_gains
 

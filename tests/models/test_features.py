@@ -353,7 +353,7 @@ def test_mla_bridge_qk_analyses_refused_pattern_analyses_exact(mla_folder):
         "zero_head": lambda: head_ablation_losses(model, toks, None, [(0, 0, "zero_head")]),
         "constrain_qk": lambda: constrain_qk(model, "symmetric"),
     }
-    for name, call in refused.items():
+    for _name, call in refused.items():
         with pytest.raises(ValueError, match=MLA_NAMED):
             call()
     hf = transformers.AutoModelForCausalLM.from_pretrained(mla_folder, attn_implementation="eager")
