@@ -447,7 +447,7 @@ def _load_bert(folder: Path, spec: str, processing: dict):
     return model, ModelInfo.from_model(
         model, spec=spec, source="local-hf", pe="absolute", architecture="BertModel",
         causal=False, processing={**done, "mlm_head": "checkpoint" if has_head else "random (seeded)"},
-        weights={"path": str(folder.resolve())})
+        weights={"path": str(folder.resolve()), "files": checkpoint_files(folder)})
 
 
 def _load_llama2c(path: Path, processing: dict):
