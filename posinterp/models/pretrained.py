@@ -528,13 +528,15 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
     """
     import torch
 
+    from .._rng import preserved_rng
     from ..devices import move_model, resolve_device, resolve_dtype
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading
-    model, info = _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed,
-                               fold_value_biases, dtype, revision)
-    # HF loads are already in dtype; others (toy, zoo, llama2.c, BERT) are built in float32.
-    move_model(model, device, None if dtype == torch.float32 else dtype)
+    with preserved_rng():  # TL 3.9's and HF's constructors draw their unused initial values
+        model, info = _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed,
+                                   fold_value_biases, dtype, revision)
+        # HF loads are already in dtype; others (toy, zoo, llama2.c, BERT) are built in float32.
+        move_model(model, device, None if dtype == torch.float32 else dtype)
     return model, info
 
 
