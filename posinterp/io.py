@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -22,7 +24,8 @@ from typing import Any
 
 __all__ = ["FolderInUse", "atomic_dir", "atomic_path", "atomic_write_json", "atomic_write_text",
            "check_out_dir", "clean_temporaries", "describe_os_error", "dumps_json", "folder_lock",
-           "json_ready", "read_json_record", "set_aside", "sha256_file", "versions"]
+           "json_ready", "locks_output", "output_lock", "read_json_record", "set_aside",
+           "sha256_file", "versions"]
 
 
 def _umask() -> int:
@@ -274,6 +277,53 @@ def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool =
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def output_lock(folder: str | os.PathLike, name: str = "out_dir") -> Iterator[Path]:
+    """Hold :func:`folder_lock` on an output folder for a whole run, taken before any work.
+
+    A second run into the folder is refused at once (before it loads a model), not after
+    it has redone the first one's work and replaced its files. The folder is checked
+    (:func:`check_out_dir`) and created for the lock; if this call created it and the block
+    raises before writing anything into it (a bad spec, say), it is removed again, so bad
+    input leaves no empty folder behind.
+
+    Raises:
+        FolderInUse: if another run holds the folder (named, with its process id).
+        ValueError: as :func:`check_out_dir`.
+    """
+    path = check_out_dir(folder, name, create=False)
+    created, remove = not path.exists(), False
+    try:
+        with folder_lock(path):
+            try:
+                yield path
+            except BaseException:
+                remove = created and [p.name for p in path.iterdir()] == [".lock"]
+                if remove:  # unlinked while held: a run that opens it meanwhile is refused
+                    (path / ".lock").unlink(missing_ok=True)
+                raise
+    finally:
+        if remove:
+            with contextlib.suppress(OSError):  # another run created it again meanwhile
+                path.rmdir()
+
+
+def locks_output(param: str = "out_dir"):
+    """Decorator: the function runs inside :func:`output_lock` on its argument ``param``
+    (every command that writes an ``--out`` folder)."""
+    def wrap(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def locked(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            with output_lock(bound.arguments[param], param):
+                return fn(*args, **kwargs)
+        return locked
+    return wrap
 
 
 def versions() -> dict[str, str]:

@@ -36,7 +36,8 @@ def test_two_checkpoints_give_one_offline_page_and_tables(steps, tmp_path, capsy
                  "--out", str(out), "--no-progress"]) == 0
     assert "heads that changed most" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"compare.html", "changes.csv", "formed.csv", "kernels.csv",
-                                               "inspection-a.json", "inspection-b.json", "run.json"}
+                                               "inspection-a.json", "inspection-b.json", "run.json",
+                                               ".lock"}  # the run's folder lock (docs/faults.md)
     page = (out / "compare.html").read_text()
     assert external_refs(page) == []
     data = json.loads(re.search(r'<script type="application/json" id="compare-data">(.*?)</script>',

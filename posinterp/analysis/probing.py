@@ -41,6 +41,7 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
+from .._rng import preserved_rng
 from .._validate import check_indices
 from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
 from .similarity import compact_real_tokens, cosine_self_similarity
@@ -234,7 +235,6 @@ def _fit_probe(X, y, groups, seed: int, config: ProbeConfig) -> ProbeResult:
     """See :func:`fit_probe`."""
     _check_probe_inputs(X, y, groups)
     tr, va, te = sequence_split(groups, seed)
-    torch.manual_seed(seed)
     Xf = X.float()
     mu, sd = Xf[tr].mean(0), Xf[tr].std(0)
     # A feature constant on the train split (e.g. a window offset that no train token
@@ -246,9 +246,11 @@ def _fit_probe(X, y, groups, seed: int, config: ProbeConfig) -> ProbeResult:
     y_mu, y_sd = yf[tr].mean(), yf[tr].std().clamp_min(1e-6)
     yn = (yf - y_mu) / y_sd
     h = config.hidden
-    net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], h), torch.nn.ReLU(),
-                              torch.nn.Linear(h, h), torch.nn.ReLU(),
-                              torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 1))
+    with preserved_rng():  # nn.Linear draws its initial values from the global generator
+        torch.default_generator.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Linear(X.shape[1], h), torch.nn.ReLU(),
+                                  torch.nn.Linear(h, h), torch.nn.ReLU(),
+                                  torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 1))
     opt = torch.optim.Adam(net.parameters(), lr=config.lr)
     gen = torch.Generator().manual_seed(seed)
     best, best_state, bad, epoch = float("inf"), None, 0, 0

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from .inspect import check_input_args
 
 __all__ = ["CompareResult", "run_compare"]
@@ -32,6 +32,7 @@ def _write_csv(df, path: Path) -> None:
         df.to_csv(tmp, index=False)
 
 
+@locks_output()
 def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Path | None = None,
                 n_tokens: int = 64, batch: int = 8, ablate: bool = False, seed: int = 0,
                 max_pattern_tokens: int = 96, progress: bool = True, device=None,
@@ -50,6 +51,8 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
         :class:`CompareResult`; the page is ``out_dir/compare.html``.
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         ValueError: a bad argument (named); models that cannot be compared (different
             n_layers x n_heads, d_vocab or tokenizer vocabulary: see
             :func:`posinterp.analysis.compare.compare_inspections`), checked before

@@ -35,7 +35,7 @@ import pandas as pd
 from ..analysis.fingerprint import MIN_PREV_SCORE, head_table
 from ..analysis.onset import NULL_BAND, check_distinct_snapshots, head_onsets, onset_summary
 from ..executors import Cell, Executor, run_cells
-from ..io import atomic_path, atomic_write_json, check_out_dir, read_json_record, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, read_json_record, versions
 from ..specs import zoo_model_dir
 from .fingerprint_families import N_RANK_WINDOWS, RANK_SEED, ranking_tokens
 from .zoo import ZooConfig, load_zoo_model, train_zoo, zoo_family
@@ -192,6 +192,7 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
         df.to_csv(tmp, index=False, float_format="%.6g")
 
 
+@locks_output()
 def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign = DESIGN, *,
                  progress: bool = True, command: str | None = None,
                  executor: Executor | None = None, corpus=None, device=None) -> pd.DataFrame:
@@ -217,6 +218,8 @@ def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign =
         The summary table.
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         ValueError: for an unknown family, a design other than the folder's, or a run
             with two identical snapshots (naming both steps; via
             :class:`~posinterp.executors.CellsFailed`).

@@ -30,7 +30,7 @@ import torch
 
 from ..analysis.fingerprint import MIN_PREV_SCORE, PRIMARY_K, head_table, unit_table, unit_test
 from ..executors import Cell, Executor, run_cells
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..tasks.corpus import stdlib_corpus
 from .zoo import family_set, load_zoo_model, zoo_family, zoo_home
 
@@ -105,6 +105,7 @@ def _card(root: Path, family: str, pe: str, family_set_name: str = "design1") ->
     return fam.home(root) / f"{pe}-seed{fam.seed}" / "card.json"
 
 
+@locks_output()
 def run_families(out_dir: str | Path, root: str | Path | None = None,
                  families: tuple[str, ...] | None = None, *, progress: bool = True,
                  command: str | None = None, resume_command: str | None = None,
@@ -131,6 +132,8 @@ def run_families(out_dir: str | Path, root: str | Path | None = None,
         The tests table (one row per analysis).
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         ValueError: for an unknown family or design name.
     """
     t0 = time.time()

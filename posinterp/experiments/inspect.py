@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 
 __all__ = ["InspectResult", "run_inspect", "text_batch"]
 
@@ -157,6 +157,7 @@ def check_input_args(n_tokens: int, batch: int, max_pattern_tokens: int, input_k
         raise FileNotFoundError(f"--text: no such file: {text}")
 
 
+@locks_output()
 def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = None,
                 n_tokens: int = 64, batch: int = 8, ablate: bool | str = False,
                 exact_top_k: int = 20, seed: int = 0,
@@ -186,6 +187,8 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             CUDA when available, else CPU); the scores are computed on CPU.
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         ValueError: a bad argument (named), an output path that is a file, a text file
             that cannot be used, or tokens longer than ``n_ctx``.
         FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.

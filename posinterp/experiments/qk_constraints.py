@@ -80,6 +80,7 @@ from ..io import (
     atomic_write_json,
     check_out_dir,
     folder_lock,
+    locks_output,
     read_json_record,
     versions,
 )
@@ -857,6 +858,7 @@ def _phase_done(out: Path, runs: pd.DataFrame, constraint: str = "symmetric") ->
     return len(done) == len(want) and bool((done.astype(str) == want.astype(str)).all().all())
 
 
+@locks_output()
 def restore_run(data_dir, out_dir) -> list[str]:
     """Turn committed run outputs back into a resumable run folder; returns the cells written.
 
@@ -871,6 +873,8 @@ def restore_run(data_dir, out_dir) -> list[str]:
     is kept (never overwritten).
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         FileNotFoundError: without ``data_dir``'s runs.csv or run.json.
         ValueError: if ``out_dir`` holds cells from another grid budget.
     """

@@ -28,7 +28,7 @@ from ..analysis.fingerprint import (
 from ..analysis.spectral import qk_spectrum, spectral_measures
 from ..devices import resolve_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import load_model
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
@@ -61,6 +61,7 @@ def _convention_table(model, spec: str) -> pd.DataFrame:
     return both[both.metric == "rotational_mass"].assign(model=spec)
 
 
+@locks_output()
 def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
                  measure: str = "rotational_mass", dynamics: bool = False, seed: int = 0,
                  progress: bool = True, units: str = "family",
@@ -88,6 +89,8 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     CUDA when available, else CPU); spectra are computed on CPU in float64 either way.
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         ValueError: for an unknown ``units`` or ``device``.
         posinterp.executors.CellsFailed: naming each model that failed to load or
             analyse (bad specs: the ValueError or FileNotFoundError of
@@ -147,6 +150,7 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
     return result
 
 
+@locks_output()
 def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, progress: bool = True,
                      command: str | None = None) -> pd.DataFrame:
     """QK spectra from the q/k weights alone: no forward pass, no full model in memory.
@@ -162,6 +166,8 @@ def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, pr
     previous-token score) and ``run.json`` (what was read from each file).
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         FileNotFoundError, ValueError: from ``read_qk_weights`` (missing path, an
             unsupported architecture, a truncated file), before anything is written.
     """

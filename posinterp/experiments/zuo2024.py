@@ -51,7 +51,7 @@ from ..executors import (
     gpus_for,
     run_cells,
 )
-from ..io import atomic_path, atomic_write_json, check_out_dir, versions
+from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import build_model, preset
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
 from ..training import TrainConfig, evaluate, latest_checkpoint, load_checkpoint, train
@@ -369,6 +369,7 @@ def _cells(config: ReproConfig, out: Path, progress: bool, device) -> list[list[
     return [first, probes, rest]
 
 
+@locks_output()
 def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posinterp-zuo2024",
                 progress: bool = True, markdown: str | Path | None = None,
                 command: str | None = None, executor: Executor | None = None,
@@ -394,6 +395,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     and analysis cells run first, the probes of trained models after them.
 
     Raises:
+        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
+            before any work, writing nothing.
         ValueError: for invalid presets or task settings, or with ``compute=False`` when a
             cell of stage 1 (init, grids, the reversal models) is not finished.
         posinterp.executors.CellsFailed: naming each failed cell (and each probe left

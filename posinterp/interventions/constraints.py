@@ -135,7 +135,8 @@ class TiedKey(nn.Module):
     ``W_Q`` is read through a getter at each call (not stored as a submodule), so the
     gradient reaches W_Q and X's free parameters. A and L start as Ginibre matrices
     (i.i.d. N(0, 1/d_head)) times ``init_scale``, so the tied control's B = X^T S starts
-    with a random spectrum like the untied model's, not near the identity.
+    with a random spectrum like the untied model's, not near the identity; drawn from
+    ``generator`` (None: torch's global generator, which advances).
     """
 
     def __init__(self, kind: str, n_heads: int, d_head: int, get_source, init_scale: float = 1.0,
@@ -366,7 +367,10 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
     Π_c on the weights at the call (:func:`banned_ranks`); ``ban_random_subspace`` does
     the same with ``rank`` given (an int for every head, or ``[n_layers, n_heads]``
     ints). Call before building the optimizer. ``generator`` seeds X's initial values
-    (tied kinds) and the random subspaces (drawn on CPU, layer by layer, head by head).
+    (tied kinds) and the random subspaces (drawn on CPU, layer by layer, head by head);
+    None draws them from torch's global CPU generator, which advances as any torch draw
+    does (the one posinterp call that uses the global generator: pass a seeded
+    ``torch.Generator`` for a reproducible call that leaves the caller's state alone).
 
     The parametrization is registered on the parameter that stores the weight
     (:func:`posinterp.models.backend.qk_slots`): TL 3.9's ``attn.W_Q``/``W_K``, or on TL 4

@@ -1677,7 +1677,10 @@ def process_weights(model, *, fold_ln: bool = False, center_writing_weights: boo
     if not is_bridge(model):
         from transformer_lens import HookedTransformer
 
-        twin = HookedTransformer(copy.deepcopy(model.cfg), move_to_device=False)
+        from .._rng import preserved_rng
+
+        with preserved_rng():  # the twin's initial values are drawn, then replaced
+            twin = HookedTransformer(copy.deepcopy(model.cfg), move_to_device=False)
         twin.load_and_process_state_dict(model.state_dict(), **flags)
         return twin.train(model.training)
     twin = copy.deepcopy(model)

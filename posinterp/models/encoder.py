@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .._rng import preserved_rng
 from .checkpoint import refuse_incomplete
 from .hf_config import check_supported
 
@@ -91,9 +92,10 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     try:
         # BertForPreTraining has every head TL's converter reads; heads missing from the
         # checkpoint are freshly initialized (seeded) by HF.
-        torch.manual_seed(seed)
-        source, info = transformers.BertForPreTraining.from_pretrained(
-            str(folder), local_files_only=True, output_loading_info=True)
+        with preserved_rng():
+            torch.default_generator.manual_seed(seed)  # the CPU generator HF's init draws from
+            source, info = transformers.BertForPreTraining.from_pretrained(
+                str(folder), local_files_only=True, output_loading_info=True)
     except Exception as err:  # HF, safetensors and torch raise their own types
         raise ValueError(f"could not read the weights in {folder}: {type(err).__name__}: {err}") \
             from None
@@ -109,7 +111,8 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     tokenizer = None
     if (folder / "tokenizer.json").is_file() or (folder / "vocab.txt").is_file():
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
+    with preserved_rng():  # its initial values are drawn, then replaced
+        model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
     with torch.no_grad():
         model.load_state_dict(convert_bert_weights(source, cfg), strict=False)
     move_model(model.eval(), device)
@@ -127,8 +130,8 @@ def _load_bert_bridge(folder: Path, seed: int):
     from ..tasks.tokenizer import build_byte_tokenizer
 
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with preserved_rng():
+            torch.default_generator.manual_seed(seed)  # the CPU generator HF's init draws from
             hf, info = transformers.BertForMaskedLM.from_pretrained(
                 str(folder), local_files_only=True, attn_implementation="eager",
                 output_loading_info=True)

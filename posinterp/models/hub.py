@@ -106,16 +106,20 @@ def snapshot_folder(name: str, revision: str | None = None) -> Path:
 
 
 def _fetch_weights(download, name: str, revision: str | None, cache: Path, folder: Path) -> Path:
-    """Download the weight files transformers will read, in its order of preference:
-    ``model.safetensors``, the shards of ``model.safetensors.index.json``, then the same
-    for ``pytorch_model.bin`` (the indexes came with the config)."""
-    from .checkpoint import _WEIGHT_LAYOUTS
+    """Download the weight files transformers will read, in its order of preference
+    (:func:`~posinterp.models.checkpoint.checkpoint_files`): the file the config names in
+    ``transformers_weights``, else ``model.safetensors``, the shards of
+    ``model.safetensors.index.json``, then the same for ``pytorch_model.bin`` (the indexes
+    came with the config)."""
+    from .checkpoint import weight_layouts
 
-    for single, index in _WEIGHT_LAYOUTS:
-        folder = Path(download(name, revision=revision, cache_dir=cache, allow_patterns=[single]))
-        if (folder / single).is_file():
-            return folder
-        if (folder / index).is_file():
+    for single, index in weight_layouts(folder):
+        if single is not None:
+            folder = Path(download(name, revision=revision, cache_dir=cache,
+                                   allow_patterns=[single]))
+            if (folder / single).is_file():
+                return folder
+        if index is not None and (folder / index).is_file():
             shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
             return Path(download(name, revision=revision, cache_dir=cache, allow_patterns=shards))
     return folder  # no weights: load_model names what is missing

@@ -67,8 +67,10 @@ class ModelInfo:
             every loader: the norm gain folded in, LayerNorm's centering applied; says
             whether the loader or posinterp.spectral folds it), from
             :func:`posinterp.analysis.spectral.qk_convention`.
-        weights: where the weights came from (path or hub id and revision, every weight
-            file read; for llama2.c files, sha256); for GGUF files also ``file_type``
+        weights: where the weights came from (path or hub id and revision; for HF folders
+            ``files``, the weight files transformers read there, in its precedence:
+            :func:`posinterp.models.checkpoint.checkpoint_files`; for llama2.c files,
+            sha256); for GGUF files also ``file_type``
             (e.g. ``MOSTLY_Q4_1``), ``tensor_types``, ``dequantized: True`` and the cache
             ``folder`` (:mod:`posinterp.models.gguf`).
         hf_check: for HF checkpoints, the load-time comparison with HF's own model on a

@@ -183,6 +183,7 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
         FileNotFoundError, ValueError: see :func:`read_llama2c`; ValueError for a bad
             ``device``/``dtype``.
     """
+    from .._rng import preserved_rng
     from ..devices import move_model, resolve_device
     from .backend import TL_MAJOR
 
@@ -190,10 +191,11 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
     processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                       center_unembed=center_unembed, fold_value_biases=fold_value_biases)
     header, arrays = read_llama2c(path)
-    if TL_MAJOR >= 4:
-        model = _load_bridge(header, _state_dict(header, arrays), Path(path).stem, processing)
-    else:
-        model = _load_hooked(header, arrays, Path(path).stem, processing)
+    with preserved_rng():  # TL 3.9's HookedTransformer draws initial values it then replaces
+        if TL_MAJOR >= 4:
+            model = _load_bridge(header, _state_dict(header, arrays), Path(path).stem, processing)
+        else:
+            model = _load_hooked(header, arrays, Path(path).stem, processing)
     move_model(model.eval(), device, dtype)
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return model, {"weights": {"path": str(Path(path).resolve()), "sha256": digest},

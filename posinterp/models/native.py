@@ -339,13 +339,15 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
     from transformer_lens.conversion_utils import convert_tl_checkpoint
     from transformer_lens.model_bridge.sources.native.model import NativeModel
 
+    from .._rng import preserved_rng
+
     cap = getattr(cfg, "attn_scores_soft_cap", -1.0)
     if isinstance(cap, (int, float)) and cap > 0:
         # PosinterpAttention computes the scores itself, without a cap: refuse, never drop it
         raise ValueError(f"attn_scores_soft_cap={cap:g} is not supported by posinterp's TL 4 "
                          "attention (it would run uncapped); TransformerLens's own native model "
                          "(transformer_lens.model_bridge.sources.native.boot) applies it")
-    with torch.random.fork_rng(devices=[]):  # nn.Linear's default init draws; weights follow
+    with preserved_rng():  # nn.Linear's default init draws; weights follow
         native = NativeModel(cfg)
     cls = _attention_class()
     biased = "blocks.0.attn.b_Q" in tl_state_dict
@@ -419,8 +421,11 @@ def model_from_tl_weights(config: dict, tl_state_dict: dict[str, torch.Tensor], 
     if TL_MAJOR < 4:
         from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-        model = HookedTransformer(HookedTransformerConfig(**{**config, "device": "cpu"}),
-                                  tokenizer=tokenizer, move_to_device=False)
+        from .._rng import preserved_rng
+
+        with preserved_rng():  # a seed in the config reseeds every global generator; init draws
+            model = HookedTransformer(HookedTransformerConfig(**{**config, "device": "cpu"}),
+                                      tokenizer=tokenizer, move_to_device=False)
         model.load_and_process_state_dict(dict(tl_state_dict), fold_ln=False,
                                           center_writing_weights=False, center_unembed=False,
                                           fold_value_biases=False)

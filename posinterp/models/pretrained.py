@@ -460,7 +460,7 @@ def _load_bert(folder: Path, spec: str, processing: dict):
     return model, ModelInfo.from_model(
         model, spec=spec, source="local-hf", pe="absolute", architecture="BertModel",
         causal=False, processing={**done, "mlm_head": "checkpoint" if has_head else "random (seeded)"},
-        weights={"path": str(folder.resolve())})
+        weights={"path": str(folder.resolve()), "files": checkpoint_files(folder)})
 
 
 def _load_llama2c(path: Path, processing: dict):
@@ -541,13 +541,15 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
     """
     import torch
 
+    from .._rng import preserved_rng
     from ..devices import move_model, resolve_device, resolve_dtype
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before loading
-    model, info = _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed,
-                               fold_value_biases, dtype, revision)
-    # HF loads are already in dtype; others (toy, zoo, llama2.c, BERT) are built in float32.
-    move_model(model, device, None if dtype == torch.float32 else dtype)
+    with preserved_rng():  # TL 3.9's and HF's constructors draw their unused initial values
+        model, info = _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed,
+                                   fold_value_biases, dtype, revision)
+        # HF loads are already in dtype; others (toy, zoo, llama2.c, BERT) are built in float32.
+        move_model(model, device, None if dtype == torch.float32 else dtype)
     return model, info
 
 

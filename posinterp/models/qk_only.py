@@ -18,7 +18,6 @@ Supported: the Llama family layout (``LlamaForCausalLM``, ``MistralForCausalLM``
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,9 @@ class QKWeights:
             ``[n_heads, d_head]``, keys expanded) for qk-norm architectures, else None.
         pe, rotary_dim, adjacent_pairs, inv_freq: the RoPE the model applies
             (``inv_freq`` ``[rotary_dim / 2]``, HF's frequencies).
-        source: what was read (path, format, tensor count, bytes of those tensors).
+        source: what was read (path, format, the weight files transformers' loader reads
+            there (``files``, HF folders: :func:`posinterp.models.checkpoint.checkpoint_files`),
+            tensor count, bytes of those tensors).
     """
 
     spec: str
@@ -109,6 +110,7 @@ def _read_folder(folder: Path) -> QKWeights:
     import transformers
     from safetensors import safe_open
 
+    from .checkpoint import safetensors_files
     from .pretrained import _read_config, _refuse_mla
 
     raw = _read_config(folder)
@@ -116,14 +118,7 @@ def _read_folder(folder: Path) -> QKWeights:
     _refuse_mla(raw, architecture)  # named, not "load the whole model instead"
     _check_architecture(folder, architecture)
     hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-    elif (folder / "model.safetensors").is_file():
-        weight_map = None
-    else:
-        raise FileNotFoundError(f"{folder}: weights-only reading needs safetensors files "
-                                "(model.safetensors or model.safetensors.index.json)")
+    files, weight_map = safetensors_files(folder)  # the files HF's loader reads, in its order
     n_layers = hf_config.num_hidden_layers
     names = {kind: [f"model.layers.{i}.{part}.weight" for i in range(n_layers)]
              for kind, part in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"),
@@ -135,7 +130,7 @@ def _read_folder(folder: Path) -> QKWeights:
         for kind, keys in names.items():
             out[kind] = []
             for key in keys:
-                file = folder / (weight_map[key] if weight_map else "model.safetensors")
+                file = folder / (weight_map[key] if weight_map else files[0])
                 if file not in handles:
                     handles[file] = safe_open(str(file), framework="pt")
                 try:
@@ -148,7 +143,7 @@ def _read_folder(folder: Path) -> QKWeights:
     finally:
         handles.clear()
     return _assemble(folder, architecture, hf_config, out["q"], out["k"], out["g"],
-                     {"path": str(folder.resolve()), "format": "safetensors",
+                     {"path": str(folder.resolve()), "format": "safetensors", "files": files,
                       "tensors": len(names) * n_layers, "bytes": nbytes},
                      out.get("qn", ()), out.get("kn", ()))
 

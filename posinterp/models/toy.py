@@ -245,11 +245,13 @@ def build_model(config: ToyModelConfig, tokenizer=None, device=None, dtype=None)
     Raises:
         ValueError: from :class:`ToyModelConfig` validation, or a bad ``device``/``dtype``.
     """
+    from .._rng import preserved_rng
     from ..devices import move_model, resolve_device, resolve_dtype
 
     device, dtype = resolve_device(device), resolve_dtype(dtype)  # fail before building
-    return move_model(_build_on_cpu(config, tokenizer), device,
-                      None if dtype == torch.float32 else dtype)
+    with preserved_rng():  # TL's constructors draw from (TL 3.9: reseed) the global generators
+        return move_model(_build_on_cpu(config, tokenizer), device,
+                          None if dtype == torch.float32 else dtype)
 
 
 def _build_on_cpu(config: ToyModelConfig, tokenizer=None):
