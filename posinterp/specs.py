@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["LLAMA2C_HEADER_BYTES", "ZOO_SCHEMES", "check_spec", "spec_errors", "zoo_home",
-           "zoo_model_dir"]
+__all__ = ["LLAMA2C_HEADER_BYTES", "LOCAL_SUFFIXES", "ZOO_SCHEMES", "check_spec", "looks_local",
+           "spec_errors", "zoo_home", "zoo_model_dir"]
 
 ZOO_SCHEMES = ("nope", "absolute", "rotary", "alibi")  # = posinterp.models.PE_SCHEMES (tested)
 LLAMA2C_HEADER_BYTES = 7 * 4  # llama2.c's Config: seven int32 (dim, hidden_dim, ... seq_len)
@@ -30,11 +30,20 @@ def zoo_model_dir(home: Path, pe: str, seed: int) -> Path:
     return home / f"{pe}-seed{seed}"
 
 
-def _looks_local(spec: str) -> bool:
-    """A path, not a hub name (as :func:`posinterp.load_model` tells them apart)."""
+LOCAL_SUFFIXES = (".bin", ".safetensors", ".json", ".pt", ".gguf")
+
+
+def looks_local(spec: str) -> bool:
+    """A path, not a hub name: the one rule :func:`posinterp.load_model` and the CLI share.
+
+    True when ``spec`` starts like a path (``.``, ``/``, ``~``), holds a backslash or more
+    than one ``/`` (a hub name is ``org/name``), ends in a weight-file suffix
+    (:data:`LOCAL_SUFFIXES`, any case: ``model.GGUF`` too), or its first component is an
+    existing local folder (``ck2/tiny-gpt3`` with ``ck2/`` present).
+    """
     p = Path(spec).expanduser()
     return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
-            or p.suffix in (".bin", ".safetensors", ".json", ".pt", ".gguf")
+            or p.suffix.lower() in LOCAL_SUFFIXES
             or (len(p.parts) > 1 and Path(p.parts[0]).is_dir()))
 
 
@@ -68,7 +77,7 @@ def check_spec(spec: str, home: str | os.PathLike | None = None) -> None:
         return
     if path.exists():
         return
-    if _looks_local(text):
+    if looks_local(text):
         raise FileNotFoundError(f"no such folder or file: {spec}")
 
 

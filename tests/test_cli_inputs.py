@@ -64,3 +64,22 @@ def test_spec_checks_agree_with_the_loaders_vocabulary(tmp_path):
         check_spec("  ")
     with pytest.raises(FileNotFoundError, match="zoo train"):
         check_spec("zoo:nope:3", home=tmp_path)
+
+
+@pytest.mark.parametrize("spec", ["weights/model.GGUF", "run.SafeTensors", "a/b/c", "./x",
+                                  "~/m.pt", "org/name", "gpt2"])
+def test_the_cli_and_load_model_read_a_spec_alike(spec, tmp_path, monkeypatch):
+    """One spec grammar: a spec the CLI's check takes for a path is a path to load_model too
+    (a missing one is a FileNotFoundError there, never a hub lookup), and a hub name for one
+    is a hub name for the other (the two once differed: only the CLI knew ``.gguf``)."""
+    import posinterp.models.pretrained as pretrained
+
+    monkeypatch.chdir(tmp_path)
+    hub_calls = []
+    monkeypatch.setattr(pretrained, "_load_hub", lambda name, *a: hub_calls.append(name) or
+                        (_ for _ in ()).throw(LookupError("hub")))
+    cli_says_path = bool(spec_errors([spec]))  # a path that does not exist is refused
+    with pytest.raises((FileNotFoundError, LookupError)) as err:
+        pretrained.load_model(spec)
+    assert (err.type is FileNotFoundError) == cli_says_path, err.value
+    assert (hub_calls == []) == cli_says_path

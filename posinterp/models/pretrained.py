@@ -31,6 +31,7 @@ import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..specs import looks_local
 from .checkpoint import IncompleteCheckpointError, checkpoint_files, refuse_incomplete
 from .hf_config import hf_rotary_inv_freq, tl_overrides
 from .hub import distinct_revisions, snapshot_folder, weights_sha256
@@ -562,7 +563,7 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
         raise ValueError(f"revision must be a non-empty branch, tag or commit name, got {revision!r}")
     if revision is not None and (str(spec).startswith("zoo:") or str(spec) in MINILM_NAMES
-                                 or Path(spec).exists() or _looks_local(str(spec))):
+                                 or Path(spec).exists() or looks_local(str(spec))):
         raise ValueError(f"revision={revision!r} applies to hub names only; {spec} is not one "
                          "(for zoo snapshots use zoo:<pe>[:<seed>]@<step>)")
     if str(spec).startswith("zoo:"):
@@ -591,7 +592,7 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
             return _load_local_hf(path, processing, dtype)
     if path.exists():
         raise FileNotFoundError(f"{spec} is neither a checkpoint folder nor a llama2.c .bin file")
-    if _looks_local(str(spec)):
+    if looks_local(str(spec)):
         raise FileNotFoundError(f"no such folder or file: {spec}")
     return _load_hub(str(spec), revision, processing, dtype)
 
@@ -607,15 +608,6 @@ def _load_hub(name: str, revision: str | None, processing: dict, dtype):
     return model, replace(info, spec=name, source="hub",
                           weights={"hub": repo, "revision": revision or "main",
                                    "commit": folder.name, **info.weights})
-
-
-def _looks_local(spec: str) -> bool:
-    """A path, not a hub name: it starts like one, has a file suffix, more than one ``/``,
-    or its first component is an existing local folder (``ck2/tiny-gpt3`` with ``ck2/``)."""
-    p = Path(spec).expanduser()
-    return (spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec
-            or p.suffix in (".bin", ".safetensors", ".json", ".pt")
-            or (len(p.parts) > 1 and Path(p.parts[0]).is_dir()))
 
 
 def _is_toy_checkpoint(path: Path) -> bool:
