@@ -68,6 +68,7 @@ from .spectral import (
     ginibre_null,
     null_percentiles,
     qk_weights,
+    random_heads,
 )
 
 __all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "block_labels", "compact_pattern",
@@ -257,9 +258,8 @@ def _null_band(d_model: int, d_head: int, n_heads: int, quantiles: tuple, seed: 
                ) -> tuple[float, float]:
     # seeded: drawn once per process for each argument set, as ginibre_null
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(n_heads, d_model, d_head, generator=gen, dtype=torch.float64)
-    k = torch.randn(n_heads, d_model, d_head, generator=gen, dtype=torch.float64)
-    mods = eigenvalues(q, k).abs().flatten().numpy()
+    mods = np.concatenate([eigenvalues(q, k).abs().flatten().numpy()
+                           for q, k in random_heads(gen, n_heads, d_model, d_head)])
     lo, hi = np.quantile(mods, quantiles)
     return float(lo), float(hi)
 

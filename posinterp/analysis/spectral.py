@@ -43,7 +43,8 @@ __all__ = [
     "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm", "channel_masses",
     "effective_weights", "fold_qk_norm",
     "eigenvalues", "ginibre_null", "real_within_rounding", "null_percentiles", "qk_convention", "qk_spectrum",
-    "model_rotary_matrix", "qk_weights", "rotary_matrix", "rotational_measures", "spectral_measures",
+    "model_rotary_matrix", "qk_weights", "random_heads", "rotary_matrix", "rotational_measures",
+    "spectral_measures",
     "directionality_score", "qk_geometry", "symmetry_score",
 ]
 
@@ -512,7 +513,8 @@ def _selected_qk_only(qk, layers, heads, offset, weights):
     offsets = [int(offset)] if offset is not None else ([0, -1] if qk.pe == "rotary" else [None])
     layer_ids = _select("layers", layers, qk.n_layers)
     head_ids = _select("heads", heads, qk.n_heads)
-    def layer_weights(layer):
+
+    def layer_weights(layer):  # read from the files now: one layer in memory at a time
         W_Q, W_K = qk.W_Q[layer], qk.W_K[layer]
         if weights == "effective":
             W_Q = effective_weights(W_Q, qk.gain[layer], qk.center)
@@ -520,13 +522,13 @@ def _selected_qk_only(qk, layers, heads, offset, weights):
             W_Q, W_K = fold_qk_norm(W_Q, W_K, qk.qk_norm[layer] if qk.qk_norm else None)
         return W_Q, W_K
 
-    # folded once per layer, not once per offset
-    folded = {layer: layer_weights(layer) for layer in layer_ids} if len(offsets) > 1 else {}
+    # each layer is read once per offset: memory stays one layer's whatever the depth, and
+    # a second read of the same bytes comes from the page cache
     for off in offsets:
         R = (rotary_matrix(qk.d_head, qk.rotary_dim, -off, adjacent_pairs=qk.adjacent_pairs,
                            inv_freq=qk.inv_freq) if off else None)  # one RoPE for every layer
         for layer in layer_ids:
-            W_Q, W_K = folded[layer] if folded else layer_weights(layer)
+            W_Q, W_K = layer_weights(layer)
             if R is not None:
                 W_K = W_K @ R.T
             yield off, layer, head_ids, W_Q[head_ids], W_K[head_ids]
@@ -589,17 +591,17 @@ def _spectra(model, layers, heads, offset, weights, antisymmetric: bool = True):
     ``[sum heads]`` follow them (None without ``antisymmetric``): one pass over the
     weights and one eigvals call for :func:`qk_spectrum` and :func:`spectral_measures`
     alike, so a caller that needs both (``inspect_heads``) solves each head once."""
-    keys, forms, anti = [], [], []
+    keys, lams, anti = [], [], []
     for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
         q, k = qk_float64(W_Q, W_K)
         keys.append((off, layer, head_ids))
-        forms.append(k.mT @ q)  # [heads, d_head, d_head]
+        B = k.mT @ q  # [heads, d_head, d_head]
+        # solved as each layer comes: only eigenvalues are kept, so memory does not grow
+        # with depth (a batched eigvals solves each matrix alone: the same numbers)
+        lams.append(small_form_eigenvalues(B))
         if antisymmetric:
-            anti.append(_antisymmetric_energy(q, k, forms[-1]))
-    # every head of every layer and offset in one eigvals call: 540 64 x 64 problems for
-    # SmolLM2-135M (docs/performance.md)
-    lam = small_form_eigenvalues(torch.cat(forms))  # [sum heads, d_head]
-    return keys, lam, (torch.cat(anti) if antisymmetric else None)
+            anti.append(_antisymmetric_energy(q, k, B))
+    return keys, torch.cat(lams), (torch.cat(anti) if antisymmetric else None)
 
 
 def _spectrum_frame(keys, lam: Tensor) -> pd.DataFrame:
@@ -715,6 +717,46 @@ def ginibre_null(d_model: int, d_head: int, n_heads: int = NULL_HEADS, std: floa
                          None if k_e is None else int(k_e), float(eps), int(seed)).copy()
 
 
+# Random heads are drawn in blocks of at most this many bytes per factor: at d_model 4096,
+# d_head 128 one head's W_Q is 4 MiB, so 256 heads at once held 2 GiB (docs/scale.md).
+RANDOM_HEAD_BLOCK_BYTES = 64 * 2**20
+
+
+def random_heads(gen: torch.Generator, n: int, d_model: int, d_head: int,
+                 block_bytes: int | None = None):
+    """Yield ``(q, k)`` blocks ``[b, d_model, d_head]`` (float64, N(0, 1) entries) of ``n``
+    random heads: the numbers of ``q = randn(n, ...); k = randn(n, ...)`` drawn from
+    ``gen``, in order, with at most ``block_bytes`` (default
+    :data:`RANDOM_HEAD_BLOCK_BYTES`) of each factor in memory.
+
+    torch's CPU normal fills uniforms in order and transforms them 16 at a time (redrawing
+    the last 16 when the size is not a multiple of 16), so a draw split into parts of a
+    multiple of 16 numbers, the last part at least 16, gives the same numbers
+    (tests/analysis/test_spectral.py checks it). The k of block b lies after every q, so
+    each q block is drawn twice: once to move the generator past it (its state saved),
+    once from that state beside its k.
+    """
+    per = d_model * d_head
+    unit = 16 // math.gcd(16, per)  # heads per multiple of 16 numbers
+    size = max(unit, (block_bytes or RANDOM_HEAD_BLOCK_BYTES) // (8 * per) // unit * unit)
+    sizes = [min(size, n - i) for i in range(0, n, size)]
+    if len(sizes) > 1 and sizes[-1] * per < 16:  # a short last part would redraw differently
+        sizes[-2:] = [sizes[-2] + sizes[-1]]
+    if len(sizes) == 1:
+        q = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64)
+        yield q, torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64)
+        return
+    states = []
+    for b in sizes:
+        states.append(gen.get_state())
+        torch.randn(b, d_model, d_head, generator=gen, dtype=torch.float64)
+    replay = torch.Generator()
+    for b, state in zip(sizes, states, strict=True):
+        replay.set_state(state)
+        q = torch.randn(b, d_model, d_head, generator=replay, dtype=torch.float64)
+        yield q, torch.randn(b, d_model, d_head, generator=gen, dtype=torch.float64)
+
+
 @functools.lru_cache(maxsize=8)
 def _ginibre_null(d_model: int, d_head: int, n_heads: int, std: float, k_e: int | None,
                   eps: float, seed: int) -> pd.DataFrame:
@@ -724,13 +766,12 @@ def _ginibre_null(d_model: int, d_head: int, n_heads: int, std: float, k_e: int 
     gen = torch.Generator().manual_seed(seed)
     out = []
     for start in range(0, n_heads, 256):
-        n = min(256, n_heads - start)
-        q = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
-        k = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
-        B = k.mT @ q
-        m = rotational_measures(small_form_eigenvalues(B), k_e, eps)
-        m["antisymmetric_energy"] = _antisymmetric_energy(q, k, B)
-        out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
+        for q, k in random_heads(gen, min(256, n_heads - start), d_model, d_head):
+            q, k = q * std, k * std
+            B = k.mT @ q
+            m = rotational_measures(small_form_eigenvalues(B), k_e, eps)
+            m["antisymmetric_energy"] = _antisymmetric_energy(q, k, B)
+            out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
     return pd.concat(out, ignore_index=True)
 
 

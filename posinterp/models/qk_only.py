@@ -19,13 +19,14 @@ Supported: the Llama family layout (``LlamaForCausalLM``, ``MistralForCausalLM``
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["QK_ONLY_ARCHITECTURES", "QKWeights", "read_qk_weights"]
+__all__ = ["QK_ONLY_ARCHITECTURES", "LayerReader", "QKWeights", "read_qk_weights"]
 
 QK_ONLY_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                          "Qwen3ForCausalLM")
@@ -35,7 +36,8 @@ _QK_NORM = ("Qwen3ForCausalLM",)
 
 @dataclass(frozen=True)
 class QKWeights:
-    """W_Q, W_K (stored, float64) and attention-norm gains of every layer.
+    """W_Q, W_K (stored, float64) and attention-norm gains of every layer, each read from
+    its file when indexed (:class:`LayerReader`), so a spectrum holds one layer at a time.
 
     Attributes:
         W_Q, W_K: per layer ``[n_heads, d_model, d_head]``; W_K already expanded over
@@ -60,15 +62,33 @@ class QKWeights:
     n_kv_heads: int
     d_model: int
     d_head: int
-    W_Q: tuple[Tensor, ...]
-    W_K: tuple[Tensor, ...]
-    gain: tuple[Tensor, ...]
+    W_Q: Sequence[Tensor]
+    W_K: Sequence[Tensor]
+    gain: Sequence[Tensor]
     center: bool
     rotary_dim: int | None
     adjacent_pairs: bool | None
     inv_freq: Tensor | None
     source: dict = field(default_factory=dict)
-    qk_norm: tuple | None = None
+    qk_norm: Sequence | None = None
+
+
+class LayerReader(Sequence):
+    """One tensor per layer, read from its file each time it is indexed and never kept:
+    memory is one layer's, whatever the depth (docs/scale.md). ``read(layer)`` returns it."""
+
+    def __init__(self, n_layers: int, read: Callable[[int], object]):
+        self._n, self._read = n_layers, read
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, layer):
+        if isinstance(layer, slice):
+            return [self[i] for i in range(*layer.indices(self._n))]
+        if not -self._n <= layer < self._n:
+            raise IndexError(f"layer {layer} out of range for {self._n} layers")
+        return self._read(layer % self._n)
 
 
 def _per_head(w: Tensor, n: int, d_head: int) -> Tensor:
@@ -76,7 +96,10 @@ def _per_head(w: Tensor, n: int, d_head: int) -> Tensor:
     return w.double().reshape(n, d_head, -1).transpose(1, 2).contiguous()
 
 
-def _assemble(spec, architecture, hf_config, q, k, g, source, qn=(), kn=()) -> QKWeights:
+def _assemble(spec, architecture, hf_config, read: Callable[[str, int], Tensor], kinds,
+              source) -> QKWeights:
+    """QKWeights whose per-layer tensors ``read(kind, layer)`` fetches on access (kinds
+    ``q``, ``k``, ``g`` and, for qk-norm architectures, ``qn``, ``kn``)."""
     from .backend import QKNorm
     from .hf_config import hf_rotary_inv_freq
     from .info import scheme_for_architecture
@@ -85,17 +108,23 @@ def _assemble(spec, architecture, hf_config, q, k, g, source, qn=(), kn=()) -> Q
     n_kv = hf_config.num_key_value_heads or n_heads
     d_model = hf_config.hidden_size
     d_head = getattr(hf_config, "head_dim", None) or d_model // n_heads
+    n_layers = hf_config.num_hidden_layers
     inv_freq = hf_rotary_inv_freq(architecture, hf_config)  # refuses unsupported RoPE settings
-    W_Q = tuple(_per_head(w, n_heads, d_head) for w in q)
-    W_K = tuple(_per_head(w, n_kv, d_head).repeat_interleave(n_heads // n_kv, dim=0) for w in k)
+
     def per_head(gain):
         return gain.double().expand(n_heads, d_head).clone()
 
-    norms = tuple(QKNorm(per_head(a), per_head(b), "per head", "RMSNorm (gain w)")
-                  for a, b in zip(qn, kn, strict=True)) or None
+    def k_of(layer):
+        return _per_head(read("k", layer), n_kv, d_head).repeat_interleave(n_heads // n_kv, dim=0)
+
+    norms = (LayerReader(n_layers, lambda i: QKNorm(per_head(read("qn", i)), per_head(read("kn", i)),
+                                                    "per head", "RMSNorm (gain w)"))
+             if "qn" in kinds else None)
     return QKWeights(spec=str(spec), architecture=architecture, pe=scheme_for_architecture(architecture),
-                     n_layers=len(q), n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head,
-                     W_Q=W_Q, W_K=W_K, gain=tuple(x.double() for x in g), center=False,
+                     n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head,
+                     W_Q=LayerReader(n_layers, lambda i: _per_head(read("q", i), n_heads, d_head)),
+                     W_K=LayerReader(n_layers, k_of),
+                     gain=LayerReader(n_layers, lambda i: read("g", i).double()), center=False,
                      rotary_dim=2 * inv_freq.numel(), adjacent_pairs=False,
                      inv_freq=inv_freq.double(), source=source, qk_norm=norms)
 
@@ -120,32 +149,57 @@ def _read_folder(folder: Path) -> QKWeights:
     hf_config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     files, weight_map = safetensors_files(folder)  # the files HF's loader reads, in its order
     n_layers = hf_config.num_hidden_layers
-    names = {kind: [f"model.layers.{i}.{part}.weight" for i in range(n_layers)]
-             for kind, part in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"),
-                                ("g", "input_layernorm"))
-             + ((("qn", "self_attn.q_norm"), ("kn", "self_attn.k_norm"))
-                if architecture in _QK_NORM else ())}
-    out, nbytes, handles = {}, 0, {}
-    try:
-        for kind, keys in names.items():
-            out[kind] = []
-            for key in keys:
-                file = folder / (weight_map[key] if weight_map else files[0])
-                if file not in handles:
-                    handles[file] = safe_open(str(file), framework="pt")
-                try:
-                    t = handles[file].get_tensor(key)
-                except Exception as err:  # safetensors raises its own error types
-                    raise ValueError(f"{file}: cannot read tensor {key} "
-                                     f"({type(err).__name__}: {err})") from None
-                nbytes += t.numel() * t.element_size()
-                out[kind].append(t)
-    finally:
-        handles.clear()
-    return _assemble(folder, architecture, hf_config, out["q"], out["k"], out["g"],
+    parts = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "g": "input_layernorm"}
+    if architecture in _QK_NORM:
+        parts |= {"qn": "self_attn.q_norm", "kn": "self_attn.k_norm"}
+
+    def where(kind, layer):
+        key = f"model.layers.{layer}.{parts[kind]}.weight"
+        return folder / (weight_map[key] if weight_map else files[0]), key
+
+    # Every tensor is found and sized from the files' headers now, so a missing or damaged
+    # one is refused before any spectrum is computed; the bytes are read layer by layer.
+    nbytes = 0
+    for file in sorted({where(kind, i)[0] for kind in parts for i in range(n_layers)}):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                present = set(f.keys())
+                for kind in parts:
+                    for i in range(n_layers):
+                        at, key = where(kind, i)
+                        if at != file:
+                            continue
+                        if key not in present:
+                            raise ValueError(f"{file}: tensor {key} is missing")
+                        sl = f.get_slice(key)
+                        nbytes += _numel(sl.get_shape()) * _DTYPE_BYTES.get(sl.get_dtype(), 4)
+        except ValueError:
+            raise
+        except Exception as err:  # safetensors raises its own error types
+            raise ValueError(f"{file}: cannot read its tensors ({type(err).__name__}: {err})") from None
+
+    def read(kind, layer):
+        file, key = where(kind, layer)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                return f.get_tensor(key)
+        except Exception as err:  # safetensors raises its own error types
+            raise ValueError(f"{file}: cannot read tensor {key} "
+                             f"({type(err).__name__}: {err})") from None
+
+    return _assemble(folder, architecture, hf_config, read, parts,
                      {"path": str(folder.resolve()), "format": "safetensors", "files": files,
-                      "tensors": len(names) * n_layers, "bytes": nbytes},
-                     out.get("qn", ()), out.get("kn", ()))
+                      "tensors": len(parts) * n_layers, "bytes": nbytes})
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I8": 1, "U8": 1}
+
+
+def _numel(shape) -> int:
+    out = 1
+    for n in shape:
+        out *= int(n)
+    return out
 
 
 def _read_gguf(path: Path) -> QKWeights:
@@ -168,24 +222,29 @@ def _read_gguf(path: Path) -> QKWeights:
     proc = TENSOR_PROCESSORS.get(header["architecture"], TensorProcessor)(config={
         "num_attention_heads": hf_config.num_attention_heads,
         "num_key_value_heads": hf_config.num_key_value_heads})
-    kinds = [("q", "attn_q"), ("k", "attn_k"), ("g", "attn_norm")]
+    parts = {"q": "attn_q", "k": "attn_k", "g": "attn_norm"}
     if architecture in _QK_NORM:  # llama.cpp's names for Qwen3's per-head q/k norms
-        kinds += [("qn", "attn_q_norm"), ("kn", "attn_k_norm")]
-    out, nbytes = {kind: [] for kind, _ in kinds}, 0
-    for i in range(hf_config.num_hidden_layers):
-        for kind, name in ((kind, f"blk.{i}.{part}.weight") for kind, part in kinds):
+        parts |= {"qn": "attn_q_norm", "kn": "attn_k_norm"}
+    n_layers = hf_config.num_hidden_layers
+    nbytes = 0
+    for i in range(n_layers):  # all present, before any is dequantized
+        for part in parts.values():
+            name = f"blk.{i}.{part}.weight"
             if name not in tensors:
                 raise ValueError(f"{path}: tensor {name} is missing")
-            t = tensors[name]
-            w = gguf.dequantize(t.data, t.tensor_type)
-            # llama.cpp permutes q/k rows; transformers' processor undoes it (as from_pretrained)
-            w = proc.process(weights=w, name=name).weights
-            nbytes += int(t.n_bytes)
-            out[kind].append(torch.from_numpy(w.copy()).float())
-    return _assemble(path, architecture, hf_config, out["q"], out["k"], out["g"],
+            nbytes += int(tensors[name].n_bytes)
+
+    def read(kind, layer):
+        name = f"blk.{layer}.{parts[kind]}.weight"
+        t = tensors[name]
+        w = gguf.dequantize(t.data, t.tensor_type)
+        # llama.cpp permutes q/k rows; transformers' processor undoes it (as from_pretrained)
+        w = proc.process(weights=w, name=name).weights
+        return torch.from_numpy(w.copy()).float()
+
+    return _assemble(path, architecture, hf_config, read, parts,
                      {"path": str(path.resolve()), "format": "gguf", "file_type": header["file_type"],
-                      "dequantized": True, "tensors": len(kinds) * hf_config.num_hidden_layers,
-                      "bytes": nbytes}, out.get("qn", ()), out.get("kn", ()))
+                      "dequantized": True, "tensors": len(parts) * n_layers, "bytes": nbytes})
 
 
 def read_qk_weights(spec: str | os.PathLike) -> QKWeights:

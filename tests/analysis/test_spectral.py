@@ -304,3 +304,53 @@ def test_the_null_is_drawn_once_per_process_and_handed_out_as_copies():
     band = inspect_mod.null_band(8, 4, n_heads=20, seed=3)
     inspect_mod._null_band.cache_clear()
     assert inspect_mod.null_band(8, 4, n_heads=20, seed=3, quantiles=[0.05, 0.95]) == band
+
+
+@pytest.mark.parametrize("shape", [(7, 3), (33, 5), (64, 16)])
+def test_random_heads_in_blocks_are_the_one_shot_draws(shape):
+    """Bounded memory without new numbers: blocks of random heads are exactly the numbers
+    of one q = randn(n, ...) then k = randn(n, ...) draw, whatever the block size."""
+    from posinterp.analysis.spectral import random_heads
+
+    d_model, d_head = shape
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(45, d_model, d_head, generator=gen, dtype=torch.float64)
+    k = torch.randn(45, d_model, d_head, generator=gen, dtype=torch.float64)
+    after = torch.rand(3, generator=gen)  # the stream goes on from the same place
+    for heads_per_block in (1, 4, 7, 45, 100):
+        gen = torch.Generator().manual_seed(5)
+        blocks = list(random_heads(gen, 45, d_model, d_head,
+                                   block_bytes=heads_per_block * d_model * d_head * 8))
+        if heads_per_block < 16:
+            assert len(blocks) > 1
+        assert torch.equal(torch.cat([b[0] for b in blocks]), q)
+        assert torch.equal(torch.cat([b[1] for b in blocks]), k)
+        assert torch.equal(torch.rand(3, generator=gen), after)
+
+
+def test_the_null_drawn_in_blocks_equals_the_one_draw_null(monkeypatch):
+    """The committed null percentiles stay: the blocked null is the unblocked one, bitwise."""
+    import pandas as pd
+
+    from posinterp.analysis import spectral
+
+    def one_draw(d_model, d_head, n_heads, std, seed):  # the algorithm before blocking
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for start in range(0, n_heads, 256):
+            n = min(256, n_heads - start)
+            q = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
+            k = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64) * std
+            B = k.mT @ q
+            m = spectral.rotational_measures(spectral.small_form_eigenvalues(B), None, 1e-8)
+            m["antisymmetric_energy"] = spectral._antisymmetric_energy(q, k, B)
+            out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
+        return pd.concat(out, ignore_index=True)
+
+    monkeypatch.setattr(spectral, "RANDOM_HEAD_BLOCK_BYTES", 3 * 24 * 6 * 8)  # 3 heads a block
+    spectral._ginibre_null.cache_clear()
+    try:
+        got = spectral.ginibre_null(24, 6, n_heads=300, std=0.02, seed=2)
+    finally:
+        spectral._ginibre_null.cache_clear()
+    pd.testing.assert_frame_equal(got, one_draw(24, 6, 300, 0.02, 2), check_exact=True)
