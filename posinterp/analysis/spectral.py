@@ -639,6 +639,22 @@ def spectral_measures(model, layers=None, heads=None, offset: int | None = None,
     return _measures_frame(*_spectra(model, layers, heads, offset, weights), k_e, eps)
 
 
+def _at_offset(keys, lam: Tensor, anti: Tensor, offset):
+    """:func:`_spectra`'s output cut to one offset (None: every key), for callers that
+    solved every offset once and want :func:`spectral_measures` at one of them."""
+    if offset is None:
+        return keys, lam, anti
+    rows, kept, start = [], [], 0
+    for key in keys:
+        n = len(key[2])
+        if key[0] == offset:
+            kept.append(key)
+            rows.extend(range(start, start + n))
+        start += n
+    idx = torch.tensor(rows, dtype=torch.long)
+    return kept, lam[idx], anti[idx]
+
+
 def _measures_frame(keys, lam: Tensor, anti: Tensor, k_e, eps) -> pd.DataFrame:
     """:func:`spectral_measures`' rows from :func:`_spectra`'s output: per (offset, layer),
     each measure over the heads, in that order."""

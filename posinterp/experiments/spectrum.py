@@ -172,7 +172,15 @@ def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, pr
             unsupported architecture, a truncated file), before anything is written.
     """
     from ..analysis.fingerprint import _null
-    from ..analysis.spectral import NULL_HEADS, null_percentiles
+    from ..analysis.spectral import (
+        DEFAULT_EPS,
+        NULL_HEADS,
+        _at_offset,
+        _measures_frame,
+        _spectra,
+        _spectrum_frame,
+        null_percentiles,
+    )
     from ..models.qk_only import read_qk_weights
 
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
@@ -182,9 +190,11 @@ def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, pr
     for spec in specs:
         log(f"[posinterp] reading q/k weights of {spec}")
         qk = read_qk_weights(spec)
-        spectra.append(qk_spectrum(qk).assign(model=spec))
+        # one read and one eigen-solve per head and offset for both tables
+        keys, lam, anti = _spectra(qk, None, None, None, "effective")
+        spectra.append(_spectrum_frame(keys, lam).assign(model=spec))
         offset = 0 if qk.pe == "rotary" else None
-        meas = spectral_measures(qk, offset=offset)
+        meas = _measures_frame(*_at_offset(keys, lam, anti, offset), None, DEFAULT_EPS)
         null = _null(qk.d_model, qk.d_head, NULL_HEADS, 0.02, None, seed)
         long = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
         wide = long.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()

@@ -86,3 +86,23 @@ def test_cli_weights_only_writes_the_same_spectrum(tmp_path, capsys):
     assert main(["spectrum", str(folder), "--weights-only", "--dynamics", "--out",
                  str(tmp_path / "o2")]) == 2
     assert "--weights-only reads no activations" in capsys.readouterr().err
+
+
+def test_weights_only_tables_equal_the_public_functions(tmp_path):
+    """run_weights_only solves each head once for both tables: its spectrum and measures
+    are exactly qk_spectrum's and spectral_measures' (offset 0 for RoPE)."""
+    from posinterp.experiments.spectrum import run_weights_only
+
+    folder = tmp_path / "llama-gqa"
+    _checkpoint("llama-gqa", folder)
+    qk = read_qk_weights(folder)
+    heads = run_weights_only([str(folder)], tmp_path / "out", progress=False)
+    spec = pd.read_csv(tmp_path / "out" / "spectrum.csv")
+    want = qk_spectrum(qk)
+    np.testing.assert_array_equal(spec[["real", "imag", "abs"]].to_numpy(),
+                                  want[["real", "imag", "abs"]].to_numpy())
+    meas = spectral_measures(qk, offset=0)
+    for metric in ("rotational_mass", "phase", "antisymmetric_energy"):
+        got = heads.sort_values(["layer", "head"])[metric].to_numpy()
+        ref = meas[meas.metric == metric].sort_values(["layer", "head"])["value"].to_numpy()
+        np.testing.assert_array_equal(got, ref)
