@@ -411,8 +411,13 @@ def qk_norm(model, layer: int) -> QKNorm | None:
 
 
 def refuse_qk_norm(model, feature: str, why: str) -> None:
-    """Raise :class:`MissingFeatureError` naming qk-norm where ``model`` has one and
-    ``feature`` has no exact meaning there (``why`` says what breaks)."""
+    """Refuse ``feature`` on a qk-norm model, where it has no exact meaning (``why`` says
+    what breaks).
+
+    Raises:
+        MissingFeatureError: where any layer's attention has a ``q_norm``, naming qk-norm,
+            the layer and what still works.
+    """
     for layer in range(model.cfg.n_layers):
         if getattr(_attn(model, layer), "q_norm", None) is not None:
             raise MissingFeatureError(
