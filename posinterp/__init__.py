@@ -13,6 +13,7 @@ Names are imported on first use (PEP 562), so ``import posinterp`` and the
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
@@ -38,6 +39,12 @@ _EXPORTS = {
 }
 
 __all__ = [*_EXPORTS, "__version__"]
+
+if "ipykernel.zmqshell" in sys.modules:
+    # In a Jupyter kernel: import tqdm.auto quietly (posinterp._progress) before the first
+    # model load makes transformers import it, warning "IProgress not found" where
+    # ipywidgets is missing. Only there: elsewhere it would slow ``import posinterp``.
+    importlib.import_module("._progress", __name__)
 
 
 def __getattr__(name: str):

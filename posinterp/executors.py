@@ -462,7 +462,7 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
 
 
 def _run_cells(cells, out, executor, fmt, progress, desc, seconds_file, log, verify, locked):
-    from tqdm.auto import tqdm
+    from ._progress import tqdm
 
     names = [c.name for c in cells]
     suffix, save, load = FORMATS[fmt]

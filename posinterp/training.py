@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from tqdm.auto import tqdm
 
+from ._progress import tqdm
 from ._validate import require_at_least
 from .devices import model_device, move_model, to_device
 from .io import atomic_dir, atomic_path, clean_temporaries, dumps_json, folder_lock, set_aside, versions

@@ -310,3 +310,14 @@ def without_verified_query_hooks(monkeypatch) -> None:
         return dataclasses.replace(real(m, layer), query_qk=None, found="hook_q does not fire")
 
     monkeypatch.setattr(backend, "hook_meaning", no_query)
+
+
+def future_warnings_of(call) -> list[str]:
+    """The FutureWarnings ``call()`` emits, each time (past pytest's ``ignore::FutureWarning``
+    and Python's once-per-location default)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]

@@ -133,7 +133,8 @@ class Comparison:
     """What :func:`compare_inspections` found.
 
     Attributes:
-        a, b: the two inspections (same input).
+        a: the first inspection.
+        b: the second, on the same input.
         names: display names of A and B.
         heads: one row per head, sorted by ``change`` (largest first): ``layer, head,
             change, kernel_attention_change, kernel_score_change, spectrum_change``, then
@@ -382,8 +383,9 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
     """Per head, how much B differs from A (both inspected on the same input).
 
     Args:
-        a, b: from :func:`~posinterp.analysis.inspect.inspect_heads` (or
-            :func:`~posinterp.analysis.export.load_inspection`), same tokens and mask.
+        a: from :func:`~posinterp.analysis.inspect.inspect_heads` (or
+            :func:`~posinterp.analysis.export.load_inspection`).
+        b: the same, on the same tokens and mask as ``a``.
         names: display names of A and B.
         criteria: ``(score key prefix, threshold)`` pairs defining "formed" (module
             docstring); a prefix matches the score and its ``@Δ=...`` variants.
@@ -478,10 +480,13 @@ def compare_models(model_a, model_b, tokens: torch.Tensor, attention_mask: torch
     """Inspect two models on the same ``tokens`` and compare them head by head.
 
     Args:
-        model_a, model_b: causal TransformerLens models with the same n_layers, n_heads
-            and vocabulary (e.g. two checkpoints of one run).
-        tokens: ``[batch, pos]`` ids valid for both; attention_mask: ``[batch, pos]``.
-        names: display names; criteria: as :func:`compare_inspections`.
+        model_a: a causal TransformerLens model.
+        model_b: a causal TransformerLens model with ``model_a``'s n_layers, n_heads and
+            vocabulary (e.g. two checkpoints of one run).
+        tokens: ``[batch, pos]`` ids valid for both.
+        attention_mask: ``[batch, pos]``, 1 for real tokens, 0 for padding.
+        names: display names of A and B.
+        criteria: as :func:`compare_inspections`.
         inspect_kwargs: passed to :func:`~posinterp.analysis.inspect.inspect_heads` for
             both (``ablate``, ``n_null``, ``seed``, ``max_pattern_tokens``, ...).
 

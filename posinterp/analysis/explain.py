@@ -81,11 +81,13 @@ def score_parts_from_qk(
     """The parts of n scores of one head, one (query, key) pair per row (module docstring).
 
     Args:
-        q, k: ``[n, d_head]`` the query of pair r's query position and the key of its key
-            position, before any rotation, biases included (what ``hook_q``/``hook_k``
-            carry once verified, :func:`posinterp.models.backend.query_hooks`).
-        b_Q, b_K: ``[d_head]`` the effective biases (stored bias plus the attention norm's
+        q: ``[n, d_head]`` the query at pair r's query position, before any rotation,
+            biases included (what ``hook_q`` carries once verified,
+            :func:`posinterp.models.backend.query_hooks`).
+        k: ``[n, d_head]`` the key at pair r's key position, likewise (``hook_k``).
+        b_Q: ``[d_head]`` the effective query bias (stored bias plus the attention norm's
             bias times the stored weight); u = q - b_Q is the weight part.
+        b_K: ``[d_head]`` the effective key bias, likewise.
         projectors: ``{"positive_real", "negative_real", "complex", "null"}`` ->
             ``[d_head, d_head]`` spectral projectors of B = W_K^T W_Q (they sum to I;
             :func:`posinterp.interventions.channels.channel_projectors`).
@@ -93,7 +95,8 @@ def score_parts_from_qk(
         rotary: ``(first, second, unrotated, inv_freq)`` for a RoPE head
             (:func:`posinterp.analysis.frequencies.pair_indices` and θ_p in radians per
             token), None otherwise.
-        query_pos, key_pos: ``[n]`` positions (token indices) of each pair, for RoPE.
+        query_pos: ``[n]`` query position (token index) of each pair, for RoPE.
+        key_pos: ``[n]`` key position (token index) of each pair, for RoPE.
         alibi: ``[n]`` the positional bias a_ij added to each score (logits), or None.
 
     Returns:
@@ -219,9 +222,11 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
 
     Args:
         tokens: one sequence, ``[pos]`` or ``[1, pos]`` token ids.
-        layers, heads: which (default: all).
-        queries, keys: query and key positions (default: all); every pair with key <= query
-            is explained (later keys are masked: not scores).
+        layers: which layers (default: all).
+        heads: which heads of each layer (default: all).
+        queries: query positions (default: all).
+        keys: key positions (default: all); every pair with key <= query is explained
+            (later keys are masked: not scores).
         attention_mask: ``[pos]`` 1 for real tokens: pads are dropped first, so positions
             count real tokens.
         check_tol: the largest deviation allowed between the sums and the model's scores,
@@ -230,16 +235,16 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
 
     Returns:
         Tidy DataFrame :data:`COLUMNS`: ``hook`` (``blocks.{l}.attn``), ``layer``, ``head``,
-        ``query``, ``key``, ``offset`` = key - query (Δ <= 0), then
+            ``query``, ``key``, ``offset`` = key - query (Δ <= 0), then
 
-        * ``metric="score_part"``: ``view`` ``channel`` or ``rotary_pair``, ``part`` (a
-          channel of :data:`CHANNEL_PARTS`, a bias part of :data:`BIAS_PARTS`, ``alibi``
-          on ALiBi models, ``pair`` with its ``pair`` index and ``frequency`` θ_p in
-          radians per token, ``unrotated`` for partial rotary), ``value`` in logits. The
-          parts of one view of one cell sum to its ``score_total``.
-        * ``metric="score_total"`` (the sum), ``"model_score"`` (the model's own score;
-          NaN where it has no pre-softmax score hook), ``"pattern"`` (its attention
-          weight), with ``view``/``part`` NA.
+            * ``metric="score_part"``: ``view`` ``channel`` or ``rotary_pair``, ``part`` (a
+              channel of :data:`CHANNEL_PARTS`, a bias part of :data:`BIAS_PARTS`, ``alibi``
+              on ALiBi models, ``pair`` with its ``pair`` index and ``frequency`` θ_p in
+              radians per token, ``unrotated`` for partial rotary), ``value`` in logits. The
+              parts of one view of one cell sum to its ``score_total``.
+            * ``metric="score_total"`` (the sum), ``"model_score"`` (the model's own score;
+              NaN where it has no pre-softmax score hook), ``"pattern"`` (its attention
+              weight), with ``view``/``part`` NA.
 
     Raises:
         ValueError: bad tokens or indices, a bidirectional model.

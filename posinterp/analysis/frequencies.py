@@ -96,8 +96,11 @@ def pair_energy_shares(W_Q: Float[Tensor, "... d_model d_head"], W_K: Float[Tens
     """Energy shares of each rotary pair and of the unrotated block (module docstring).
 
     Args:
-        W_Q, W_K: ``[..., d_model, d_head]`` (K already expanded over grouped-query heads).
-        first, second, unrotated: from :func:`pair_indices`.
+        W_Q: ``[..., d_model, d_head]``.
+        W_K: ``[..., d_model, d_head]``, already expanded over grouped-query heads.
+        first: the first index of each rotary pair, from :func:`pair_indices`.
+        second: the second index of each rotary pair, from :func:`pair_indices`.
+        unrotated: the unrotated dimensions, from :func:`pair_indices`.
         inv_freq: θ_p, radians per token, ``[n_pairs]``.
         offsets: key offsets Δ = j - i for the ``"qk"`` shares.
 
@@ -196,7 +199,8 @@ def positional_symbolic_from_qk(q: Float[Tensor, "head pos d_head"], k: Float[Te
     is the same in l and l', so no per-query softmax constant enters.
 
     Args:
-        q, k: ``[head, pos, d_head]`` before RoPE (biases included), k expanded over
+        q: ``[head, pos, d_head]`` queries before RoPE (biases included).
+        k: ``[head, pos, d_head]`` keys before RoPE (biases included), expanded over
             grouped-query heads.
         generator: draws the permutations (seeded by the caller).
 

@@ -104,7 +104,8 @@ def sampled_tokens(model, batch: int, pos: int, bos_id: int, seed: int = 0,
 
     Args:
         model: a causal TransformerLens model.
-        batch, pos: output shape; ``pos <= n_ctx`` (position 0 is ``bos_id``).
+        batch: rows of the output.
+        pos: tokens per row, ``pos <= n_ctx`` (position 0 is ``bos_id``).
         bos_id: the BOS token id (llama2.c: 1; else ``tokenizer.bos_token_id``).
         seed: sampling seed; the same seed gives the same tokens on the same model.
         temperature: > 0; 1 samples the model's own distribution.

@@ -182,8 +182,10 @@ def logrank_test(a_steps, a_reached, b_steps, b_reached, alternative: str = "slo
     cap, as runs of one grid do.
 
     Args:
-        a_steps, a_reached: ``[n_a]`` runs of the first group (see :func:`kaplan_meier`).
-        b_steps, b_reached: ``[n_b]`` runs of the second group.
+        a_steps: ``[n_a]`` steps of the first group's runs (see :func:`kaplan_meier`).
+        a_reached: ``[n_a]`` whether each of those runs reached the target.
+        b_steps: ``[n_b]`` steps of the second group's runs.
+        b_reached: ``[n_b]`` whether each of those runs reached the target.
         alternative: ``"slower"`` (a reaches the target later: its survival is favoured,
             scipy's ``"less"``), ``"faster"`` or ``"two-sided"``.
 

@@ -40,11 +40,21 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
     """Inspect models ``spec_a`` and ``spec_b`` on the same input and write the comparison.
 
     Args:
-        spec_a, spec_b: anything :func:`posinterp.load_model` takes (e.g. two checkpoint
-            folders of one run, ``zoo:rotary@200`` and ``zoo:rotary``).
-        text, n_tokens, batch, ablate, seed, max_pattern_tokens, device: as
-            :func:`posinterp.experiments.inspect.run_inspect`; the input is built once
-            (from A's tokenizer; B's must have the same vocabulary) and given to both.
+        spec_a: anything :func:`posinterp.load_model` takes (e.g. a checkpoint folder,
+            ``zoo:rotary@200``).
+        spec_b: the same for B (e.g. a later checkpoint of the run, ``zoo:rotary``).
+        out_dir: folder for the page and the tables.
+        text: a UTF-8 text file, as :func:`posinterp.experiments.inspect.run_inspect`.
+            Whatever the input, it is built once (from A's tokenizer; B's must have the
+            same vocabulary) and given to both models.
+        n_tokens: random-token length, as ``run_inspect``.
+        batch: number of random-token sequences, as ``run_inspect``.
+        ablate: also measure loss changes when heads are removed, as ``run_inspect``.
+        seed: seed of the random tokens and the random-head null.
+        max_pattern_tokens: pattern views of a longer sequence are pooled into blocks
+            (:func:`posinterp.analysis.inspect_heads`).
+        progress: log lines on stdout and the ablations' bar on stderr.
+        device: where the models run, as ``run_inspect``.
         input_kind: ``"random"`` or ``"sampled"`` (the samples are A's own).
 
     Returns:

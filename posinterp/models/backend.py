@@ -34,6 +34,7 @@ import contextlib
 import importlib.metadata
 import math
 import re
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -1628,7 +1629,13 @@ def guard_kv_cache(model) -> bool:
         full = model(tokens)
         try:
             _, cache = model(tokens[:, :-1], return_type="logits_and_cache")
-            step = model(tokens[:, -1:], past_key_values=cache)
+            # TL's bridge hands the cache to HF as ``past_key_values``, which transformers
+            # 5.x deprecates (for ``cache``) with a FutureWarning; the probe takes TL's path,
+            # the one its ``generate`` takes, so the warning is posinterp's to silence here.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated",
+                                        category=FutureWarning)
+                step = model(tokens[:, -1:], past_key_values=cache)
             works = bool(torch.allclose(step[:, -1].double(), full[:, -1].double(),
                                         atol=1e-4, rtol=1e-4))
         except Exception:  # noqa: BLE001 - a cache that cannot even run is no cache

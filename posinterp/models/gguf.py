@@ -256,8 +256,10 @@ def load_gguf(path: Path, processing: dict, dtype, cache: str | os.PathLike | No
         ``dequantized: True`` and the cache folder.
 
     Raises:
-        as :func:`gguf_folder`, and as the HF-folder loader (its refusals and its check
-        against HF's own model on the dequantized weights).
+        ImportError: without the ``gguf`` package (as :func:`gguf_folder`).
+        FileNotFoundError: a missing file.
+        ValueError: as :func:`gguf_folder`, and as the HF-folder loader (its refusals and
+            its check against HF's own model on the dequantized weights).
     """
     from .pretrained import _load_local_hf, _quiet_handled
 

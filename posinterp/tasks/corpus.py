@@ -28,7 +28,8 @@ class ByteCorpus:
     """A byte stream split into train and validation (uint8 tensors).
 
     Attributes:
-        train, val: ``[n_bytes]`` uint8.
+        train: ``[n_bytes]`` uint8, the training bytes.
+        val: ``[n_bytes]`` uint8, the validation bytes.
         fingerprint: sha256 over (relative path, content sha256) of every file, in order.
         info: file and byte counts, root folder and Python version.
     """

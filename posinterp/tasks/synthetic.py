@@ -164,7 +164,8 @@ class TaskSplit:
     """Encoded samples of one split, right-padded.
 
     Attributes:
-        inputs, answers: the strings.
+        inputs: the input strings.
+        answers: the answer strings.
         tokens: ``[n, seq]`` int64 ids, ``<bos> input answer <eos> <pad>...``.
         attention_mask: ``[n, seq]`` 1 on real tokens, 0 on padding.
         answer_mask: ``[n, seq]`` 1 on answer tokens and the EOS (the loss targets).

@@ -121,7 +121,8 @@ def head_card_figure(inspection, layer: int, head: int):
 
     Args:
         inspection: an :class:`~posinterp.analysis.inspect.Inspection` (or a loaded one).
-        layer, head: which head.
+        layer: the head's layer.
+        head: the head's index in that layer.
 
     Returns:
         A ``matplotlib.figure.Figure`` (no pyplot); save it with :func:`export_figure`.
@@ -153,7 +154,8 @@ def comparison_card_figure(comparison, layer: int, head: int):
 
     Args:
         comparison: a :class:`~posinterp.analysis.compare.Comparison`.
-        layer, head: which head.
+        layer: the head's layer.
+        head: the head's index in that layer.
 
     Returns:
         A ``matplotlib.figure.Figure`` (no pyplot).

@@ -3,11 +3,15 @@
 All functions return a ``matplotlib.figure.Figure`` built without pyplot: posinterp never
 selects a backend or registers figures with pyplot, so a notebook user's own ``plt.show()``
 and inline display keep working (a bare ``Figure`` draws with the Agg canvas, no display
-needed, and Jupyter's inline formatter shows it as an image).
+needed). IPython has a formatter for a figure only once pyplot's inline backend has
+registered one, so a figure made without pyplot would show as ``<Figure size ...>`` text:
+posinterp's figures are a ``Figure`` subclass with ``_repr_png_``, shown as an image
+wherever IPython displays them (issue 39).
 """
 
 from __future__ import annotations
 
+import io
 import math
 
 import matplotlib
@@ -46,10 +50,26 @@ def save_figure(fig, stem, formats=("png", "svg"), dpi: int = 150, close: bool =
     return paths
 
 
+class _DisplayFigure(Figure):
+    """A standalone ``Figure`` that IPython and Jupyter display as a PNG image.
+
+    Where a formatter is registered for ``Figure`` (pyplot's inline backend), IPython uses
+    it instead of ``_repr_png_`` (type formatters come first), so a figure is shown once
+    either way.
+    """
+
+    def _repr_png_(self) -> bytes:
+        buf = io.BytesIO()
+        # as the inline backend draws: the figure's own dpi, cropped to what is drawn
+        self.savefig(buf, format="png", bbox_inches="tight")
+        return buf.getvalue()
+
+
 def _subplots(nrows: int = 1, ncols: int = 1, figsize=None, **kwargs):
-    """pyplot's ``subplots`` without pyplot: a standalone ``Figure`` and its axes."""
+    """pyplot's ``subplots`` without pyplot: a standalone figure (shown as an image in
+    notebooks) and its axes."""
     layout = kwargs.pop("layout", None)
-    fig = Figure(figsize=figsize, layout=layout)
+    fig = _DisplayFigure(figsize=figsize, layout=layout)
     return fig, fig.subplots(nrows, ncols, **kwargs)
 
 

@@ -178,6 +178,17 @@ def test_file_missing_a_tensor_is_refused(tmp_path, monkeypatch):
     assert info.source == "gguf" and model.cfg.n_layers == 2
 
 
+def test_a_gguf_load_emits_no_future_warning(tmp_path, monkeypatch):
+    """As an HF folder's load (tests/models/test_pretrained.py): no FutureWarning from
+    posinterp's own KV-cache probe (issue 39)."""
+    from tests.helpers import future_warnings_of
+
+    monkeypatch.setenv("POSINTERP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path = _tiny_llama_gguf(tmp_path / "tiny.gguf")
+    assert future_warnings_of(lambda: load_model(path, device="cpu")) == []
+
+
 def test_truncated_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("POSINTERP_HOME", str(tmp_path / "home"))
     whole = _tiny_gguf(tmp_path / "whole.gguf", "llama").read_bytes()

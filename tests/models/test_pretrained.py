@@ -6,7 +6,7 @@ import torch
 from posinterp.models import ARCHITECTURE_SCHEMES, load_model, scheme_for_architecture
 from posinterp.models.backend import attn_scale, positional_type  # noqa: F401
 from tests.helpers import HF_VOCAB as VOCAB
-from tests.helpers import tiny_hf_configs
+from tests.helpers import future_warnings_of, tiny_hf_configs
 
 transformers = pytest.importorskip("transformers")
 
@@ -420,3 +420,12 @@ def test_bos_token_id_reads_a_real_bos_and_refuses_unknown_stand_ins():
     assert bos_token_id(SimpleNamespace(tokenizer=SimpleNamespace(bos_token_id=1, unk_token_id=1))) is None
     assert bos_token_id(SimpleNamespace(tokenizer=None)) is None
     assert bos_token_id(SimpleNamespace()) is None
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_load_emits_no_future_warning(checkpoints, name, no_network):
+    """A load prints no FutureWarning of posinterp's own making: the KV-cache probe run at
+    load (backend.guard_kv_cache) passed the cache as ``past_key_values``, which
+    transformers 5.x deprecates, so every HF and GGUF load printed that warning (issue 39)."""
+    folder, _ = checkpoints[name]
+    assert future_warnings_of(lambda: load_model(folder)) == []
