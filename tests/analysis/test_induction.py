@@ -311,32 +311,23 @@ def test_cli_layers_and_heads_select_and_out_of_range_names_the_flag(checkpoint,
 SMOL = Path(__file__).resolve().parents[2].parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@pytest.fixture(scope="module")
-def gguf_cache(request):
-    """The converted folder in pytest's own cache, shared with tests/models/test_gguf.py."""
-    return request.config.cache.mkdir("posinterp-gguf")
-
-
 @pytest.mark.skipif(not SMOL.is_file(), reason=f"{SMOL} not present (the shared test models are "
                     "only on the project's machines)")
-def test_smollm2_induction_heads_are_the_issues(gguf_cache, monkeypatch):
+def test_smollm2_induction_heads_are_the_issues(smol):
     """On two paragraphs, each a passage followed by its repetition, the four heads the issue
     found by their attention to the induction target (0.49-0.70) and by ablation (L18H6,
     L17H5, L20H6, L17H4) are the top four by induction_score on the text. One forward pass
-    after the load (about 20 s with the converted folder in pytest's cache; a first run
-    converts the GGUF, about a minute, shared with tests/models/test_gguf.py)."""
+    on the session's loaded SmolLM2 (tests/conftest.py, shared with tests/models/test_gguf.py);
+    alone, the load costs 20-90 s here (a first run also converts the GGUF, about a minute)."""
     import importlib.util
 
     from posinterp.experiments.inspect import text_batch
-    from posinterp.models import load_model
 
     spec = importlib.util.spec_from_file_location(
         "induction_smollm2", Path(__file__).resolve().parents[2] / "benchmarks" / "induction_smollm2.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    monkeypatch.setenv("POSINTERP_HOME", str(gguf_cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    model, _ = load_model(SMOL, device="cpu")
+    model, _ = smol
     tokens, mask, _ = text_batch(model, bench.text())
     df = induction_scores(model, tokens, mask)
     df = df.assign(name=[f"L{int(a)}H{int(b)}" for a, b in zip(df.layer, df["head"], strict=True)])

@@ -5,10 +5,12 @@ digits, signs and letters in a 10 px sans-serif font (about 5.6 px for a digit).
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
 import shutil
+import subprocess
 from importlib.resources import files
 
 import numpy as np
@@ -163,3 +165,26 @@ def test_the_grid_lists_the_selected_layers_and_heads(selected):
     code = ("const document = {getElementById: () => ({textContent: " + json.dumps(json.dumps(old))
             + "})};\n" + head + "\nconsole.log(JSON.stringify([LAYERS, HEAD_IDS]));")
     assert json.loads(_node(code)) == [[0, 1], [0, 1, 2, 3]]
+
+
+def test_the_picker_offers_every_view_and_the_pattern_renders_in_chromium(selected, tmp_path):
+    from tests.viz.test_browser import FLAGS
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    page = tmp_path / "inspect.html"
+    page.write_text(inspect_page(selected, "t", "f"), encoding="utf-8")
+    out = subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                          "--virtual-time-budget=10000", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    dom = re.sub(r"<script.*?</script>", "", out.stdout, flags=re.S)
+    menu = re.search(r'<select id="seq-pick"[^>]*>(.*?)</select>', dom, re.S).group(1)
+    labels = [html.unescape(x) for x in re.findall(r"<option[^>]*>(.*?)</option>", menu)]
+    want = [v["label"] for v in pattern_data(selected)["views"]]
+    assert [x.rsplit(" (", 1)[0] for x in labels] == want
+    # circuitsvis drew into the holder (its own markup: not an empty div)
+    holder = re.search(r'<div id="pattern-view-\d+">(.*?)</div>', dom, re.S)
+    assert holder and len(holder.group(1)) > 100
+    grid = re.search(r'<table id="grid">(.*?)</table>', dom, re.S).group(1)
+    assert re.findall(r"<th>(L\d+|H\d+)</th>", grid) == ["H1", "H3", "L1"]
