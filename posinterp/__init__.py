@@ -22,7 +22,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     **dict.fromkeys((
         "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
-        "cosine_self_similarity", "head_table", "previous_token_score", "previous_token_scores",
+        "cosine_self_similarity", "head_table", "induction_score", "induction_scores",
+        "previous_token_score", "previous_token_scores", "repeated_random_tokens",
         "positional_symbolic_score", "probe_positions", "qk_geometry", "qk_spectrum",
         "random_tokens", "residual_hooks", "rope_frequency_profile", "similarity_by_layer",
         "site_hooks",
@@ -67,6 +68,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         adjacency_score,
         cosine_self_similarity,
         head_table,
+        induction_score,
+        induction_scores,
         positional_symbolic_score,
         previous_token_score,
         previous_token_scores,
@@ -74,6 +77,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         qk_geometry,
         qk_spectrum,
         random_tokens,
+        repeated_random_tokens,
         residual_hooks,
         rope_frequency_profile,
         similarity_by_layer,

@@ -21,6 +21,21 @@ FAMILY_NAMES = ("base", "heads8", "deep", "wide", "halfdata-lr")
 FAMILY_SETS = {"design1": "families", "design2": "families-design2"}
 
 
+def _index_items(text: str) -> list[int]:
+    """One ``--layers``/``--heads`` item: ``5`` or an inclusive range ``17-20``; the range
+    check against the model is :func:`posinterp.experiments.inspect.run_inspect`'s."""
+    a, sep, b = text.partition("-")
+    try:
+        lo = int(a)
+        hi = int(b) if sep else lo
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an index (5) or an inclusive range (17-20) of "
+                                         f"non-negative integers, got {text!r}") from None
+    if hi < lo:
+        raise argparse.ArgumentTypeError(f"a range must run upwards (17-20), got {text!r}")
+    return list(range(lo, hi + 1))
+
+
 def _int_at_least(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -286,18 +301,23 @@ def _compare(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     if args.compare is not None:
+        if args.layers is not None or args.heads is not None:
+            raise ValueError("--layers/--heads are not supported with --compare (a comparison "
+                             "pairs every head); drop them or inspect each model on its own")
         return _compare(args)
     from .experiments.inspect import run_inspect
 
     if args.ablate and args.ablate_approx is not None:
         raise ValueError("--ablate (exact) and --ablate-approx K (approximate) are alternatives; "
                          "give one of them")
+    layers, heads = (None if v is None else [i for item in v for i in item]
+                     for v in (args.layers, args.heads))
     approx = args.ablate_approx is not None
     res = run_inspect(args.spec, args.out, text=args.text, n_tokens=args.tokens,
                       batch=args.batch, ablate="attribution" if approx else args.ablate,
                       exact_top_k=args.ablate_approx if approx else 20, seed=args.seed,
                       max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
-                      device=args.device, input_kind=args.input)
+                      device=args.device, input_kind=args.input, layers=layers, heads=heads)
     from .analysis.inspect import head_wide
 
     wide = head_wide(res.table)
@@ -306,6 +326,10 @@ def _inspect(args: argparse.Namespace) -> int:
     print(_table(top[[c for c in wide.columns if c in (
         "layer", "head", "previous_token_score", "self_score", "first_token_score")
         or c.startswith("rotational_mass")]]))
+    if "induction_score" in wide:
+        ind = [c for c in ("induction_score", "induction_score_input") if c in wide]
+        print("\ntop induction heads (repeated random tokens):")
+        print(_table(wide.sort_values("induction_score", ascending=False).head(5)[["layer", "head", *ind]]))
     print(f"\ntook {res.seconds:.1f} s; page: {res.report_path.resolve()}")
     return 0
 
@@ -444,6 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--max-pattern-tokens", type=pos1, default=96,
                    help="pattern views of a longer input are pooled into blocks to at most "
                    "this many cells a side, the scale stated (default 96)")
+    i.add_argument("--layers", type=_index_items, nargs="+", default=None, metavar="L",
+                   help="inspect only these layers: indices and inclusive ranges, e.g. "
+                   "--layers 0 17-20 (default: all; checked against the model's n_layers)")
+    i.add_argument("--heads", type=_index_items, nargs="+", default=None, metavar="H",
+                   help="inspect only these heads in every inspected layer, e.g. --heads 4-6 "
+                   "(default: all; checked against the model's n_heads)")
     i.add_argument("--out", type=_out_folder, default="posinterp-inspect",
                    help="output folder (default posinterp-inspect)")
     i.add_argument("--compare", default=None, metavar="SPEC_B",

@@ -19,3 +19,29 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+@pytest.fixture(scope="session")
+def gguf_cache(request):
+    """The converted folder lives in pytest's own cache (.pytest_cache, git-ignored): a
+    conversion costs about a minute, so reruns and both TL lines share it; never $HOME."""
+    return request.config.cache.mkdir("posinterp-gguf")
+
+
+@pytest.fixture(scope="session")
+def smol(gguf_cache):
+    """SmolLM2-135M (the shared GGUF file) loaded once per session, for tests that only read
+    it (tests/models/test_gguf.py, tests/analysis/test_induction.py); they skip without it."""
+    from pathlib import Path
+
+    from posinterp.models import load_model
+
+    path = (Path(__file__).resolve().parents[1].parent / "shared" / "models"
+            / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    if not path.is_file():
+        pytest.skip(f"{path} not present (the shared test models are only on the developers' machines)")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("POSINTERP_HOME", str(gguf_cache))
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        model, info = load_model(path, device="cpu")
+    return model, info

@@ -17,7 +17,16 @@ from .frequencies import (
     positional_symbolic_score,
     rope_frequency_profile,
 )
-from .heads import previous_token_score, previous_token_scores, random_tokens, sampled_tokens
+from .heads import (
+    induction_score,
+    induction_scores,
+    induction_targets,
+    previous_token_score,
+    previous_token_scores,
+    random_tokens,
+    repeated_random_tokens,
+    sampled_tokens,
+)
 from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
 from .onset import (
     check_distinct_snapshots,
@@ -64,5 +73,6 @@ __all__ = [
     "rope_frequency_profile", "position_variance", "variance_by_layer",
     "AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score",
     "previous_token_score", "previous_token_scores", "random_tokens", "sampled_tokens",
+    "induction_score", "induction_scores", "induction_targets", "repeated_random_tokens",
     "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer", "site_hooks",
 ]

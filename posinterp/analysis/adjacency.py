@@ -213,7 +213,7 @@ def adjacency_by_layer(
 
 
 def adjacency_hooks(model, tokens, attention_mask=None, ties: Ties = "half",
-                    per_position: bool = False, sites=SITES):
+                    per_position: bool = False, sites=SITES, layers=None):
     """:func:`adjacency_by_layer` as forward hooks, to ride along another forward pass.
 
     Each hook scores its activation as the pass reaches it and drops the similarity
@@ -224,10 +224,14 @@ def adjacency_hooks(model, tokens, attention_mask=None, ties: Ties = "half",
         around one forward pass on ``tokens`` and ``attention_mask``, and a function
         that returns :func:`adjacency_by_layer`'s DataFrame once that pass has run.
 
+    ``layers``: score only these blocks' sites (and the embedding); None: every block.
+
     Raises:
         ValueError: as :func:`adjacency_by_layer` (checked before any hook exists).
     """
     hooks = site_hooks(model, sites)
+    if layers is not None:
+        hooks = [(name, layer) for name, layer in hooks if layer == -1 or layer in set(layers)]
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     lengths = lengths_from_mask(mask, *tokens.shape)

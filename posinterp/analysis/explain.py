@@ -393,10 +393,14 @@ def _cell_rows(layer, head, qi, kj, parts, model_score, pattern, scheme, freq, p
 
 
 def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,
-                          max_values: int = DEFAULT_MAX_VALUES) -> tuple[pd.DataFrame | None, str]:
+                          max_values: int = DEFAULT_MAX_VALUES, layers=None, heads=None
+                          ) -> tuple[pd.DataFrame | None, str]:
     """The decompositions the inspect page embeds: every head, every cell of the first
     n_e tokens of ``tokens`` (real tokens of sequence 0), n_e the largest number
     <= ``max_tokens`` whose cells fit in ``max_values`` stored values.
+
+    ``layers``/``heads``: the selected heads only (None: every one), as
+    :func:`score_parts` takes them.
 
     Returns:
         ``(table of :func:`score_parts`, or None, a sentence for the page stating the
@@ -409,7 +413,8 @@ def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,
 
     if not is_int(max_values) or max_values < 0:
         raise ValueError(f"max_values must be an integer >= 0, got {max_values}")
-    n_heads = model.cfg.n_layers * model.cfg.n_heads
+    n_heads = (model.cfg.n_layers if layers is None else len(layers)) * (
+        model.cfg.n_heads if heads is None else len(heads))
     rows = len(CHANNEL_PARTS) + len(BIAS_PARTS) + 3 + (positional_type(model) == "alibi")
     if positional_type(model) == "rotary":
         rows += model.cfg.d_head // 2 + 1
@@ -420,7 +425,7 @@ def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,
         return None, (f"Explain one score: no cell fits the bound of {max_values:,} stored values "
                       f"({n_heads} heads x {rows} numbers per cell).")
     try:
-        df = score_parts(model, tokens[..., :n], queries=None, keys=None)
+        df = score_parts(model, tokens[..., :n], layers=layers, heads=heads, queries=None, keys=None)
     except ValueError as err:  # MissingFeatureError included: the page says why, inspect goes on
         return None, f"Explain one score is not available for this model: {err}"
     cut = "" if n == min(int(tokens.shape[-1]), max_tokens) else (

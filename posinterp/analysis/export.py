@@ -6,15 +6,21 @@ on the page, the token labels, the notes and the model facts. It is strict JSON
 (:func:`posinterp.io.dumps_json`): a missing or non-finite number is ``null`` and loads
 back as NaN (float columns) or NA (integer and string columns). Written atomically.
 
-Schema (``schema_version`` 1)::
+Schema (``schema_version`` 2)::
 
-    {"schema": "posinterp.inspection", "schema_version": 1, "posinterp_version": str,
+    {"schema": "posinterp.inspection", "schema_version": 2, "posinterp_version": str,
      "meta": {...}, "notes": [str], "str_tokens": [str],
      "columns": [str], "dtypes": {column: pandas dtype name}, "rows": [[value, ...]],
      "patterns": {"<layer>": {"shape": [head, query, key], "dtype": "float32",
-                              "base64": str}}}   # little-endian float32 bytes, row-major
+                              "base64": str}},   # little-endian float32 bytes, row-major
+     "pattern_views": [{"label": str, "str_tokens": [str], "block": int, "n_tokens": int,
+                        "patterns": {...as "patterns"}}]}
 
-A loader refuses a file of another ``schema`` or of a newer ``schema_version`` by name.
+Version 2 added ``pattern_views`` (the page's sequence picker beyond sequence 0:
+:class:`~posinterp.analysis.inspect.PatternView`) and the table rows
+``induction_score``/``induction_score_input`` (rows, not columns: the columns are
+unchanged); a version 1 file loads with no pattern views. A loader refuses a file of
+another ``schema`` or of a newer ``schema_version`` by name.
 
 "Explain one score" (``Inspection.score_parts``) is not exported: its long table ran
 to 31 MB as CSV for stories260K. Its note is replaced by one saying so, and
@@ -33,13 +39,13 @@ import pandas as pd
 import torch
 
 from ..io import atomic_write_text, dumps_json
-from .inspect import Inspection
+from .inspect import Inspection, PatternView
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "export_inspection", "inspection_from_dict",
            "inspection_to_dict", "load_inspection"]
 
 SCHEMA = "posinterp.inspection"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _cell(v):
@@ -75,12 +81,30 @@ def inspection_to_dict(inspection: Inspection) -> dict:
         "str_tokens": list(inspection.str_tokens),
         "columns": [str(c) for c in t.columns], "dtypes": {str(c): str(d) for c, d in t.dtypes.items()},
         "rows": [[_cell(v) for v in row] for row in t.itertuples(index=False, name=None)],
-        # exact float32 bytes: a quarter the size of decimal text, nothing rounded
-        "patterns": {str(layer): {"shape": list(p.shape), "dtype": "float32",
-                                  "base64": base64.b64encode(p.detach().float().cpu().numpy()
-                                                             .astype("<f4").tobytes()).decode("ascii")}
-                     for layer, p in inspection.patterns.items()},
+        "patterns": _patterns_to_dict(inspection.patterns),
+        "pattern_views": [{"label": v.label, "str_tokens": list(v.str_tokens), "block": int(v.block),
+                           "n_tokens": int(v.n_tokens), "patterns": _patterns_to_dict(v.patterns)}
+                          for v in inspection.pattern_views],
     }
+
+
+def _patterns_to_dict(patterns) -> dict:
+    # exact float32 bytes: a quarter the size of decimal text, nothing rounded
+    return {str(layer): {"shape": list(p.shape), "dtype": "float32",
+                         "base64": base64.b64encode(p.detach().float().cpu().numpy()
+                                                    .astype("<f4").tobytes()).decode("ascii")}
+            for layer, p in patterns.items()}
+
+
+def _patterns_from_dict(data: dict, where: str = "patterns") -> dict:
+    patterns = {}
+    for k, v in data.items():
+        if not isinstance(v, dict) or v.get("dtype") != "float32":
+            raise ValueError(f"{where}[{k!r}] must be {{'shape', 'dtype': 'float32', 'base64'}}, got "
+                             f"{type(v).__name__ if not isinstance(v, dict) else v.get('dtype')!r}")
+        flat = np.frombuffer(base64.b64decode(v["base64"]), dtype="<f4")
+        patterns[int(k)] = torch.from_numpy(flat.astype(np.float32).reshape(v["shape"]))
+    return patterns
 
 
 def export_inspection(inspection: Inspection, path: str | Path) -> Path:
@@ -121,14 +145,13 @@ def inspection_from_dict(data: dict) -> Inspection:
             table[c] = table[c].astype(object)  # pandas 2 reads pandas 3's "str" as object
         else:  # int64, Int64, string, boolean: pandas parses its own names
             table[c] = table[c].astype(d)
-    patterns = {}
-    for k, v in data["patterns"].items():
-        if not isinstance(v, dict) or v.get("dtype") != "float32":
-            raise ValueError(f"patterns[{k!r}] must be {{'shape', 'dtype': 'float32', 'base64'}}, got "
-                             f"{type(v).__name__ if not isinstance(v, dict) else v.get('dtype')!r}")
-        flat = np.frombuffer(base64.b64decode(v["base64"]), dtype="<f4")
-        patterns[int(k)] = torch.from_numpy(flat.astype(np.float32).reshape(v["shape"]))
-    return Inspection(table, patterns, list(data["str_tokens"]), list(data["notes"]), dict(data["meta"]))
+    patterns = _patterns_from_dict(data["patterns"])
+    views = [PatternView(str(v["label"]), list(v["str_tokens"]),
+                         _patterns_from_dict(v["patterns"], f"pattern_views[{i}].patterns"),
+                         int(v["block"]), int(v["n_tokens"]))
+             for i, v in enumerate(data.get("pattern_views", []))]  # version 1: none
+    return Inspection(table, patterns, list(data["str_tokens"]), list(data["notes"]), dict(data["meta"]),
+                      pattern_views=views)
 
 
 def load_inspection(path: str | Path) -> Inspection:

@@ -574,15 +574,15 @@ def _score_hooks(model, layer_ids) -> dict[int, tuple[str, str, str, bool]]:
     return names
 
 
-def positional_score_hooks(model) -> set[str]:
-    """The hooks :func:`positional_symbolic_score` reads on every layer of ``model`` (a
-    caller that runs the model anyway can cache them and pass the run on, as
-    :func:`posinterp.analysis.inspect.inspect_heads` does).
+def positional_score_hooks(model, layers=None) -> set[str]:
+    """The hooks :func:`positional_symbolic_score` reads on every layer of ``model`` (or on
+    ``layers``; a caller that runs the model anyway can cache them and pass the run on,
+    as :func:`posinterp.analysis.inspect.inspect_heads` does).
 
     Raises:
         MissingFeatureError: as :func:`positional_symbolic_score`.
     """
-    names = _score_hooks(model, range(model.cfg.n_layers))
+    names = _score_hooks(model, range(model.cfg.n_layers) if layers is None else layers)
     return {n for trio in names.values() for n in trio[:3]}
 
 
@@ -613,8 +613,11 @@ def _check_logits(pred, scores, tol, layer, error, is_pattern: bool = False) -> 
 
 def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
                               attention_mask: Int[Tensor, "batch pos"] | None = None,
-                              seed: int = 0, cache=None) -> tuple[pd.DataFrame, list[str]]:
+                              seed: int = 0, cache=None, layers=None, heads=None
+                              ) -> tuple[pd.DataFrame, list[str]]:
     """The RoPE rows of ``posinterp inspect`` (docs/inspect.md), in its table's columns.
+
+    ``layers``/``heads``: the selected heads only (None: every one).
 
     * ``frequency_share``: per head, rotary pair (``rank``; NA for the unrotated dims of a
       partial-rotary head) and offset Δ in (0, -1): the ``qk`` share of
@@ -641,11 +644,11 @@ def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
             f"No frequency profile or positional/symbolic score: this model's positional "
             f"scheme is {scheme!r}, which has no rotary frequency pairs (docs/frequencies.md)."]
     notes = []
-    prof = rope_frequency_profile(model, offsets=(0, -1))
+    prof = rope_frequency_profile(model, layers, heads, offsets=(0, -1))
     qk = prof[prof.metric == "qk"]
     frames = [pd.DataFrame({"hook": qk.hook, "layer": qk.layer, "head": qk["head"], "rank": qk.pair,
                             "offset": qk.offset, "metric": "frequency_share", "value": qk.value})]
-    for layer in range(model.cfg.n_layers):
+    for layer in range(model.cfg.n_layers) if layers is None else layers:
         theta = rotary_spec(model, layer).inv_freq.double().numpy()
         frames.append(pd.DataFrame({"hook": f"blocks.{layer}.attn", "layer": layer,
                                     "rank": np.arange(len(theta)), "metric": "rotary_frequency",
@@ -656,7 +659,7 @@ def inspection_frequency_rows(model, tokens: Int[Tensor, "batch pos"],
                               strict=True)]
     key_start = 1 if bos is not None and all(f == bos for f in firsts) else 0
     try:
-        score = positional_symbolic_score(model, tokens, key_start=key_start, seed=seed,
+        score = positional_symbolic_score(model, tokens, layers, heads, key_start=key_start, seed=seed,
                                           attention_mask=attention_mask, _cache=cache)
     except MissingFeatureError as err:
         notes.append(f"No positional/symbolic score on this model: {err}.")

@@ -7,6 +7,8 @@ For every head of a model, on a batch of sequences (docs/inspect.md):
   averaged over the queries of each sequence, then over sequences with a 95% Student-t
   interval (sequences are the independent units);
 * previous-token, self and first-token scores (queries i >= 1);
+* the induction score (Olsson et al. 2022, §2) on repeated random tokens, and on the
+  input itself wherever it repeats a token;
 * the QK spectrum (eigenvalues of B = W_K^T W_Q, float64; rotary heads at Δ = 0 and
   Δ = -1), its rotational measures and their percentile among product-Ginibre random
   heads of the same d_model and d_head, and a null band for the eigenvalue plane;
@@ -31,7 +33,7 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor
 
-from .._validate import is_int
+from .._validate import check_indices, is_int
 from ..models.backend import (
     MissingFeatureError,
     eager,
@@ -57,7 +59,7 @@ from .frequencies import (
     inspection_frequency_rows,
     positional_score_hooks,
 )
-from .heads import previous_token_score
+from .heads import induction_score, induction_targets, previous_token_score, repeated_random_tokens
 from .spectral import (
     DEFAULT_EPS,
     NULL_HEADS,
@@ -71,7 +73,8 @@ from .spectral import (
     random_heads,
 )
 
-__all__ = ["CHANNEL_ABLATIONS", "Inspection", "attention_kernel", "block_labels", "compact_pattern",
+__all__ = ["CHANNEL_ABLATIONS", "Inspection", "PatternView", "attention_kernel", "block_labels",
+           "compact_pattern",
            "head_scores", "inspect_heads", "null_band", "pool_pattern", "t_interval",
            "uniform_guess_loss"]
 
@@ -79,6 +82,8 @@ CHANNEL_ABLATIONS = ("remove_positive_real", "remove_negative_real", "remove_com
 #: Random heads behind the null band of |λ| (quantiles of every eigenvalue's modulus: 200
 #: heads give 200 x d_head moduli, enough for stable 5%/95% quantiles).
 NULL_BAND_HEADS = 200
+#: Sequences of repeated random tokens behind the ``induction_score`` (intervals over them).
+INDUCTION_BATCH = 4
 COLUMNS = ["model", "hook", "layer", "head", "position", "offset", "rank", "ablation", "metric",
            "value", "ci_low", "ci_high", "n_sequences"]
 
@@ -267,6 +272,27 @@ def _null_band(d_model: int, d_head: int, n_heads: int, quantiles: tuple, seed: 
 # --- the inspection --------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class PatternView:
+    """One sequence's attention patterns as the page's pattern view shows them.
+
+    Attributes:
+        label: what the sequence is (e.g. ``"sequence 1"``, ``"repeated random tokens"``).
+        str_tokens: the ``m`` labels (tokens, or pooled blocks: :func:`block_labels`).
+        patterns: ``{layer: [head, m, m]}`` float32, the selected heads in
+            ``meta["heads"]`` order, pooled into ``block`` x ``block`` tiles
+            (:func:`pool_pattern`) when longer than ``max_pattern_tokens``.
+        block: tokens per tile (1: not pooled).
+        n_tokens: the sequence's real tokens.
+    """
+
+    label: str
+    str_tokens: list[str]
+    patterns: dict[int, Tensor]
+    block: int = 1
+    n_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Inspection:
     """What :func:`inspect_heads` found.
 
@@ -276,12 +302,16 @@ class Inspection:
         patterns: ``{layer: [head, m, m]}`` attention of the first sequence (real tokens
             only) for the pattern views; longer than ``max_pattern_tokens``, pooled into
             blocks of ``meta["pattern_block"]`` tokens (:func:`pool_pattern`), else m = n.
+            Heads are ``meta["heads"]`` in that order (every head unless selected).
         str_tokens: the ``m`` labels: the tokens, or each block's positions and first
             token (:func:`block_labels`).
         notes: plain sentences about cuts and choices, shown on the page.
         meta: model facts (``n_layers``, ``n_heads``, ``pe``, ...).
         score_parts: "Explain one score": :func:`posinterp.analysis.explain.score_parts`
             of every head on the first tokens of the pattern views (None if not computed).
+        pattern_views: the page's sequence picker beyond sequence 0 (:attr:`patterns`):
+            :class:`PatternView` of the next input sequences and of one sequence of the
+            induction score's repeated random tokens.
     """
 
     table: pd.DataFrame
@@ -290,6 +320,7 @@ class Inspection:
     notes: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
     score_parts: pd.DataFrame | None = None
+    pattern_views: list[PatternView] = field(default_factory=list)
 
     def head_view(self) -> pd.DataFrame:
         """Wide view: one row per (layer, head), one column per scalar score."""
@@ -361,11 +392,12 @@ def _attention_interval(per_seq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
     return mean, low.clamp(0.0, 1.0), high.clamp(0.0, 1.0), n
 
 
-def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: int) -> pd.DataFrame:
+def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: int,
+                 head_ids) -> pd.DataFrame:
     interval = _attention_interval if metric == "kernel_attention" else t_interval
     mean, low, high, n = interval(per_seq[..., :max_lag])  # [head, lag]
     heads, lags = mean.shape
-    return _rows(hook=hook, layer=layer, head=np.repeat(np.arange(heads), lags),
+    return _rows(hook=hook, layer=layer, head=np.repeat(np.asarray(head_ids), lags),
                  offset=np.tile(-np.arange(lags), heads), metric=metric,
                  value=mean.flatten().numpy(), ci_low=low.flatten().numpy(),
                  ci_high=high.flatten().numpy(), n_sequences=n.flatten().numpy())
@@ -416,7 +448,7 @@ def _ablation_method(ablate) -> str | None:
 
 
 def _ablation_rows(model, tokens, mask, layers, method: str = "exact", exact_top_k: int = 20,
-                   progress: bool = False) -> pd.DataFrame:
+                   progress: bool = False, heads=None) -> pd.DataFrame:
     """Loss-change rows: every (layer, head, kind) exactly, or (``attribution``) estimated,
     with the ``exact_top_k`` largest estimates rerun exactly."""
     from tqdm.auto import tqdm
@@ -427,7 +459,8 @@ def _ablation_rows(model, tokens, mask, layers, method: str = "exact", exact_top
         head_ablation_losses,
     )
 
-    abl = [(layer, head, kind) for layer in layers for head in range(model.cfg.n_heads)
+    heads = range(model.cfg.n_heads) if heads is None else heads
+    abl = [(layer, head, kind) for layer in layers for head in heads
            for kind in (*HEAD_ABLATIONS, *_band_kinds(model, layer))]
     rows = []
 
@@ -448,6 +481,70 @@ def _ablation_rows(model, tokens, mask, layers, method: str = "exact", exact_top
             if abl else (_loss(model, tokens, mask), np.array([]), "")
     rows += [row(a, "loss_change", float(v - clean)) for a, v in zip(abl, losses, strict=True)]
     return pd.DataFrame(rows).assign(clean_loss=clean)
+
+
+def _ranges(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    out, start = [], None
+    for a, b in zip(ids, [*ids[1:], None], strict=True):
+        start = a if start is None else start
+        if b != a + 1:
+            out.append(str(start) if start == a else f"{start}-{a}")
+            start = None
+    return ", ".join(out)
+
+
+def _score_rows(hook: str, layer: int, head_ids, metric: str, per_seq: Tensor) -> pd.DataFrame:
+    """One row per head: the mean of an attention score over sequences (NaN ones left out)
+    with its interval, clipped to [0, 1]; ``n_sequences`` counts the sequences that have it."""
+    mean, low, high, n = _attention_interval(per_seq)
+    return _rows(hook=hook, layer=layer, head=np.asarray(head_ids), metric=metric, value=mean.numpy(),
+                 ci_low=low.numpy(), ci_high=high.numpy(), n_sequences=n.numpy())
+
+
+def _view_pattern(pattern: Tensor, mask: Tensor | None, s: int, block: int) -> Tensor:
+    """Sequence ``s``'s real tokens of ``[batch, head, q, k]``, pooled into ``block`` tiles."""
+    n = pattern.shape[-1] if mask is None else int(mask[s].sum())
+    one = compact_pattern(pattern[s:s + 1], mask[s:s + 1] if mask is not None else None)
+    return pool_pattern(one[0, :, :n, :n].detach().double().cpu(), block).float()
+
+
+def _induction_rows(model, layers, heads, n_wanted: int, seed: int, max_pattern_tokens: int,
+                    frames: list, notes: list) -> list[PatternView]:
+    """The ``induction_score`` rows (appended to ``frames``) on :data:`INDUCTION_BATCH`
+    sequences of repeated random tokens, from one forward pass caching the selected
+    layers' patterns; returns the pattern view of the first such sequence (none when
+    ``n_wanted`` is 0 or nothing fits)."""
+    from .fingerprint import _has_bos
+
+    if n_wanted == 0:
+        return []
+    bos = _has_bos(model)
+    n = min(n_wanted, (model.cfg.n_ctx - bos) // 2, model.cfg.d_vocab - bos)
+    if n < 1:
+        notes.append(f"No induction score: n_ctx = {model.cfg.n_ctx} leaves no room for a repeated "
+                     "token sequence.")
+        return []
+    toks = repeated_random_tokens(model, INDUCTION_BATCH, n, seed=seed, bos=bos)
+    notes.append(f"induction_score: mean attention from each token of the second copy to the token "
+                 f"after its first occurrence (i - {n} + 1), on {INDUCTION_BATCH} sequences of {n} "
+                 f"seeded random token ids (distinct, seed {seed}) repeated once"
+                 f"{', a BOS first' if bos else ''} (Olsson et al. 2022, §2); "
+                 "induction_score_input: the same on the input itself, where a token repeats"
+                 + (f" (n cut to {n} by the model's n_ctx and vocabulary)." if n < n_wanted else "."))
+    hooks = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
+    cache = run_cached(model, toks, None, lambda name: name in hooks)
+    pos = toks.shape[1]
+    block = -(-pos // max_pattern_tokens)
+    pats = {}
+    for layer in layers:
+        hook = f"blocks.{layer}.attn.hook_pattern"
+        pattern = cache[hook][:, heads]
+        frames.append(_score_rows(hook, layer, heads, "induction_score",
+                                  induction_score(pattern, toks)))
+        pats[layer] = _view_pattern(pattern, None, 0, block)
+    label = f"repeated random tokens ({n} ids twice: induction)"
+    return [PatternView(label, block_labels(_str_tokens(model, toks[0]), block), pats, block, pos)]
 
 
 def uniform_guess_loss(model) -> float:
@@ -475,6 +572,10 @@ def inspect_heads(
     model_name: str = "model",
     explain_values: int = DEFAULT_MAX_VALUES,
     progress: bool = False,
+    layers: int | list[int] | None = None,
+    heads: int | list[int] | None = None,
+    induction_tokens: int = 32,
+    pattern_sequences: int = 4,
 ) -> Inspection:
     """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
 
@@ -510,12 +611,26 @@ def inspect_heads(
             tokens of the pattern views whose cells fit (default 200,000: about 1.7 MB of
             page); 0 computes none.
         progress: a tqdm bar on stderr for the ablations' forward passes.
+        layers, heads: inspect only these blocks and, in each, these heads (an int or a
+            list; None: all). Everything per head or per layer is computed for the
+            selection alone (patterns cached, spectra solved, heads ablated): at 7B scale
+            (1,024 heads) a few layers cost a fraction of the whole.
+        induction_tokens: n of the induction score's input, :data:`INDUCTION_BATCH`
+            sequences of :func:`~posinterp.analysis.heads.repeated_random_tokens`
+            ([BOS, r_1..r_n, r_1..r_n], seeded by ``seed``; one more forward pass). Cut to
+            what ``n_ctx`` and the vocabulary allow (with a note); 0 leaves the score out.
+        pattern_sequences: input sequences in the page's sequence picker (the first
+            ones, each pooled as sequence 0 is); the induction input's first sequence
+            is offered besides.
 
     Returns:
         :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
         rank, ablation). Metrics: ``kernel_attention``, ``kernel_score`` (by offset, with
         ``ci_low``/``ci_high``), ``previous_token_score``, ``self_score``,
-        ``first_token_score`` (with intervals), ``rotational_mass``, ``phase``,
+        ``first_token_score`` (with intervals), ``induction_score`` (repeated random
+        tokens) and ``induction_score_input`` (the input's own repeats: the mean of
+        :func:`~posinterp.analysis.heads.induction_score` over the sequences that repeat
+        a token, ``n_sequences`` of them; NaN where none does), ``rotational_mass``, ``phase``,
         ``antisymmetric_energy``, ``n_complex_pairs`` and ``<measure>_null_percentile``
         (rotary: offsets 0 and -1), ``eigenvalue_real``/``eigenvalue_imag`` (by
         ``rank``), ``null_band_low``/``null_band_high`` (5%/95% of a random head's |λ|
@@ -529,8 +644,10 @@ def inspect_heads(
 
     Raises:
         ValueError: for malformed tokens or mask, a sequence with < 3 real tokens, a
-            bidirectional model, ``max_offset``/``max_pattern_tokens`` < 1, or a negative
-            ``explain_values``.
+            bidirectional model, ``max_offset``/``max_pattern_tokens`` < 1, a negative
+            ``explain_values``/``induction_tokens``, ``pattern_sequences`` < 1, or
+            ``layers``/``heads`` outside ``[0, n_layers)``/``[0, n_heads)`` or repeated
+            (named, with the range).
     """
     if getattr(model.cfg, "attention_dir", "causal") != "causal":
         raise ValueError("inspect_heads needs a causal model (offsets j - i <= 0); this one is "
@@ -540,6 +657,15 @@ def inspect_heads(
             raise ValueError(f"{name} must be >= 1, got {v}")
     if not isinstance(explain_values, int) or explain_values < 0:
         raise ValueError(f"explain_values must be an integer >= 0, got {explain_values!r}")
+    if not is_int(induction_tokens) or induction_tokens < 0:
+        raise ValueError(f"induction_tokens must be an integer >= 0, got {induction_tokens!r}")
+    if not is_int(pattern_sequences) or pattern_sequences < 1:
+        raise ValueError(f"pattern_sequences must be an integer >= 1, got {pattern_sequences!r}")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    all_layers, all_heads = layers is None, heads is None
+    layers = list(range(n_layers)) if layers is None else sorted(check_indices("layers", layers, n_layers))
+    heads = list(range(n_heads)) if heads is None else sorted(check_indices("heads", heads, n_heads))
+    sel = (None if all_layers else layers), (None if all_heads else heads)  # for the helpers
     method = _ablation_method(ablate)
     if not is_int(exact_top_k) or exact_top_k < 0:
         raise ValueError(f"exact_top_k must be an int >= 0, got {exact_top_k!r}")
@@ -549,32 +675,35 @@ def inspect_heads(
     lengths = lengths_from_mask(mask, batch, pos)
     if (lengths < 3).any():
         raise ValueError(f"every sequence needs at least 3 real tokens; got lengths {lengths.tolist()}")
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     max_lag = int(lengths.max()) if max_offset is None else min(int(lengths.max()), max_offset + 1)
     notes = []
     if batch < 2:
         notes.append("One sequence: intervals over sequences are not defined (shown empty).")
+    if not (all_layers and all_heads):
+        notes.append(f"Selected heads only: layers {_ranges(layers)} x heads {_ranges(heads)} "
+                     f"({len(layers) * len(heads)} of {n_layers * n_heads}); nothing else was computed.")
 
     # The score kernel needs a hook verified to carry pre-softmax scores: on OPT/GPT-Neo
     # bridges and TL 4 native models hook_attn_scores carries the pattern (never trust a
     # hook by its name), and that kernel is left out with a note.
     score_hooks = {}
-    for layer in range(n_layers):
+    for layer in layers:
         try:
             score_hooks[layer] = scores_hook(model, layer)
         except MissingFeatureError as err:
             notes.append(f"Layer {layer}: no pre-softmax score kernel ({err}).")
-    wanted = {f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)} | set(score_hooks.values())
+    pattern_hooks = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
+    wanted = pattern_hooks | set(score_hooks.values())
     # RoPE: the positional score's verified q/k hooks ride on the same pass
     if positional_type(model) == "rotary":
         try:
-            wanted |= positional_score_hooks(model)
+            wanted |= positional_score_hooks(model, sel[0])
         except MissingFeatureError:
             pass  # the score is left out with a note below
     # One forward pass: patterns and scores are cached, and the adjacency hooks score each
     # residual point as the pass reaches it (nothing of theirs is kept).
     adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
-                                           sites=("attn_out", "resid_mid", "resid_post"))
+                                           sites=("attn_out", "resid_mid", "resid_post"), layers=sel[0])
     with hooks_at_sites(model, adj_hooks):
         cache = run_cached(model, tokens, mask, lambda n: n in wanted)
     frames, patterns = [], {}
@@ -588,32 +717,50 @@ def inspect_heads(
                      f"of {block} tokens (scale 1:{block}, {len(str_tokens)} x {len(str_tokens)} "
                      "cells): a cell is the attention of the block's average query to the whole "
                      "key block, so each row still sums to 1. Kernels and scores use every token.")
-    for layer in range(n_layers):
+    head_ids = np.asarray(heads)
+    shown_seqs = list(range(1, min(batch, pattern_sequences)))
+    more = {s: {} for s in shown_seqs}  # the picker's other input sequences
+    for layer in layers:
         pat_hook = f"blocks.{layer}.attn.hook_pattern"
-        pattern = cache[pat_hook]
+        pattern = cache[pat_hook][:, heads]  # [batch, selected head, q, k]
         frames.append(_kernel_rows(layer, pat_hook, "kernel_attention",
-                                   attention_kernel(pattern, mask), max_lag))
+                                   attention_kernel(pattern, mask), max_lag, head_ids))
         if layer in score_hooks:
             frames.append(_kernel_rows(layer, score_hooks[layer], "kernel_score",
-                                       attention_kernel(cache[score_hooks[layer]], mask), max_lag))
-        for metric, per_seq in head_scores(pattern, mask).items():
-            mean, low, high, n = _attention_interval(per_seq)
-            frames.append(_rows(hook=pat_hook, layer=layer, head=np.arange(n_heads), metric=metric,
-                                value=mean.numpy(), ci_low=low.numpy(), ci_high=high.numpy(),
-                                n_sequences=n.numpy()))
-        first = compact_pattern(pattern[:1], mask[:1] if mask is not None else None
-                                )[0, :, :first_len, :first_len].detach().double().cpu()
-        patterns[layer] = pool_pattern(first, block).float()
+                                       attention_kernel(cache[score_hooks[layer]][:, heads], mask),
+                                       max_lag, head_ids))
+        per_head = head_scores(pattern, mask)
+        per_head["induction_score_input"] = induction_score(pattern, tokens, mask)
+        for metric, per_seq in per_head.items():
+            frames.append(_score_rows(pat_hook, layer, head_ids, metric, per_seq))
+        patterns[layer] = _view_pattern(pattern, mask, 0, block)
+        for s in shown_seqs:
+            more[s][layer] = _view_pattern(pattern, mask, s, -(-int(lengths[s]) // max_pattern_tokens))
+    if not induction_targets(tokens, mask).any():
+        notes.append("induction_score_input is NA: no sequence of the input repeats a token, so no "
+                     "query has a token after an earlier occurrence to attend to (use text that "
+                     "repeats, e.g. a passage and its repetition).")
+    views = []
+    for s in shown_seqs:
+        n_s = int(lengths[s])
+        b_s = -(-n_s // max_pattern_tokens)
+        toks_s = tokens[s][mask[s].bool()] if mask is not None else tokens[s]
+        views.append(PatternView(f"sequence {s}", block_labels(_str_tokens(model, toks_s), b_s),
+                                 more[s], b_s, n_s))
+
+    # Induction heads: one more pass, on repeated random tokens (Olsson et al. 2022, §2).
+    views += _induction_rows(model, layers, heads, induction_tokens, seed, max_pattern_tokens,
+                             frames, notes)
 
     # Explain one score: every head's score parts on the first tokens of the pattern views.
     # (its own clickable pattern of the first tokens, never pooled)
     shown = min(first_len, max_pattern_tokens)
-    parts, note = dashboard_score_parts(model, sample[:shown], shown, explain_values)
+    parts, note = dashboard_score_parts(model, sample[:shown], shown, explain_values, *sel)
     notes.append(note)
 
     # QK spectra: measures, null percentiles, eigenvalues, null band at each head's scale.
     # one solve per head for both (spectral_measures and qk_spectrum would each solve it)
-    keys, lam, anti = _spectra(model, None, None, None, "effective")
+    keys, lam, anti = _spectra(model, sel[0], sel[1], None, "effective")
     meas = _measures_frame(keys, lam, anti, None, DEFAULT_EPS)
     null = ginibre_null(model.cfg.d_model, model.cfg.d_head, n_heads=n_null, seed=seed)
     spec = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
@@ -624,15 +771,16 @@ def inspect_heads(
                                                            "value"]].assign(metric=f"eigenvalue_{part}"))
     n_band = min(n_null, NULL_BAND_HEADS)
     lo, hi = null_band(model.cfg.d_model, model.cfg.d_head, n_heads=n_band, seed=seed)
-    for layer in range(n_layers):
+    for layer in layers:
         W_Q, W_K = qk_weights(model, layer)
-        scale = (W_Q.pow(2).mean((-1, -2)).sqrt() * W_K.pow(2).mean((-1, -2)).sqrt()).numpy()
+        scale = (W_Q.pow(2).mean((-1, -2)).sqrt() * W_K.pow(2).mean((-1, -2)).sqrt()).numpy()[heads]
         for metric, q in (("null_band_low", lo), ("null_band_high", hi)):
-            frames.append(_rows(hook=f"blocks.{layer}.attn", layer=layer, head=np.arange(n_heads),
+            frames.append(_rows(hook=f"blocks.{layer}.attn", layer=layer, head=head_ids,
                                 metric=metric, value=scale * q))
 
     # RoPE heads: QK energy per rotary pair and the positional/symbolic score.
-    freq_rows, freq_notes = inspection_frequency_rows(model, tokens, mask, seed, cache=cache)
+    freq_rows, freq_notes = inspection_frequency_rows(model, tokens, mask, seed, cache=cache,
+                                                      layers=sel[0], heads=sel[1])
     frames.append(freq_rows)
     notes += freq_notes
 
@@ -641,8 +789,7 @@ def inspect_heads(
 
     clean_loss = None
     if method is not None:
-        abl = _ablation_rows(model, tokens, mask, list(range(n_layers)), method, exact_top_k,
-                             progress)
+        abl = _ablation_rows(model, tokens, mask, layers, method, exact_top_k, progress, heads)
         clean_loss = float(abl.clean_loss.iloc[0])
         if clean_loss >= uniform_guess_loss(model):
             notes.append(
@@ -670,8 +817,9 @@ def inspect_heads(
                 seed=seed, clean_loss=clean_loss, uniform_guess_loss=uniform_guess_loss(model),
                 ablate=method or False, pattern_block=block,
                 exact_top_k=exact_top_k if method == "attribution" else None,
-                pattern_tokens=first_len, **_input_facts(model, tokens, mask))
+                pattern_tokens=first_len, layers=layers, heads=heads,
+                **_input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
     meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile
-    return Inspection(table, patterns, str_tokens, notes, meta, score_parts=parts)
+    return Inspection(table, patterns, str_tokens, notes, meta, score_parts=parts, pattern_views=views)

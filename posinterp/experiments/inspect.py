@@ -162,7 +162,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
                 n_tokens: int = 64, batch: int = 8, ablate: bool | str = False,
                 exact_top_k: int = 20, seed: int = 0,
                 max_pattern_tokens: int = 96, progress: bool = True,
-                device=None, input_kind: str = "random") -> InspectResult:
+                device=None, input_kind: str = "random", layers=None, heads=None) -> InspectResult:
     """Inspect every head of the model ``spec`` and write the page to ``out_dir``.
 
     Args:
@@ -185,6 +185,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             natural text for a model without a tokenizer, e.g. llama2.c's stories260K).
         device: where the model runs (:func:`posinterp.devices.resolve_device`; None:
             CUDA when available, else CPU); the scores are computed on CPU.
+        layers, heads: inspect only these layers and, in each, these heads (lists of
+            indices; None: all), checked against the model as soon as it is loaded, before
+            the input is built (errors name ``--layers``/``--heads``).
 
     Raises:
         posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
@@ -210,6 +213,12 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     model, info = load_model(spec, device=device)
     if not info.causal:
         raise ValueError(f"{spec} is a bidirectional encoder; inspect needs a causal model")
+    from .._validate import check_indices
+
+    if layers is not None:
+        layers = check_indices("--layers", layers, model.cfg.n_layers)
+    if heads is not None:
+        heads = check_indices("--heads", heads, model.cfg.n_heads)
     if text is not None:
         tokens, mask, notes = text_batch(model, Path(text).read_text(encoding="utf-8"))
         source = f"text {Path(text).name}: {tokens.shape[0]} paragraph(s), up to {tokens.shape[1]} tokens"
@@ -232,7 +241,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
            if ablate else ""))
     res = inspect_heads(model, tokens, mask, ablate=ablate, exact_top_k=exact_top_k, seed=seed,
                         model_name=str(spec), max_pattern_tokens=max_pattern_tokens,
-                        progress=progress)
+                        progress=progress, layers=layers, heads=heads)
     res.notes[:0] = notes
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:

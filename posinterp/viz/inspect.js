@@ -5,6 +5,10 @@ const META = RAW.meta;
 const COLS = RAW.columns;
 const ROWS = RAW.rows.map(r => Object.fromEntries(COLS.map((c, i) => [c, r[i]])));
 const VECTOR = new Set(RAW.vector_metrics);  // the inspection schema's list (analysis/inspect.py)
+// The inspected heads: a selection (--layers/--heads), else every one (older files: no list).
+const range = n => Array.from({length: n}, (_, i) => i);
+const LAYERS = META.layers || range(META.n_layers);
+const HEAD_IDS = META.heads || range(META.n_heads);
 function key(r) {
   let k = r.metric;
   if (r.ablation) k += '[' + r.ablation + ']';
@@ -51,11 +55,11 @@ function drawGrid() {
   const grid = document.getElementById('grid');
   grid.replaceChildren();
   const head = el('tr'); head.appendChild(el('th', {}, 'layer \\ head'));
-  for (let h = 0; h < META.n_heads; h++) head.appendChild(el('th', {}, 'H' + h));
+  for (const h of HEAD_IDS) head.appendChild(el('th', {}, 'H' + h));
   grid.appendChild(head);
-  for (let l = 0; l < META.n_layers; l++) {
+  for (const l of LAYERS) {
     const tr = el('tr'); tr.appendChild(el('th', {}, 'L' + l));
-    for (let h = 0; h < META.n_heads; h++) {
+    for (const h of HEAD_IDS) {
       const id = l + '-' + h, v = val(id, k);
       const t = (v === null || hi === lo) ? 0 : Math.min(1, Math.max(0, (v - lo) / (hi - lo)));
       const td = el('td', {title: 'L' + l + 'H' + h + '  ' + k + ' = ' + fmtKey(k, v)}, fmtKey(k, v));
@@ -102,16 +106,22 @@ function seriesOf(metric, l, h) {
   return ROWS.filter(r => r.metric === metric && r.layer === l && r.head === h)
              .sort((a, b) => a.offset - b.offset);
 }
+// Width of a text at the page's 10 px SVG font, a bound for digits, signs and letters.
+const CHAR_PX = 6.5;
+const textPx = t => CHAR_PX * String(t).length;
 function linePlot(title, rows, ylab) {
-  const W = 360, H = 180, L = 46, R = 10, T = 18, B = 30;
-  const s = svg('svg', {width: W, height: H});
-  s.appendChild(svg('text', {x: L, y: 12}, title));
+  const W = 360, H = 180, R = 10, T = 18, B = 30;
   const pts = rows.filter(r => r.value !== null);
-  if (!pts.length) return s;
   const xs = pts.map(r => r.offset);
   const ys = pts.flatMap(r => [r.value, r.ci_low, r.ci_high]).filter(v => v !== null);
   const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
   let y0 = Math.min(...ys), y1 = Math.max(...ys); if (y1 === y0) { y1 += 1; y0 -= 1; }
+  const yticks = [y0, (y0 + y1) / 2, y1];
+  // the left margin holds the longest tick label whole (a minus sign included) and the axis title
+  const L = Math.max(46, 24 + Math.max(...yticks.map(y => textPx(fmt(y)))));
+  const s = svg('svg', {width: W, height: H});
+  s.appendChild(svg('text', {x: L, y: 12}, title));
+  if (!pts.length) return s;
   const X = x => L + (x - x0) / (x1 - x0) * (W - L - R);
   const Y = y => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const band = pts.filter(r => r.ci_low !== null && r.ci_high !== null);
@@ -125,13 +135,15 @@ function linePlot(title, rows, ylab) {
   for (const r of pts) s.appendChild(svg('circle', {cx: X(r.offset), cy: Y(r.value), r: 1.8, fill: '#08519c'}));
   s.appendChild(svg('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: '#666'}));
   s.appendChild(svg('line', {x1: L, x2: L, y1: T, y2: H - B, stroke: '#666'}));
-  const step = Math.max(1, Math.ceil((x1 - x0) / 8));
-  for (let x = x1; x >= x0; x -= step) {  // integer offsets only
+  // integer offsets, spaced so that the widest label fits between two ticks
+  const widest = Math.max(textPx(String(x0)), textPx(String(x1)));
+  const step = Math.max(1, Math.ceil((x1 - x0) / 8), Math.ceil((widest + 6) * (x1 - x0) / (W - L - R)));
+  for (let x = x1; x >= x0; x -= step) {
     s.appendChild(svg('line', {x1: X(x), x2: X(x), y1: H - B, y2: H - B + 3, stroke: '#666'}));
-    s.appendChild(svg('text', {x: X(x), y: H - B + 13, 'text-anchor': 'middle'}, String(x)));
+    s.appendChild(svg('text', {x: X(x), y: H - B + 13, 'text-anchor': 'middle', class: 'xtick'}, String(x)));
   }
-  for (const y of [y0, (y0 + y1) / 2, y1])
-    s.appendChild(svg('text', {x: L - 4, y: Y(y) + 3, 'text-anchor': 'end'}, fmt(y)));
+  for (const y of yticks)
+    s.appendChild(svg('text', {x: L - 4, y: Y(y) + 3, 'text-anchor': 'end', class: 'ytick'}, fmt(y)));
   s.appendChild(svg('text', {x: (L + W - R) / 2, y: H - 3, 'text-anchor': 'middle'}, 'key offset Δ = j − i'));
   s.appendChild(svg('text', {x: 10, y: (T + H - B) / 2, transform: 'rotate(-90 10 ' + (T + H - B) / 2 + ')',
                              'text-anchor': 'middle'}, ylab));
@@ -171,14 +183,26 @@ function frequencyPlot(l, h, offset) {
   for (const r of ROWS) if (r.metric === 'rotary_frequency' && r.layer === l) theta[r.rank] = r.value;
   const bars = ROWS.filter(r => r.metric === 'frequency_share' && r.layer === l && r.head === h && r.offset === offset)
                    .sort((a, b) => (a.rank === null) - (b.rank === null) || a.rank - b.rank);
-  const W = 360, H = 170, L = 40, R = 8, T = 18, B = 34;
+  const period = p => (p === null || !theta[p]) ? null : 2 * Math.PI / theta[p];
+  const label = r => r.rank === null ? 'unrot.' : fmtPeriod(period(r.rank));
+  const W = 360, H = 170, L = 40, T = 18, B = 34;
+  // room on the right for half the last bar's label (the unrotated dims' is always shown)
+  const R = bars.length ? Math.max(8, textPx(label(bars[bars.length - 1])) / 2 + 2) : 8;
   const s = svg('svg', {width: W, height: H, class: 'freq-profile', 'data-offset': offset});
   s.appendChild(svg('text', {x: L, y: 12}, 'share of QK energy per rotary pair, Δ = ' + offset));
   if (!bars.length) return s;
   const ymax = Math.max(...bars.map(r => r.value || 0), 1e-12);
   const bw = (W - L - R) / bars.length;
-  const period = p => (p === null || !theta[p]) ? null : 2 * Math.PI / theta[p];
-  const every = Math.max(1, Math.ceil(bars.length / 8));
+  // label every k-th bar, k such that the widest label fits between two labelled bars
+  const every = Math.max(1, Math.ceil((Math.max(...bars.map(r => textPx(label(r)))) + 6) / bw));
+  const centre = i => L + i * bw + bw / 2;
+  const last = bars.length - 1;
+  const labelled = new Set();
+  bars.forEach((r, i) => { if (i % every === 0 && r.rank !== null) labelled.add(i); });
+  if (bars[last].rank === null) {  // the unrotated dims' bar is always named: make room for it
+    for (const i of [...labelled]) if (centre(last) - centre(i) < (textPx(label(bars[i])) + textPx('unrot.')) / 2 + 6) labelled.delete(i);
+    labelled.add(last);
+  }
   bars.forEach((r, i) => {
     const v = r.value || 0, x = L + i * bw, y = T + (1 - v / ymax) * (H - T - B);
     const per = period(r.rank);
@@ -187,14 +211,56 @@ function frequencyPlot(l, h, offset) {
                               'data-pair': r.rank === null ? 'unrotated' : r.rank, 'data-share': r.value});
     rect.appendChild(svg('title', {}, (r.rank === null ? 'unrotated dims' : 'pair ' + r.rank + ', period ' + fmt(per) + ' tokens') + ': share ' + fmt(r.value)));
     s.appendChild(rect);
-    if (i % every === 0 || r.rank === null)
-      s.appendChild(svg('text', {x: x + bw / 2, y: H - B + 12, 'text-anchor': 'middle'}, r.rank === null ? 'unrot.' : fmt(per)));
+    if (labelled.has(i))
+      s.appendChild(svg('text', {x: centre(i), y: H - B + 12, 'text-anchor': 'middle', class: 'xtick'}, label(r)));
   });
   s.appendChild(svg('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: '#666'}));
   for (const y of [0, ymax / 2, ymax])
     s.appendChild(svg('text', {x: L - 4, y: T + (1 - y / ymax) * (H - T - B) + 3, 'text-anchor': 'end'}, fmt(y)));
   s.appendChild(svg('text', {x: (L + W - R) / 2, y: H - 3, 'text-anchor': 'middle'}, 'period 2π/θ (tokens), fastest pair first'));
   return s;
+}
+// A period in tokens, short: 6.3, 57, 1234, 4.4e+5.
+function fmtPeriod(p) {
+  if (p === null || p === undefined || !Number.isFinite(p)) return '?';
+  if (p < 100) return p.toPrecision(2).replace(/\.0$/, '');
+  if (p < 1e4) return String(Math.round(p));
+  return p.toExponential(1);
+}
+// One head's pattern from the page's pattern data (viz/inspect.py encode_pattern): the
+// lower triangle, row by row, as little-endian uint16 levels of 1/65535, base64.
+function decodePattern(b64, m) {
+  const bin = atob(b64), out = [];
+  let k = 0;
+  for (let i = 0; i < m; i++) {
+    const row = new Array(m).fill(0);
+    for (let j = 0; j <= i; j++, k += 2) row[j] = (bin.charCodeAt(k) | (bin.charCodeAt(k + 1) << 8)) / 65535;
+    out.push(row);
+  }
+  return out;
+}
+const PATTERNS = JSON.parse(document.getElementById('pattern-data').textContent);
+let VIEW = 0;  // the sequence picker's choice
+let PATTERN_ID = 0;
+function patternSection(card, id) {
+  const views = PATTERNS.views.filter(v => v.heads[id]);
+  if (!views.length) return;
+  if (!PATTERNS.views[VIEW] || !PATTERNS.views[VIEW].heads[id]) VIEW = PATTERNS.views.indexOf(views[0]);
+  const v = PATTERNS.views[VIEW];
+  const h3 = el('h3', {}, 'Attention pattern on ');
+  const pick = el('select', {id: 'seq-pick', title: 'which sequence the pattern shows'});
+  PATTERNS.views.forEach((w, i) => { if (w.heads[id]) {
+    const o = el('option', {value: i}, w.label + ' (' + w.n_tokens + ' tokens)');
+    if (i === VIEW) o.selected = true;
+    pick.appendChild(o); } });
+  pick.onchange = () => { VIEW = +pick.value; openCard(id); };
+  h3.appendChild(pick);
+  if (v.block > 1) h3.appendChild(document.createTextNode(' (all ' + v.n_tokens + ' tokens, pooled: 1 cell = ' + v.block + ' × ' + v.block + ' tokens)'));
+  card.appendChild(h3);
+  const holder = el('div', {id: 'pattern-view-' + (++PATTERN_ID)});
+  card.appendChild(holder);
+  if (typeof CircuitsVis !== 'undefined')
+    CircuitsVis.render(holder.id, CircuitsVis[PATTERN_COMPONENT], {tokens: v.tokens, attention: decodePattern(v.heads[id], v.tokens.length)});
 }
 function openCard(id) {
   SELECTED = id;
@@ -204,7 +270,8 @@ function openCard(id) {
   card.appendChild(el('h2', {}, 'Layer ' + l + ', head ' + h));
   const t = el('table', {class: 'scores'});
   t.appendChild(el('tr')).append(el('th', {}, 'score'), el('th', {}, 'value'), el('th', {}, '95% interval over sequences'));
-  for (const k of ['previous_token_score', 'self_score', 'first_token_score', 'positional_score']) {
+  for (const k of ['previous_token_score', 'self_score', 'first_token_score', 'induction_score',
+                   'induction_score_input', 'positional_score']) {
     const r = HEADS[id][k];
     if (!r) continue;
     const tr = el('tr');
@@ -250,12 +317,7 @@ function openCard(id) {
     if (abl.some(k => k.includes('remove_band_')))
       card.appendChild(el('p', {class: 'facts'}, 'remove_band_pA-B: the head\'s query zeroed in rotary pairs A to B, its fastest and its slowest quarter of pairs (pair 0 turns fastest); those pairs then add exactly 0 to every score.'));
   }
-  card.appendChild(el('h3', {}, 'Attention pattern on sequence 0' + (META.pattern_block > 1
-    ? ' (all ' + META.pattern_tokens + ' tokens, pooled: 1 cell = ' + META.pattern_block + ' × ' + META.pattern_block + ' tokens)' : '')));
-  const holder = el('div');
-  card.appendChild(holder);
-  const render = RENDERS[id];
-  if (render) { holder.appendChild(el('div', {id: render.element})); render.fn(); }
+  patternSection(card, id);
   if (typeof explainCard === 'function') explainCard(card, l, h);  // explain.js
   drawGrid();
 }

@@ -3,16 +3,20 @@
 The page is drawn in the browser from one embedded JSON copy of the inspection's tidy
 table (``<script type="application/json" id="inspect-data">``), so what a reader sees
 is what :attr:`posinterp.analysis.inspect.Inspection.table` holds. Attention patterns
-are circuitsvis views whose bundle is inlined once (viz.circuits) and rendered when a
-card opens. Every string is escaped for where it lands: ``html.escape`` for markup, and
+are circuitsvis views whose bundle is inlined once (viz.circuits), rendered when a card
+opens from one embedded copy of every pattern view (``id="pattern-data"``:
+:func:`pattern_data`, a sequence picker chooses the view). Every string is escaped for
+where it lands: ``html.escape`` for markup, and
 :func:`~posinterp.viz.circuits.script_json` for data inside ``<script>``; the page's
 own script builds text with ``textContent`` and never with ``innerHTML`` from data.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +26,8 @@ from ..io import atomic_write_text
 from .circuits import script_json, script_safe_js, split_local_src
 from .explain import explain_block
 
-__all__ = ["colour_scale", "inspect_data", "inspect_page", "save_inspect_page"]
+__all__ = ["colour_scale", "decode_pattern", "encode_pattern", "inspect_data", "inspect_page",
+           "pattern_data", "save_inspect_page"]
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.2em 2em; color: #222; }
@@ -34,7 +39,7 @@ h1 { font-size: 1.4em; margin-bottom: 0.2em; }
 #layout { display: flex; gap: 1.5em; align-items: flex-start; }
 #left { flex: 0 1 auto; overflow-x: auto; max-width: 55%; }
 .scroll { overflow-x: auto; max-width: 100%; }
-#list th { white-space: normal; overflow-wrap: anywhere; min-width: 4em; max-width: 9em; }
+#list th { white-space: nowrap; }
 #card { flex: 1 1 0; min-width: 420px; border: 1px solid #ccc; border-radius: 6px; padding: 0.6em 1em; }
 table { border-collapse: collapse; font-size: 0.82em; }
 td, th { border: 1px solid #ddd; padding: 2px 6px; text-align: right; white-space: nowrap; }
@@ -75,8 +80,8 @@ def _clean(v):
 
 # Scores with a fixed range: the grid colours them on it, so heads compare across pages
 # and a range of 0.059-0.060 is drawn as the near-equal values it is, not as full contrast.
-_UNIT_SCORES = ("previous_token_score", "self_score", "first_token_score", "rotational_mass",
-                "phase", "antisymmetric_energy")
+_UNIT_SCORES = ("previous_token_score", "self_score", "first_token_score", "induction_score",
+                "induction_score_input", "rotational_mass", "phase", "antisymmetric_energy")
 
 
 def colour_scale(key: str, values, d_head: int | None = None) -> dict:
@@ -130,19 +135,62 @@ def inspect_data(inspection) -> dict:
             "vector_metrics": list(_VECTOR_METRICS)}
 
 
-def _pattern_renders(inspection) -> tuple[str | None, dict[str, tuple[str, str]]]:
-    """circuitsvis bundle and ``{"l-h": (element id, render call)}`` for every head."""
+#: Levels of the page's attention weights: a weight w in [0, 1] is stored as
+#: round(w * PATTERN_LEVELS), an error of at most 1 / (2 * 65535) = 7.6e-6.
+PATTERN_LEVELS = 65535
+
+
+def encode_pattern(pattern) -> str:
+    """One head's causal ``[m, m]`` attention for the page: the lower triangle (j <= i,
+    row by row) as little-endian uint16 levels ``round(w * PATTERN_LEVELS)``, base64.
+
+    Above the diagonal a causal (or pooled causal, :func:`~posinterp.analysis.inspect.
+    pool_pattern`) pattern is 0, so nothing is lost there; weights are clipped to [0, 1].
+    About 1.3 characters per cell, against about 5 for decimal text.
+    """
+    a = np.asarray(pattern, dtype=np.float64)
+    rows, cols = np.tril_indices(a.shape[-1])
+    levels = np.round(np.clip(a[rows, cols], 0.0, 1.0) * PATTERN_LEVELS).astype("<u2")
+    return base64.b64encode(levels.tobytes()).decode("ascii")
+
+
+def decode_pattern(text: str, m: int) -> np.ndarray:
+    """:func:`encode_pattern`'s inverse, as the page's ``decodePattern`` computes it."""
+    levels = np.frombuffer(base64.b64decode(text), dtype="<u2").astype(np.float64)
+    out = np.zeros((m, m))
+    out[np.tril_indices(m)] = levels / PATTERN_LEVELS
+    return out
+
+
+def pattern_data(inspection) -> dict:
+    """The page's pattern views (``id="pattern-data"``): sequence 0 and every
+    :attr:`~posinterp.analysis.inspect.Inspection.pattern_views` entry, each
+    ``{"label", "tokens", "block", "n_tokens", "heads": {"l-h": encode_pattern(...)}}``."""
+    meta = inspection.meta
+    views = [("sequence 0", inspection.str_tokens, inspection.patterns, meta.get("pattern_block", 1),
+              meta.get("pattern_tokens", len(inspection.str_tokens)))]
+    views += [(v.label, v.str_tokens, v.patterns, v.block, v.n_tokens)
+              for v in getattr(inspection, "pattern_views", [])]
+    out = []
+    for label, tokens, patterns, block, n in views:
+        heads = {}
+        for layer, pat in patterns.items():
+            ids = meta.get("heads") or range(pat.shape[0])  # an older inspection: every head
+            for i, head in enumerate(ids):
+                heads[f"{layer}-{head}"] = encode_pattern(pat[i].double().numpy())
+        out.append({"label": label, "tokens": list(tokens), "block": int(block or 1),
+                    "n_tokens": int(n or len(tokens)), "heads": heads})
+    return {"views": out}
+
+
+def _circuitsvis_bundle() -> tuple[str, str]:
+    """circuitsvis's JavaScript bundle and its attention-pattern component name."""
     import circuitsvis as cv
 
-    bundle, renders = None, {}
-    for layer, pat in inspection.patterns.items():
-        for head in range(pat.shape[0]):
-            att = np.round(pat[head].double().numpy(), 3)  # 3 decimals: a smaller page
-            view = split_local_src(cv.attention.attention_pattern(
-                tokens=list(inspection.str_tokens), attention=att).local_src)
-            bundle = bundle or view.bundle
-            renders[f"{layer}-{head}"] = (view.element_id, view.render_call)
-    return bundle, renders
+    view = split_local_src(cv.attention.attention_pattern(tokens=["a", "b"],
+                                                          attention=np.eye(2)).local_src)
+    component = re.search(r"CircuitsVis\.(\w+),", view.render_call).group(1)
+    return view.bundle, component
 
 
 def _adjacency_table(table: pd.DataFrame) -> str:
@@ -171,10 +219,8 @@ def inspect_page(inspection, title: str, facts: str = "") -> str:
         title: page title (escaped).
         facts: one line about the model and input (escaped).
     """
-    bundle, renders = _pattern_renders(inspection)
-    render_js = ",\n".join(
-        f"{script_json(key)}: {{element: {script_json(elem)}, fn: function () {{ {call} }}}}"
-        for key, (elem, call) in renders.items())
+    pdata = pattern_data(inspection)
+    bundle, component = _circuitsvis_bundle() if any(v["heads"] for v in pdata["views"]) else (None, "")
     notes = "".join(f'<p class="note">{html.escape(n)}</p>' for n in inspection.notes)
     esc = html.escape
     return f"""<!DOCTYPE html>
@@ -213,11 +259,10 @@ frequencies, and the grid can be coloured by its positional/symbolic score.</p>
 <h3>Heads (click a column to sort)</h3>
 <div class="scroll"><table id="list"></table></div>
 <script type="application/json" id="inspect-data">{script_json(inspect_data(inspection))}</script>
+<script type="application/json" id="pattern-data">{script_json(pdata)}</script>
 {explain_block(inspection)}{f"<script>{chr(10)}{script_safe_js(bundle)}{chr(10)}</script>" if bundle else ""}
 <script>
-const RENDERS = {{
-{render_js}
-}};
+const PATTERN_COMPONENT = {script_json(component)};
 {script_safe_js(_script())}
 </script>
 </body></html>

@@ -19,20 +19,8 @@ needs_smol = pytest.mark.skipif(
 PROMPT = "Once upon a time, there was a little girl named Lily. One day, she"
 
 
-@pytest.fixture(scope="module")
-def gguf_cache(request):
-    """The converted folder lives in pytest's own cache (.pytest_cache, git-ignored): a
-    conversion costs about a minute, so reruns and both TL lines share it; never $HOME."""
-    return request.config.cache.mkdir("posinterp-gguf")
-
-
-@pytest.fixture(scope="module")
-def smol(gguf_cache):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("POSINTERP_HOME", str(gguf_cache))
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        model, info = load_model(SMOL, device="cpu")
-    return model, info
+# gguf_cache and smol (the loaded model, read-only) are tests/conftest.py's session fixtures:
+# one load for every module that reads SmolLM2.
 
 
 @pytest.fixture(scope="module")
