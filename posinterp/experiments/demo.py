@@ -217,7 +217,8 @@ def cpu_name() -> str:
 
     Training is deterministic per CPU, not across CPUs: one torch build's float32 kernels
     round differently on another x86 CPU, and training amplifies that into another step
-    count and accuracy (DESIGN.md §6), so ``run.json`` names the CPU with the figures."""
+    count and accuracy (docs/performance.md), so ``run.json`` names the CPU with the
+    figures."""
     import platform
 
     try:
