@@ -60,7 +60,7 @@ def main():
     print(f"{path.name}: {model.cfg.n_layers} layers x {model.cfg.n_heads} heads, "
           f"{info.weights.get('file_type')} weights dequantized to float32")
 
-    natural = model.tokenizer(PASSAGE, return_tensors="pt")["input_ids"]
+    natural, _ = pi.tokenize_texts(model, [PASSAGE])  # as `posinterp inspect --text` does
     half = natural.shape[1]
     repeated = torch.cat([natural, natural], 1)
     print(f"natural passage: {half} tokens; repeated: {2 * half} tokens")

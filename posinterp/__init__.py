@@ -34,6 +34,7 @@ _EXPORTS = {
     **dict.fromkeys(("score_parts",), ".analysis.explain"),
     **dict.fromkeys(("PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model",
                      "load_model", "preset"), ".models"),
+    **dict.fromkeys(("tokenize_texts",), ".models.text"),
     **dict.fromkeys(("TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer"),
                     ".tasks"),
     **dict.fromkeys(("TrainConfig", "TrainResult", "load_checkpoint", "train"), ".training"),
@@ -97,5 +98,6 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         load_model,
         preset,
     )
+    from .models.text import tokenize_texts  # noqa: F401
     from .tasks import TASKS, TaskConfig, build_tokenizer, make_task_data, task_answer  # noqa: F401
     from .training import TrainConfig, TrainResult, load_checkpoint, train  # noqa: F401

@@ -49,15 +49,21 @@ def _int_at_least(minimum: int):
     return parse
 
 
-def _out_folder(text: str) -> str:
-    """argparse type for --out/--home: refuse a path that is (or is inside) a file, at parse time."""
+def _out_folder(text: str, writable: bool = True) -> str:
+    """argparse type for --out: refuse a path that is (or is inside) a file, or that cannot
+    be written, at parse time (before any model loads or cell runs)."""
     from .io import check_out_dir
 
     try:
-        check_out_dir(text, create=False)
+        check_out_dir(text, create=False, writable=writable)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err).replace("out_dir ", "", 1)) from None
     return text
+
+
+def _home_folder(text: str) -> str:
+    """argparse type for --home: as --out, but it may be read-only (a shared zoo is read)."""
+    return _out_folder(text, writable=False)
 
 
 def _executor(args: argparse.Namespace, default: str = "local", workers: int | None = None):
@@ -134,6 +140,8 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"\ntraining {status} the target ({cfg.target_accuracy:.0%} exact match on the "
           f"stopping rule's {run['train']['n_eval']:,} held-out samples) in {res.steps} steps; "
           f"exact match on {run['n_test']:,} held-out samples: {res.accuracy:.3f}")
+    # The figures are this CPU's: float32 rounding differs across CPUs (README).
+    print(f"took {run['seconds']:.0f} s on {run['cpu']}, {cfg.threads} thread(s)")
     print(f"report: {res.report_path.resolve()}")
     return 0
 
@@ -506,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the default) or design2 (the same families, 2400 steps); HOME defaults "
                     "to $POSINTERP_HOME/zoo/families or .../families-design2; with no "
                     "--family, every family of the set")
-    zt.add_argument("--home", type=_out_folder, default=None,
+    zt.add_argument("--home", type=_home_folder, default=None,
                     help="zoo folder (default $POSINTERP_HOME/zoo, else ~/.cache/posinterp/zoo)")
     zt.add_argument("--threads", type=pos1, default=1, help="torch threads per model, also the "
                     "CPUs each model asks a scheduler for (default 1; the weights depend on it)")
@@ -525,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="SET", help="the design: design1 (800 steps per model, the "
                     "default; tables to OUT/families) or design2 (the same families, 2400 "
                     "steps; tables to OUT/families-design2)")
-    zf.add_argument("--home", type=_out_folder, default=None,
+    zf.add_argument("--home", type=_home_folder, default=None,
                     help="the families' folder (as for zoo train --family; default "
                     "$POSINTERP_HOME/zoo/families, design2 .../families-design2)")
     zf.add_argument("--out", type=_out_folder, required=True,
@@ -547,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
                     + ", ".join(FAMILY_NAMES) + ")")
     zd.add_argument("--seeds", type=pos1, default=None,
                     help="runs per family, seeds 10 * F + i for a family of seed F (default 4)")
-    zd.add_argument("--home", type=_out_folder, default=None,
+    zd.add_argument("--home", type=_home_folder, default=None,
                     help="models and cells (default $POSINTERP_HOME/zoo/dynamics)")
     zd.add_argument("--out", type=_out_folder, required=True,
                     help="a `posinterp spectrum` output folder; the tables go to OUT/dynamics")
@@ -665,13 +673,23 @@ def _interrupted(err: KeyboardInterrupt, args: argparse.Namespace) -> str:
 def _input_errors(args: argparse.Namespace) -> list[str]:
     """Every spec, path and range the command was given that cannot work, one message
     each, found before torch is imported or any cell starts (posinterp.specs)."""
-    from .specs import spec_errors
+    from .specs import context_length, read_text_file, spec_errors
 
     errors = []
     if args.command == "inspect":
-        errors += spec_errors([args.spec] + ([args.compare] if args.compare is not None else []))
-        if args.text is not None and not Path(args.text).is_file():
-            errors.append(f"--text: no such file: {args.text}")
+        specs = [args.spec] + ([args.compare] if args.compare is not None else [])
+        errors += spec_errors(specs)
+        if args.text is not None:
+            try:
+                read_text_file(args.text, "--text")
+            except (ValueError, FileNotFoundError) as err:
+                errors.append(str(err))
+        else:  # --tokens is used only without --text
+            for spec in specs:
+                n_ctx = context_length(spec)
+                if n_ctx is not None and args.tokens > n_ctx:
+                    errors.append(f"--tokens must be <= the model's n_ctx = {n_ctx} ({spec}), "
+                                  f"got {args.tokens}")
     elif args.command == "spectrum":
         errors += spec_errors(args.specs)
         if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:

@@ -257,15 +257,20 @@ def describe_os_error(err: OSError) -> str:
     return text if err.filename is None else f"{err.filename}: {text}"
 
 
-def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool = True) -> Path:
+def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool = True,
+                  writable: bool = False) -> Path:
     """Check that ``path`` can be an output folder, then create it (unless ``create`` is False).
 
     Called before any work, so a bad path fails at once, and after every other argument
     has been validated, so a bad argument never leaves an empty folder behind.
+    ``writable`` also checks that the folder, or the nearest existing folder above it,
+    can be written (``os.access``), so a read-only ``--out`` fails before the work runs,
+    not when the results are written.
 
     Raises:
         ValueError: naming ``name``, if ``path`` or one of its parents is an existing file
-            (or anything else that is not a folder), or ``path`` is empty.
+            (or anything else that is not a folder), ``path`` is empty, or (``writable``)
+            it cannot be written (a read-only file system or no permission).
     """
     if not str(path).strip():
         raise ValueError(f"{name} must be a folder path, got an empty string")
@@ -274,6 +279,17 @@ def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool =
         if p.exists() and not p.is_dir():
             what = "is a file" if p == path else f"is inside {p}, which is a file"
             raise ValueError(f"{name} {path} {what}; give a folder path")
+    if writable:
+        base = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+        if not os.access(base, os.W_OK | os.X_OK):
+            try:
+                cause = ("a read-only file system" if os.statvfs(base).f_flag & os.ST_RDONLY
+                         else "no write permission")
+            except OSError:
+                cause = "no write permission"
+            where = "" if base == path else f" ({base} is the nearest existing folder)"
+            raise ValueError(f"{name} {path} cannot be written: {cause}{where}; give a folder "
+                             "you can write")
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path

@@ -9,10 +9,13 @@ module only refuses what it would certainly refuse.
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from pathlib import Path
 
-__all__ = ["LLAMA2C_HEADER_BYTES", "LOCAL_SUFFIXES", "ZOO_SCHEMES", "check_spec", "looks_local",
+__all__ = ["LLAMA2C_HEADER_BYTES", "LOCAL_SUFFIXES", "ZOO_SCHEMES", "check_spec", "context_length",
+           "looks_local", "read_text_file",
            "spec_errors", "zoo_home", "zoo_model_dir"]
 
 ZOO_SCHEMES = ("nope", "absolute", "rotary", "alibi")  # = posinterp.models.PE_SCHEMES (tested)
@@ -104,3 +107,78 @@ def spec_errors(specs, home: str | os.PathLike | None = None) -> list[str]:
         except (ValueError, FileNotFoundError) as err:
             errors.append(str(err))
     return errors
+
+
+def read_text_file(path: str | os.PathLike, flag: str = "--text") -> str:
+    """The UTF-8 text of an input file (``inspect --text``), checked before any model loads.
+
+    Args:
+        path: the file.
+        flag: the option that named it, for the messages.
+
+    Returns:
+        the decoded text.
+
+    Raises:
+        FileNotFoundError: no such file (naming ``flag``).
+        ValueError: the file is not UTF-8 (naming ``flag``, the file, the first bad byte
+            and its offset) or holds no text (empty or only whitespace).
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{flag}: no such file: {path}")
+    data = file.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{flag} {path}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start} "
+            "cannot be decoded; a Latin-1 or Windows-1252 file?); save it as UTF-8, e.g. "
+            f"iconv -f latin1 -t utf-8 {path}") from None
+    if not text.strip():
+        raise ValueError(f"{flag} {path}: the file holds no text "
+                         f"({'empty' if not data else 'only whitespace'}); give a UTF-8 file "
+                         "with one paragraph per sequence")
+    return text
+
+
+def context_length(spec: str, home: str | os.PathLike | None = None) -> int | None:
+    """The context length ``n_ctx`` that :func:`posinterp.load_model` will give ``spec``,
+    where small files say it (no torch, no weights read); None where they do not.
+
+    Read from: a local HF folder's ``config.json`` (``max_position_embeddings``, or GPT-2's
+    ``n_positions``, the value the loader sets), a posinterp training checkpoint's
+    ``config.json``, a zoo model's ``card.json``, a llama2.c header's ``seq_len``. Hub
+    names, GGUF files and anything unreadable give None (the loaded model is checked
+    then). Raises nothing.
+    """
+    try:
+        return _context_length(str(spec).strip(), home)
+    except (OSError, ValueError, KeyError, TypeError, struct.error):
+        return None
+
+
+def _context_length(spec: str, home) -> int | None:
+    if spec.startswith("zoo:"):
+        pe, _, seed = spec.removeprefix("zoo:").partition("@")[0].partition(":")
+        folder = zoo_model_dir(Path(home) if home is not None else zoo_home(), pe, int(seed or 0))
+        return int(json.loads((folder / "card.json").read_text())["model"]["n_ctx"])
+    path = Path(spec).expanduser()
+    if path.suffix == ".bin" and path.is_file():
+        with path.open("rb") as f:
+            header = struct.unpack("<7i", f.read(LLAMA2C_HEADER_BYTES))
+        return header[6] if header[6] > 0 else None  # seq_len
+    if not path.is_dir():
+        return None
+    steps = sorted((path / "checkpoints").glob("step_*")) if (path / "checkpoints").is_dir() else []
+    for config in (path / "config.json", *(s / "config.json" for s in steps[-1:])):
+        if not config.is_file():
+            continue
+        raw = json.loads(config.read_text())
+        if isinstance(raw.get("model"), dict) and "architectures" not in raw:  # posinterp.train's
+            return int(raw["model"]["n_ctx"])
+        for key in ("max_position_embeddings", "n_positions"):
+            if isinstance(raw.get(key), int) and raw[key] > 0:
+                return raw[key]
+        return None
+    return None

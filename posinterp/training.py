@@ -530,7 +530,8 @@ def train(
         config: optimization settings.
         checkpoint_dir: where to write ``step_*`` checkpoints; None disables them.
         resume: continue from the latest complete checkpoint in ``checkpoint_dir``.
-        progress: show a tqdm bar.
+        progress: show a tqdm bar, and at each evaluation a line with the metrics, the
+            elapsed wall time and the seconds per step (:func:`fit`).
         model: an already-built model for ``model_config`` (e.g. to keep a handle on
             it); default: built here.
         device: where to train (:func:`posinterp.devices.resolve_device`; None: CUDA when
@@ -644,6 +645,9 @@ def fit(
             ``test_accuracy`` metric when set.
         configs: JSON-able dict recorded in every checkpoint and compared on resume.
         checkpoint_dir: where ``step_*`` folders go (None: no checkpoints).
+        progress: a tqdm bar on stderr, and at each evaluation a line on stdout with the
+            metrics, the wall time since training started in this process and the
+            seconds per step (wall time, evaluations included).
         snapshot_steps: steps (0 = init) at which weights alone are also kept, under
             ``checkpoint_dir/snapshots/step_XXXXXXX.safetensors``, for training dynamics.
         mixed_precision: None: float32 throughout (the default, and the only choice on
@@ -797,18 +801,20 @@ def _loop(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
           optimizer, scheduler, gen, history, step, last_saved, bar):
     """The optimizer loop; returns ``(step, last checkpoint)``. ``step`` counts completed steps."""
     last_time = time.monotonic()
+    clock = (last_time, step)  # this session's start: a resumed run times its own steps
     try:
         while step < config.max_steps and not _reached(history, config):
             step, last_saved, last_time = _step(
                 model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, snapshot,
-                params, optimizer, scheduler, gen, history, step, last_saved, last_time, bar)
+                params, optimizer, scheduler, gen, history, step, last_saved, last_time, bar,
+                clock)
     except KeyboardInterrupt:
         raise TrainingInterrupted(step, last_saved) from None
     return step, last_saved
 
 
 def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, snapshot, params,
-          optimizer, scheduler, gen, history, step, last_saved, last_time, bar):
+          optimizer, scheduler, gen, history, step, last_saved, last_time, bar, clock):
     """One optimizer step, its evaluation and its checkpoint."""
     loss = loss_fn(model, next_batch(gen))
     optimizer.zero_grad(set_to_none=True)
@@ -823,6 +829,8 @@ def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
         history.extend((step, k, v) for k, v in metrics.items())
         bar.set_postfix(loss=f"{loss.item():.3f}",
                         **{k: f"{v:.3f}" for k, v in metrics.items()})
+        if not bar.disable:
+            tqdm.write(_eval_line(step, config.max_steps, loss.item(), metrics, clock))
         model.train()
     snapshot(step)
     due = (config.checkpoint_seconds is not None
@@ -834,6 +842,23 @@ def _step(model, next_batch, loss_fn, evaluate_fn, config, configs, ckpt_dir, sn
         last_time = time.monotonic()
     bar.update(1)
     return step, last_saved, last_time
+
+
+def _eval_line(step: int, cap: int, loss: float, metrics: dict[str, float],
+               clock: tuple[float, int]) -> str:
+    """The line printed at each evaluation: metrics, wall time and seconds per step.
+
+    A log without the bar (CI, a file) still shows the run's pace, and how far the
+    step count and accuracy are from another machine's: training is deterministic per
+    CPU, not across CPUs (float32 kernels round differently), so the step at which a
+    target is reached can differ. ``clock`` is ``(monotonic time, step)`` when this
+    process started training; a resumed run times only its own steps."""
+    start, first = clock
+    seconds = time.monotonic() - start
+    since = f" since resuming at step {first}" if first else ""
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+    return (f"[posinterp] step {step} (cap {cap}): loss {loss:.3f}, {shown}; "
+            f"{seconds:.1f} s elapsed{since}, {seconds / max(1, step - first):.3f} s/step")
 
 
 @torch.no_grad()

@@ -358,3 +358,39 @@ def test_progress_bar_shows_the_cap_as_a_cap_and_closes_at_the_stopping_step(cap
     # without a target the run goes to the cap, and tqdm's own bar says so
     train(preset("tiny"), data, _cfg(max_steps=3), progress=True)
     assert "3/3" in _last_bar(capsys.readouterr().err)
+
+
+def test_each_evaluation_prints_its_metrics_elapsed_time_and_seconds_per_step(capsys, tmp_path):
+    """Issue 39 item 2: the step a target is reached differs across CPUs (float32 kernels
+    round differently), so a log must show the pace and the accuracy at every evaluation,
+    with or without the bar. Checked against the run's own history and the closed form
+    s/step = elapsed / steps of this process (a resumed run counts only its own)."""
+    import re
+
+    data = tiny_task("reversal", n=20)
+    line = re.compile(r"\[posinterp\] step (\d+) \(cap (\d+)\): loss ([\d.]+), test_accuracy "
+                      r"([\d.]+), test_loss [\d.]+; ([\d.]+) s elapsed( since resuming at step (\d+))?, "
+                      r"([\d.]+) s/step")
+
+    def lines(out):
+        return [line.fullmatch(x) for x in out.splitlines() if x.startswith("[posinterp] step")]
+
+    res = train(preset("tiny"), data, _cfg(max_steps=6, eval_every=2, checkpoint_every=2),
+                checkpoint_dir=tmp_path, progress=True)
+    got = lines(capsys.readouterr().out)
+    assert all(got) and [int(m[1]) for m in got] == [2, 4, 6]
+    acc = res.history[res.history.metric == "test_accuracy"].value.tolist()
+    assert [float(m[4]) for m in got] == pytest.approx(acc, abs=5e-4)
+    for m in got:
+        assert int(m[2]) == 6 and m[6] is None
+        assert float(m[8]) == pytest.approx(float(m[5]) / int(m[1]), abs=0.06)
+    # resumed from step 4 (the last checkpoint's step 6 is removed): it times its own 2 steps
+    import shutil
+    shutil.rmtree(tmp_path / "step_0000006")
+    train(preset("tiny"), data, _cfg(max_steps=6, eval_every=2, checkpoint_every=2),
+          checkpoint_dir=tmp_path, progress=True)
+    (m,) = lines(capsys.readouterr().out)
+    assert m[1] == "6" and m[7] == "4"
+    assert float(m[8]) == pytest.approx(float(m[5]) / 2, abs=0.06)
+    train(preset("tiny"), data, _cfg(max_steps=4, eval_every=2), progress=False)
+    assert "[posinterp] step" not in capsys.readouterr().out

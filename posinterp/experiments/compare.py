@@ -69,11 +69,12 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
             either model runs.
         FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.
     """
-    check_input_args(n_tokens, batch, max_pattern_tokens, input_kind, text)
+    content = check_input_args(n_tokens, batch, max_pattern_tokens, input_kind, text,
+                               [spec_a, spec_b])
     from ..devices import resolve_device
 
     device = resolve_device(device, "--device")
-    out = check_out_dir(out_dir, create=False)
+    out = check_out_dir(out_dir, create=False, writable=True)
     from ..analysis.compare import compare_models
     from ..analysis.export import export_inspection
     from ..analysis.fingerprint import _has_bos
@@ -94,7 +95,7 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
     (ma, ia), (mb, _) = models
     n_ctx = min(ma.cfg.n_ctx, mb.cfg.n_ctx)
     if text is not None:
-        tokens, mask, notes = text_batch(ma, Path(text).read_text(encoding="utf-8"), max_len=n_ctx)
+        tokens, mask, notes = text_batch(ma, content, max_len=n_ctx)
         source = f"text {Path(text).name}: {tokens.shape[0]} paragraph(s), up to {tokens.shape[1]} tokens"
     else:
         if n_tokens > n_ctx:

@@ -201,7 +201,7 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=No
             "train": train_cfg.to_dict(), "steps": result.steps,
             "reached_target": result.reached_target, "test_accuracy": final["test_accuracy"],
             "n_test": n_test, "threads": config.threads, "device": str(device),
-            "versions": versions(),
+            "cpu": cpu_name(), "versions": versions(),
             "seconds": round(time.time() - t0, 1)}
     atomic_write_json(out / "run.json", meta)
 
@@ -210,6 +210,26 @@ def _run_demo(config: DemoConfig, out_dir: str | Path, progress: bool, device=No
     path = report.save(out / "report.html")
     return DemoResult(table, adjacency, path, final["test_accuracy"], result.steps,
                       result.reached_target)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else :func:`platform.processor`).
+
+    Training is deterministic per CPU, not across CPUs: one torch build's float32 kernels
+    round differently on another x86 CPU, and training amplifies that into another step
+    count and accuracy (docs/performance.md), so ``run.json`` names the CPU with the
+    figures."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 # Which command-line option sets a config field, to name it when a rerun differs.

@@ -29,77 +29,56 @@ class InspectResult:
 def text_batch(model, text: str, max_len: int | None = None):
     """Tokenize ``text`` with the model's own tokenizer: one sequence per paragraph.
 
-    Paragraphs are separated by blank lines. Each is tokenized as the checkpoint's own
-    tokenizer does by default (its special tokens, e.g. a BOS, included only where it
-    adds them: TransformerLens's BOS-forcing copy is not used), with the tokenizer's own
-    attention mask, cut to ``max_len`` (default ``n_ctx``) tokens; the batch is then
-    right-padded with mask 0. Paragraphs of fewer than 3 tokens are skipped. A note
-    says which special tokens the tokenizer added.
+    Paragraphs are separated by blank lines. Each is tokenized by
+    :func:`posinterp.tokenize_texts` (the checkpoint's own tokenizer and its defaults:
+    special tokens, e.g. a BOS, only where it adds them; TransformerLens's BOS-forcing
+    copy is not used), cut to ``max_len`` (default ``n_ctx``) tokens, right-padded with
+    mask 0. Paragraphs of fewer than 3 tokens are skipped. A note says which special
+    tokens the tokenizer added.
 
     Returns:
-        ``(tokens [batch, pos], attention_mask [batch, pos], notes)``.
+        ``(tokens [batch, pos], attention_mask [batch, pos], notes)``; the kept
+        paragraphs' rows are exactly ``tokenize_texts(model, kept, max_len=max_len)``.
 
     Raises:
         ValueError: if the model has no tokenizer or no paragraph has >= 3 tokens.
     """
-    import torch
+    from ..models.text import _encode_texts, _own_tokenizer, _pad_batch
 
-    tok = _own_tokenizer(getattr(model, "tokenizer", None))
-    if tok is None:
+    if _own_tokenizer(getattr(model, "tokenizer", None)) is None:
         raise ValueError("this model has no tokenizer, so --text cannot be used; "
                          "use --tokens N (random token ids) instead")
+    paragraphs = _paragraphs(text)
+    if not paragraphs:
+        raise ValueError("the text has no paragraph of 3 or more tokens (paragraphs are "
+                         "separated by blank lines)")
+    all_ids, all_masks, cut, tok = _encode_texts(model, paragraphs, max_len)
     max_len = max_len or model.cfg.n_ctx
-    paragraphs = [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
-    ids, masks, notes, cut, short = [], [], [], 0, 0
-    added = set()
-    for p in paragraphs:
-        enc = tok(p)
-        added.add(_added_special(tok, p, list(enc["input_ids"])))
-        i, m = list(enc["input_ids"]), list(enc.get("attention_mask", [1] * len(enc["input_ids"])))
-        if len(i) > max_len:
-            cut += 1
-            i, m = i[:max_len], m[:max_len]
+    ids, masks, notes, added = [], [], [], set()
+    for p, i, m in zip(paragraphs, all_ids, all_masks, strict=True):
+        added.add(_added_special(tok, p, list(tok(p)["input_ids"])))
         if sum(m) < 3:
-            short += 1
             continue
         ids.append(i)
         masks.append(m)
+    short = len(paragraphs) - len(ids)
     if not ids:
         raise ValueError("the text has no paragraph of 3 or more tokens (paragraphs are "
                          "separated by blank lines)")
     notes.append("Special tokens added by the tokenizer (its defaults): "
                  + "; ".join(sorted(added)) + ".")
     if cut:
-        notes.append(f"{cut} paragraph(s) longer than {max_len} tokens were cut to {max_len}.")
+        notes.append(f"{len(cut)} paragraph(s) longer than {max_len} tokens were cut to {max_len}.")
     if short:
         notes.append(f"{short} paragraph(s) with fewer than 3 tokens were skipped.")
-    n = max(len(i) for i in ids)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    tokens = torch.tensor([i + [pad] * (n - len(i)) for i in ids], dtype=torch.long)
-    mask = torch.tensor([m + [0] * (n - len(m)) for m in masks], dtype=torch.long)
+    tokens, mask = _pad_batch(tok, ids, masks, "right")
     return tokens, mask, notes
 
 
-def _own_tokenizer(tok):
-    """The checkpoint folder's tokenizer with its own defaults.
-
-    TransformerLens replaces a model's tokenizer with one rebuilt with
-    ``add_bos_token=True`` (``get_tokenizer_with_bos``), so ``model.tokenizer`` may
-    prepend a BOS the folder's tokenizer does not add. Where the tokenizer came from a
-    local folder, it is loaded from there again, offline; otherwise (tokenizers built in
-    code, such as posinterp's byte and character vocabularies) it is used as it is.
-    """
-    if tok is None:
-        return None
-    folder = Path(str(getattr(tok, "name_or_path", "") or ""))
-    if str(folder) not in ("", ".") and folder.is_dir():
-        import transformers
-
-        try:
-            return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError):
-            return tok
-    return tok
+def _paragraphs(text: str) -> list[str]:
+    """The paragraphs of ``text`` (separated by blank lines, stripped, empty ones dropped):
+    the sequences of ``posinterp inspect --text``."""
+    return [p.strip() for p in text.replace("\r\n", "\n").split("\n\n") if p.strip()]
 
 
 def _added_special(tok, text: str, ids: list[int]) -> str:
@@ -136,15 +115,26 @@ def _bos_id(model, info) -> int:
 
 
 def check_input_args(n_tokens: int, batch: int, max_pattern_tokens: int, input_kind: str,
-                     text) -> None:
+                     text, specs=()) -> str | None:
     """The input options of ``posinterp inspect`` (and ``--compare``), checked before any
     model loads.
 
+    ``specs``: the model specs; without ``text``, ``--tokens`` is checked against each
+    one's ``n_ctx`` where its files say it (:func:`posinterp.specs.context_length`; the
+    loaded model is checked again).
+
+    Returns:
+        the text of the ``text`` file (None without one).
+
     Raises:
-        ValueError: ``--tokens`` < 3, ``--batch`` or ``--max-pattern-tokens`` < 1, an
-            ``--input`` other than random/sampled, or ``--input sampled`` with ``--text``.
+        ValueError: ``--tokens`` < 3 or above a model's ``n_ctx``, ``--batch`` or
+            ``--max-pattern-tokens`` < 1, an ``--input`` other than random/sampled,
+            ``--input sampled`` with ``--text``, or a ``--text`` file that is not UTF-8
+            or holds no text (naming the file).
         FileNotFoundError: a ``--text`` file that does not exist.
     """
+    from ..specs import context_length, read_text_file
+
     for name, v in (("--tokens", n_tokens), ("--batch", batch), ("--max-pattern-tokens",
                                                                   max_pattern_tokens)):
         if v < (3 if name == "--tokens" else 1):
@@ -153,8 +143,14 @@ def check_input_args(n_tokens: int, batch: int, max_pattern_tokens: int, input_k
         raise ValueError(f"--input must be 'random' or 'sampled', got {input_kind!r}")
     if text is not None and input_kind != "random":
         raise ValueError("--input sampled and --text are alternatives; give one of them")
-    if text is not None and not Path(text).is_file():
-        raise FileNotFoundError(f"--text: no such file: {text}")
+    if text is not None:
+        return read_text_file(text, "--text")
+    for spec in specs:
+        n_ctx = context_length(spec)
+        if n_ctx is not None and n_tokens > n_ctx:
+            raise ValueError(f"--tokens must be <= the model's n_ctx = {n_ctx} ({spec}), "
+                             f"got {n_tokens}")
+    return None
 
 
 @locks_output()
@@ -192,15 +188,18 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     Raises:
         posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
             before any work, writing nothing.
-        ValueError: a bad argument (named), an output path that is a file, a text file
-            that cannot be used, or tokens longer than ``n_ctx``.
+        ValueError: a bad argument (named), an output path that is a file or cannot be
+            written, a text file that cannot be used, or tokens longer than ``n_ctx``
+            (each checked before the model loads, except a text whose paragraphs all have
+            fewer than 3 tokens, and an ``n_ctx`` that only the loaded model says).
         FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.
     """
-    check_input_args(n_tokens, batch, max_pattern_tokens, input_kind, text)
+    content = check_input_args(n_tokens, batch, max_pattern_tokens, input_kind, text, [spec])
     from ..devices import resolve_device
 
     device = resolve_device(device, "--device")
-    out = check_out_dir(out_dir, create=False)  # created once the model and input are good
+    # created once the model and input are good; unwritable: refused now, not after the work
+    out = check_out_dir(out_dir, create=False, writable=True)
     from ..analysis.fingerprint import _has_bos
     from ..analysis.heads import random_tokens, sampled_tokens
     from ..analysis.inspect import inspect_heads
@@ -220,7 +219,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     if heads is not None:
         heads = check_indices("--heads", heads, model.cfg.n_heads)
     if text is not None:
-        tokens, mask, notes = text_batch(model, Path(text).read_text(encoding="utf-8"))
+        tokens, mask, notes = text_batch(model, content)
         source = f"text {Path(text).name}: {tokens.shape[0]} paragraph(s), up to {tokens.shape[1]} tokens"
     else:
         if n_tokens > model.cfg.n_ctx:

@@ -505,11 +505,16 @@ def load_model(spec: str | os.PathLike, *, fold_ln: bool | None = None,
             zoo model ``zoo:<pe>[:<seed>][@<step>]`` (weights as trained, unprocessed), or
             ``"all-MiniLM-L6-v2"`` (a bidirectional BERT encoder, served offline from the
             ``minilm`` extra; returned as a ``HookedEncoder`` with ``info.causal`` False).
-        fold_ln: TransformerLens weight processing, like the three below. Defaults: TL's
-            (all True) for HF models; all False for llama2.c files, whose raw weights are
-            what run.c uses. They change M = W_Q W_K^T, so they are recorded in
-            ``ModelInfo.processing``.
-        center_writing_weights: see ``fold_ln``.
+        fold_ln: TransformerLens weight processing, like the three below (the names of
+            TL's ``from_pretrained``). Defaults: TL's (all True) for HF models; all False
+            for llama2.c files, whose raw weights are what run.c uses. They change
+            M = W_Q W_K^T, so they are recorded in ``ModelInfo.processing`` (what TL
+            actually did).
+        center_writing_weights: see ``fold_ln``. It also changes the residual stream:
+            every ``hook_resid_*`` loses its mean over d_model (LayerNorm models only), so
+            cosines and adjacency differ from the same folder booted without processing
+            (``TransformerBridge.boot_transformers``); pass False to match that
+            (docs/models.md, "Weight processing").
         center_unembed: see ``fold_ln``.
         fold_value_biases: see ``fold_ln``.
         dtype: torch dtype of the weights (default float32), for every kind of spec.

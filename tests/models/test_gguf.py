@@ -92,6 +92,27 @@ def test_text_input_uses_the_files_tokenizer(smol, reference):
     assert real == tok(PROMPT, add_special_tokens=False)["input_ids"]
 
 
+@needs_smol
+def test_tokenize_texts_is_the_files_tokenizer_not_tls_bos_copy(smol, reference):
+    """Issue 39 item 6: the getting-started recipe ``model.tokenizer(texts)`` gave one token
+    more than ``inspect --text`` on this file. ``pi.tokenize_texts`` is the CLI's
+    tokenization and equals transformers' own tokenizer of the file (its defaults)."""
+    import posinterp as pi
+    from posinterp.experiments.inspect import text_batch
+
+    model, _ = smol
+    _, tok = reference
+    texts = [PROMPT, "The sun was warm and the birds sang in the tall trees."]
+    tokens, mask = pi.tokenize_texts(model, texts)
+    cli_tokens, cli_mask, _ = text_batch(model, "\n\n".join(texts))
+    assert torch.equal(tokens, cli_tokens) and torch.equal(mask, cli_mask)
+    for row, text in enumerate(texts):
+        assert tokens[row][mask[row].bool()].tolist() == tok(text)["input_ids"]
+    # what the old recipe did: TransformerLens's copy prepends a BOS the file's tokenizer does not
+    forced = model.tokenizer(PROMPT)["input_ids"]
+    assert len(forced) == int(mask[0].sum()) + 1 and forced[1:] == tok(PROMPT)["input_ids"]
+
+
 # --- refusals, on tiny files written with gguf's own writer (no shared file needed) ----------
 
 def _tiny_gguf(path: Path, arch: str) -> Path:
