@@ -83,3 +83,17 @@ def test_no_exported_name_is_also_a_submodule():
     for name in posinterp.__all__:
         if name != "__version__":
             assert not inspect.ismodule(getattr(posinterp, name)), name
+
+
+def test_ci_runs_the_readmes_test_command_with_its_cpu_torch_line():
+    """CI calls the README's test command verbatim, and every install line takes torch from
+    PyTorch's CPU index (from the plain index pip resolves the CUDA build, #39 item 3)."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    ci = (root / ".ci" / "run").read_text()
+    commands = [line for line in readme.splitlines() if line.startswith("python3 -m venv")]
+    assert len(commands) == 2 and "posinterp demo" in commands[0] and "pytest" in commands[1]
+    assert commands[1] in ci
+    cpu = "pip install torch==2.13.0 --extra-index-url https://download.pytorch.org/whl/cpu"
+    for text in (commands[0], commands[1], ci):
+        assert text.count("torch==2.13.0") == text.count(cpu) > 0
