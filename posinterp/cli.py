@@ -607,8 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="output folder (default posinterp-zuo2024)")
     rp.add_argument("--markdown", default=None, metavar="PATH",
                     help="also write the reproduction page (every figure from this run's CSVs)")
-    rp.add_argument("--no-compute", action="store_true",
-                    help="run nothing: summarize the finished cells and list the unfinished "
+    rp.add_argument("--no-compute", "--tables-only", dest="no_compute", action="store_true",
+                    help="(either name) run nothing: summarize the finished cells and list the unfinished "
                     "trainings (deeper models, other tasks) as pending (the init, grid, "
                     "reversal and probe cells must be finished)")
     _executor_options(rp, "--executor process: cells run at once (default: one per core)")
@@ -637,8 +637,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="after the grid, run (or resume) the sensitivity grids of the "
                          "symmetrization claim (absolute PE; other init scales, learning rates, "
                          "depth, width) into OUT/sensitivity/")
-    ex.add_argument("--tables-only", action="store_true",
-                    help="run no cell: write the tables and page from the finished cells, "
+    ex.add_argument("--tables-only", "--no-compute", dest="tables_only", action="store_true",
+                    help="(either name, as reproduce's --no-compute) run no cell: write the tables and page from the finished cells, "
                          "listing the others as pending (the same command without this flag "
                          "resumes them)")
     ex.add_argument("--restore-from", default=None, metavar="DATA",

@@ -247,3 +247,15 @@ def test_the_early_n_ctx_is_the_loaded_models(tmp_path):
     for spec in specs:
         model, _ = load_model(spec, device="cpu")
         assert context_length(spec) == model.cfg.n_ctx, spec
+
+
+def test_reproduce_and_experiment_share_their_run_nothing_flag():
+    """One name for one idea (#39 item 10): --no-compute and --tables-only on both commands."""
+    from posinterp.cli import build_parser
+
+    parser = build_parser()
+    for argv, dest in ((["reproduce", "zuo2024"], "no_compute"),
+                       (["experiment", "qk-constraints"], "tables_only")):
+        for flag in ("--no-compute", "--tables-only"):
+            assert getattr(parser.parse_args(argv + [flag]), dest) is True
+        assert getattr(parser.parse_args(argv), dest) is False
