@@ -638,9 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "symmetrization claim (absolute PE; other init scales, learning rates, "
                          "depth, width) into OUT/sensitivity/")
     ex.add_argument("--tables-only", "--no-compute", dest="tables_only", action="store_true",
-                    help="(either name, as reproduce's --no-compute) run no cell: write the tables and page from the finished cells, "
-                         "listing the others as pending (the same command without this flag "
-                         "resumes them)")
+                    help="(either name, as reproduce's --no-compute) run no cell: write the "
+                         "tables and page from the finished cells, listing the others as "
+                         "pending (the same command without this flag resumes them)")
     ex.add_argument("--restore-from", default=None, metavar="DATA",
                     help="first turn committed run outputs (e.g. "
                          "docs/reproductions/data/qk-constraints) into finished cells in OUT, "
