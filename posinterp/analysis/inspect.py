@@ -648,10 +648,15 @@ def inspect_heads(
             ``explain_values``/``induction_tokens``, ``pattern_sequences`` < 1, or
             ``layers``/``heads`` outside ``[0, n_layers)``/``[0, n_heads)`` or repeated
             (named, with the range).
+        MissingFeatureError: (a ValueError) on a model with multi-head latent attention,
+            before any forward pass (:func:`posinterp.models.backend.check_not_mla`).
     """
+    from ..models.backend import check_not_mla
+
     if getattr(model.cfg, "attention_dir", "causal") != "causal":
         raise ValueError("inspect_heads needs a causal model (offsets j - i <= 0); this one is "
                          "bidirectional")
+    check_not_mla(model, "inspect_heads")  # its spectra and kernels need per-head W_Q, W_K
     for name, v in (("max_offset", max_offset), ("max_pattern_tokens", max_pattern_tokens)):
         if v is not None and v < 1:
             raise ValueError(f"{name} must be >= 1, got {v}")

@@ -1470,11 +1470,15 @@ def bos_token_id(model) -> int | None:
     The tokenizer's ``bos_token_id``, unless it is the tokenizer's unknown token: TL 4's
     bridge gives a tokenizer without a BOS (BERT's) the stand-in ``<|endoftext|>``, which
     such a vocabulary maps to ``[UNK]``, where TL 3.9 leaves it None. An unknown token is
-    never a real BOS, so inputs built from this id are the same on both lines.
+    never a real BOS, so inputs built from this id are the same on both lines. Nor is an id
+    the model cannot embed (``>= d_vocab``: a tokenizer attached to another model's
+    vocabulary), which would only crash the embedding.
     """
     tok = getattr(unwrap(model), "tokenizer", None)
     bos = getattr(tok, "bos_token_id", None) if tok is not None else None
     if bos is None or bos == getattr(tok, "unk_token_id", None):
+        return None
+    if int(bos) >= int(getattr(model.cfg, "d_vocab", bos + 1) or bos + 1):
         return None
     return int(bos)
 

@@ -335,3 +335,22 @@ def test_smollm2_induction_heads_are_the_issues(smol):
     assert set(top.name) == set(bench.ISSUE_HEADS), top
     assert (top.value > 0.4).all() and (top.n_sequences == 2).all()
 
+
+
+def test_a_bos_the_model_cannot_embed_is_no_bos():
+    """A tokenizer from another vocabulary (BOS id >= d_vocab) gives no BOS, so inputs
+    built with one (induction tokens, sampled text) never index past the embedding (TL 4's
+    bridge gives a tokenizer without a BOS a stand-in one from its own vocabulary)."""
+    from types import SimpleNamespace
+
+    from posinterp.models.backend import bos_token_id
+    from posinterp.tasks.tokenizer import build_byte_tokenizer
+
+    foreign = build_byte_tokenizer()
+    foreign.bos_token = max(foreign.get_vocab().items(), key=lambda kv: kv[1])[0]
+    d_vocab = 27  # the tiny toys' char vocabulary
+    assert foreign.bos_token_id >= d_vocab
+    model = SimpleNamespace(cfg=SimpleNamespace(d_vocab=d_vocab), tokenizer=foreign)
+    assert bos_token_id(model) is None
+    model.cfg.d_vocab = foreign.bos_token_id + 1
+    assert bos_token_id(model) == foreign.bos_token_id
