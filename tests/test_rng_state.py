@@ -165,6 +165,11 @@ def _cases(w):
         "match_qk_norm": lambda: piv.match_qk_norm(constrained("tied"), piv.qk_norms(_toy())),
         "process_weights[hf]": lambda: __import__(
             "posinterp.models.backend", fromlist=["process_weights"]).process_weights(w["hf"]),
+        "repeated_random_tokens": lambda: pi.repeated_random_tokens(toy, 2, 5),
+        "induction_score": lambda: pi.induction_score(torch.full((1, 2, 4, 4), 0.25),
+                                                      torch.tensor([[5, 6, 5, 6]])),
+        "induction_scores": lambda: pi.induction_scores(toy, n=8),
+        "tokenize_texts": lambda: pi.tokenize_texts(toy, ["abc", "de"]),
     }
 
 
@@ -183,7 +188,8 @@ _CASE_NAMES = sorted([
     "per_head_interventions", "ablation_effect", "head_ablation_losses", "attribution_estimates",
     *(f"constrain_qk[{k}]" for k in ("tied", "ban_complex", "rank_matched_complex")),
     "banned_ranks", "removed_ranks", "effective_x", "qk_norms", "match_qk_norm",
-    "process_weights[hf]"])
+    "process_weights[hf]", "repeated_random_tokens", "induction_score", "induction_scores",
+    "tokenize_texts"])
 
 
 @pytest.mark.parametrize("name", _CASE_NAMES)
