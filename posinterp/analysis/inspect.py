@@ -611,10 +611,11 @@ def inspect_heads(
             tokens of the pattern views whose cells fit (default 200,000: about 1.7 MB of
             page); 0 computes none.
         progress: a tqdm bar on stderr for the ablations' forward passes.
-        layers, heads: inspect only these blocks and, in each, these heads (an int or a
-            list; None: all). Everything per head or per layer is computed for the
-            selection alone (patterns cached, spectra solved, heads ablated): at 7B scale
-            (1,024 heads) a few layers cost a fraction of the whole.
+        layers: inspect only these blocks (an int or a list; None: all). Everything per
+            head or per layer is computed for the selection alone (patterns cached,
+            spectra solved, heads ablated): at 7B scale (1,024 heads) a few layers cost a
+            fraction of the whole.
+        heads: in each selected block, only these heads (an int or a list; None: all).
         induction_tokens: n of the induction score's input, :data:`INDUCTION_BATCH`
             sequences of :func:`~posinterp.analysis.heads.repeated_random_tokens`
             ([BOS, r_1..r_n, r_1..r_n], seeded by ``seed``; one more forward pass). Cut to

@@ -181,9 +181,11 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             natural text for a model without a tokenizer, e.g. llama2.c's stories260K).
         device: where the model runs (:func:`posinterp.devices.resolve_device`; None:
             CUDA when available, else CPU); the scores are computed on CPU.
-        layers, heads: inspect only these layers and, in each, these heads (lists of
-            indices; None: all), checked against the model as soon as it is loaded, before
-            the input is built (errors name ``--layers``/``--heads``).
+        layers: inspect only these layers (a list of indices; None: all), checked against
+            the model as soon as it is loaded, before the input is built (errors name
+            ``--layers``).
+        heads: in each selected layer, only these heads (a list of indices; None: all),
+            checked as ``layers`` is (errors name ``--heads``).
 
     Raises:
         posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
