@@ -1478,7 +1478,8 @@ def bos_token_id(model) -> int | None:
     bos = getattr(tok, "bos_token_id", None) if tok is not None else None
     if bos is None or bos == getattr(tok, "unk_token_id", None):
         return None
-    if int(bos) >= int(getattr(model.cfg, "d_vocab", bos + 1) or bos + 1):
+    d_vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)
+    if isinstance(d_vocab, int) and d_vocab > 0 and int(bos) >= d_vocab:
         return None
     return int(bos)
 
