@@ -295,15 +295,6 @@ def test_cli_takes_band_bans_and_names_the_allowed_constraints(tmp_path, capsys)
     assert not out.exists()
 
 
-def test_smallest_p_is_the_exact_closed_form():
-    import math
-
-    from posinterp.experiments.qk_constraints import smallest_p
-
-    for n, m in ((2, 2), (3, 2), (5, 5)):
-        assert smallest_p(n, m) == pytest.approx(1 / math.comb(n + m, n))
-
-
 def test_claims_a_small_grid_cannot_test_are_not_scored_as_failing():
     from posinterp.experiments.qk_constraints import UNTESTABLE
 

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..stats import bh_qvalues, permutation_p_floor
 from .heads import previous_token_scores, random_tokens
 from .spectral import (
     MEASURES,
@@ -224,7 +225,7 @@ def fingerprint_test(table: pd.DataFrame) -> pd.DataFrame:
                    mean_rope=rope.mean() if n_r else np.nan,
                    mean_other=other.mean() if n_o else np.nan,
                    p_permutation=np.nan, p_mannwhitney=np.nan,
-                   min_possible_p=1 / math.comb(n_r + n_o, n_r) if n_r and n_o else np.nan,
+                   min_possible_p=permutation_p_floor(n_r, n_o) if n_r and n_o else np.nan,
                    separated=bool(n_r and n_o and rope.min() > other.max()))
         if n_r and n_o:
             row["p_mannwhitney"] = float(stats.mannwhitneyu(rope, other, alternative="greater",
@@ -237,11 +238,7 @@ def fingerprint_test(table: pd.DataFrame) -> pd.DataFrame:
             row["p_permutation"] = float(res.pvalue)
         rows.append(row)
     out = pd.DataFrame(rows)
-    if len(out) and out.p_permutation.notna().any():
-        ok = out.p_permutation.notna()
-        out.loc[ok, "q_bh"] = stats.false_discovery_control(out.loc[ok, "p_permutation"], method="bh")
-    else:
-        out["q_bh"] = np.nan
+    out["q_bh"] = bh_qvalues(out.p_permutation) if len(out) else np.nan
     left_out = (f"; left out (no previous-token head): {', '.join(flagged)}" if flagged else "")
     if len(out):
         min_p = out.min_possible_p.iloc[0]
@@ -388,7 +385,7 @@ def exact_group_test(rope, other) -> dict:
     row = dict(n_rope=n_r, n_other=n_o, mean_rope=rope.mean() if n_r else np.nan,
                mean_other=other.mean() if n_o else np.nan, p_permutation=np.nan,
                p_mannwhitney=np.nan,
-               min_possible_p=1 / math.comb(n_r + n_o, n_r) if n_r and n_o else np.nan,
+               min_possible_p=permutation_p_floor(n_r, n_o) if n_r and n_o else np.nan,
                separated=bool(n_r and n_o and rope.min() > other.max()))
     if not (n_r and n_o):
         return row

@@ -30,7 +30,6 @@ import numpy as np
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from scipy import stats
 from torch import Tensor
 
 from .._validate import check_indices, is_int
@@ -43,6 +42,7 @@ from ..models.backend import (
     unwrap,
     z_hook,
 )
+from ..stats import t_critical
 from ._checks import (
     check_attention_mask,
     check_tokens,
@@ -168,7 +168,7 @@ def t_interval(per_sequence: Float[Tensor, "batch ..."], level: float = 0.95
     mean = torch.where(n > 0, total / n.clamp_min(1), torch.nan)
     dev = torch.where(ok, x - mean, 0.0)
     sd = torch.sqrt((dev ** 2).sum(0) / (n - 1).clamp_min(1))
-    q = torch.tensor(stats.t.ppf(0.5 + level / 2, (n - 1).clamp_min(1).numpy()), dtype=torch.float64)
+    q = torch.tensor(t_critical(level, (n - 1).clamp_min(1).numpy()), dtype=torch.float64)
     half = q * sd / n.clamp_min(1).sqrt()
     low = torch.where(n >= 2, mean - half, torch.nan)
     high = torch.where(n >= 2, mean + half, torch.nan)

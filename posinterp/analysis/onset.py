@@ -43,6 +43,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from ..stats import percentile_interval
+from ..stats import stratified_bootstrap_means as run_bootstrap  # runs are the units
+
 __all__ = ["NULL_BAND", "check_distinct_snapshots", "head_onsets", "onset_summary",
            "persistent_onset", "run_bootstrap"]
 
@@ -160,44 +163,6 @@ def head_onsets(trajectories: pd.DataFrame, threshold: float, band=NULL_BAND,
     return out
 
 
-def run_bootstrap(sums: np.ndarray, counts: np.ndarray, strata, n_boot: int,
-                  seed: int) -> np.ndarray:
-    """Resampled pooled means: each draw resamples runs with replacement within each stratum.
-
-    Args:
-        sums: ``[n_runs, n_stats]`` per-run sums of a per-head value over the heads a
-            statistic uses.
-        counts: ``[n_runs, n_stats]`` how many heads each sum covers.
-        strata: ``[n_runs]`` labels; each draw takes as many runs from a stratum as it has.
-        n_boot: number of draws (>= 1).
-        seed: the generator's seed (``numpy.random.default_rng``).
-
-    Returns:
-        ``[n_boot, n_stats]`` pooled means sum(w * sums) / sum(w * counts) over the drawn
-        runs (multiplicities w); NaN where a draw has no head for a statistic.
-
-    Raises:
-        ValueError: for mismatched shapes or ``n_boot < 1``.
-    """
-    sums, counts = np.atleast_2d(np.asarray(sums, float)), np.atleast_2d(np.asarray(counts, float))
-    strata = np.asarray(strata)
-    if sums.shape != counts.shape or strata.shape != (sums.shape[0],) or not len(strata):
-        raise ValueError(f"sums {sums.shape}, counts {counts.shape} and strata {strata.shape} "
-                         "must describe the same runs")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    rng = np.random.default_rng(seed)
-    weights = np.zeros((n_boot, len(strata)))
-    for label in pd.unique(strata):
-        idx = np.flatnonzero(strata == label)
-        draws = rng.integers(0, len(idx), size=(n_boot, len(idx)))
-        for j, i in enumerate(idx):
-            weights[:, i] = (draws == j).sum(axis=1)
-    num, den = weights @ sums, weights @ counts
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-
-
 # (statistic, heads it uses, their per-head column, what the mean means); heads: a class,
 # or "top" (per run, the forming head with the highest final score: one head per run); a
 # difference row names its two statistics instead and has no column
@@ -296,7 +261,6 @@ def onset_summary(onsets: pd.DataFrame, n_boot: int, seed: int, strata: str | No
     tot_c = counts.sum(axis=0)
     est = np.where(tot_c > 0, sums.sum(axis=0) / np.where(tot_c > 0, tot_c, 1), np.nan)
     index = {s[0]: j for j, s in enumerate(plain)}
-    a = (1 - level) / 2 * 100
     rows = []
     for name, cls, col, meaning in STATISTICS:
         if col is None:
@@ -309,13 +273,12 @@ def onset_summary(onsets: pd.DataFrame, n_boot: int, seed: int, strata: str | No
             j = index[name]
             d, value, n_heads = draws[:, j], est[j], str(int(tot_c[j]))
             n_runs = int((counts[:, j] > 0).sum())
-        ok = d[np.isfinite(d)]
-        lo, hi = (np.percentile(ok, [a, 100 - a]) if len(ok) else (np.nan, np.nan))
+        lo, hi, n_used = percentile_interval(d, level)
         rows.append({"statistic": name, "meaning": meaning,
                      "unit": "share" if col in SHARES else "steps",
                      "estimate": float(value), "ci_low": float(lo), "ci_high": float(hi),
                      "n_heads": n_heads, "n_runs": n_runs, "n_units": len(runs),
-                     "n_boot_used": len(ok)})
+                     "n_boot_used": n_used})
     return pd.DataFrame(rows)
 
 

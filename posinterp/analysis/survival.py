@@ -30,6 +30,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from ..stats import permutation_p_floor
+
 __all__ = ["LogRankResult", "kaplan_meier", "km_median", "logrank_test"]
 
 # Up to this many relabellings the permutation distribution is enumerated exactly
@@ -222,5 +224,5 @@ def logrank_test(a_steps, a_reached, b_steps, b_reached, alternative: str = "slo
         p = np.mean(np.abs(null) >= abs(observed) - tol)
     # the smallest p this test can give: one relabelling in all of them, or the observed
     # one among the sampled draws
-    floor = 1.0 / total if exact else 1.0 / (n_resamples + 1)
+    floor = permutation_p_floor(na, n - na, None if exact else n_resamples)
     return LogRankResult(observed, float(p), p_normal, floor, exact)

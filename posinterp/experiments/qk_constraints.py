@@ -85,6 +85,7 @@ from ..io import (
     versions,
 )
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
+from ..stats import bh_qvalues, bootstrap_percentile_ci, mean_t_interval, permutation_p_floor
 from ..training import TrainConfig, fit
 
 __all__ = ["BAND_BAN_PREFIX", "SENSITIVITY", "ConstraintGrid", "band_of", "claims_table",
@@ -465,10 +466,8 @@ def _compare(a: np.ndarray, b: np.ndarray, seed: int) -> dict:
     row = dict(ratio=np.median(a) / np.median(b), ci_low=np.nan, ci_high=np.nan,
                p_one_sided=stats.mannwhitneyu(a, b, alternative="greater").pvalue)
     if len(a) >= 2 and len(b) >= 2:
-        ci = stats.bootstrap((a, b), lambda x, y: np.median(x) / np.median(y),
-                             vectorized=False, n_resamples=2000, method="percentile",
-                             random_state=np.random.default_rng(seed)).confidence_interval
-        row["ci_low"], row["ci_high"] = ci.low, ci.high
+        row["ci_low"], row["ci_high"] = bootstrap_percentile_ci(
+            (a, b), lambda x, y: np.median(x) / np.median(y), seed, n_resamples=2000)
     return row
 
 
@@ -494,10 +493,7 @@ def _summarize(runs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
             rows.append({**base, "control": control, "control_censored": int(c.censored.sum()),
                          **_compare(g.steps.to_numpy(float), c.steps.to_numpy(float), seed)})
     out = pd.DataFrame(rows)
-    ok = out.p_one_sided.notna()
-    out["q_bh"] = np.nan
-    if ok.any():
-        out.loc[ok, "q_bh"] = stats.false_discovery_control(out.loc[ok, "p_one_sided"], method="bh")
+    out["q_bh"] = bh_qvalues(out.p_one_sided)
     return out
 
 
@@ -569,15 +565,6 @@ def _ratio_verdict(r, claimed: float) -> tuple[str, str]:
 UNTESTABLE = "not testable at this budget"
 
 
-def smallest_p(n: int, n_control: int) -> float:
-    """The smallest one-sided Mann-Whitney p that ``n`` runs against ``n_control`` can give:
-    every constrained run slower than every control run, without ties (exact test). With
-    2 seeds a side it is 1/6, so "q <= 0.05" can never hold, whatever the runs do."""
-    slow = np.arange(n, dtype=float) + n_control
-    return float(stats.mannwhitneyu(slow, np.arange(n_control, dtype=float), alternative="greater",
-                                    method="exact").pvalue)
-
-
 def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
                  heads: pd.DataFrame | None = None) -> pd.DataFrame:
     """The published claims set against a summary from :func:`run_qk_constraints`.
@@ -596,7 +583,8 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
     previous-token score >= 0.5). ``verdict`` is "holds", "fails", "undetermined" or
     :data:`UNTESTABLE` ("not testable at this budget") where the grid's seeds or steps
     cannot decide it, so a "fails" would say nothing about the claim: "slows" when even
-    perfectly separated runs give a p above 0.05 (:func:`smallest_p`; 2 seeds a side);
+    perfectly separated runs give a p above 0.05 (:func:`posinterp.stats.permutation_p_floor`,
+    the smallest exact one-sided Mann-Whitney p: 1/6 with 2 seeds a side);
     "never prevents" when the cap is below CLAIMED_SLOWDOWN times the control's median
     steps (a run merely slowed as much as the symmetric constraint slows is censored too);
     "routes by position" when most runs never reached the target (the score is of
@@ -628,7 +616,7 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
         ctrl = own.get((r.pe, r.control))
         n_ctrl = int(ctrl.n) if ctrl is not None else int(r.n)
         slower = ("holds" if r.q_bh <= 0.05 else
-                  UNTESTABLE if smallest_p(int(r.n), n_ctrl) > 0.05 else "fails")
+                  UNTESTABLE if permutation_p_floor(int(r.n), n_ctrl) > 0.05 else "fails")
         rows.append(dict(claim=f"{r.pe}: {r.constraint} slows learning (q <= 0.05 vs none)",
                          measured=f"{_fmt_ratio(r)}x, "
                                   f"q = {r.q_bh:.3g}, control censored "
@@ -1134,7 +1122,7 @@ def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
     extra = table.sensitivity.to_numpy()
     q = np.full(len(table), np.nan)
     if extra.any():
-        q[extra] = stats.false_discovery_control(table.p[extra], method="bh")
+        q[extra] = bh_qvalues(table.p[extra])
     table["log-rank p (permutation)"] = table.p.map("{:.3g}".format)
     table["smallest possible p"] = table.floor.map("{:.3g}".format)
     table["q (BH)"] = [f"{v:.3g}" if np.isfinite(v) else "(main table)" for v in q]
@@ -1290,7 +1278,7 @@ def survival_table(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
                          exact=test.exact))
     out = pd.DataFrame(rows)
     if len(out):
-        out["q_bh"] = stats.false_discovery_control(out.p_exact, method="bh")
+        out["q_bh"] = bh_qvalues(out.p_exact)
     return out
 
 
@@ -1307,8 +1295,7 @@ def _separated(runs: pd.DataFrame, r) -> bool:
 def _phase_section(phase: pd.DataFrame) -> list[str]:
     """Claim 3's phase ablation (phase.csv, :func:`run_phase_ablation`) as page text."""
     def t_ci(x: np.ndarray) -> tuple[float, float, float]:  # mean and 95% Student-t interval
-        ci = stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
-        return float(np.mean(x)), float(ci.low), float(ci.high)
+        return mean_t_interval(x)[:3]
 
     mean, lo, hi = t_ci((phase.prev_score - phase.prev_score_without_rope).to_numpy(float))
     a_mean, a_lo, a_hi = t_ci((phase.prev_score_without_rope - phase.uniform_score).to_numpy(float))
@@ -1561,7 +1548,7 @@ def render_markdown(out_dir) -> str:
                      "the order is as consistent as the design can show, not how large the "
                      "slowdown is; the medians and their CIs say that. "
                      + ("More seeds lower the floor (1 / C(20, 10) = "
-                        f"{1 / math.comb(20, 10):.2g} at 10 vs 10, sampled: 1 / "
+                        f"{permutation_p_floor(10, 10):.2g} at 10 vs 10, sampled: 1 / "
                         f"{N_RESAMPLES + 1:,})." if surv.exact.all() else
                         f"Where the relabellings were sampled, the floor is 1 / "
                         f"{N_RESAMPLES + 1:,} (more draws lower it)."

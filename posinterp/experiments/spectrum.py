@@ -30,6 +30,7 @@ from ..devices import resolve_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import load_model
+from ..stats import permutation_p_floor
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
 from .dynamics import dynamics_section
@@ -539,7 +540,7 @@ def _families_section(fam: Path) -> list[str]:
          f"- **Test**: {d['test']}; the smallest p the design can reach, 1 / C(n_R + n_O, "
          f"n_R), is printed beside every test. As planned ({n_fam} families: {n_fam} RoPE vs "
          f"{2 * n_fam} other units, if every unit has a previous-token head) it is "
-         f"1 / {math.comb(3 * n_fam, n_fam)} = {1 / math.comb(3 * n_fam, n_fam):.2g}.",
+         f"1 / {math.comb(3 * n_fam, n_fam)} = {permutation_p_floor(n_fam, 2 * n_fam):.2g}.",
          "- **Sensitivity rows** (each changes one thing): "
          + "; ".join(f"{a[0]}: {a[1]}" for a in run["analyses"][1:]) + ".\n",
          "## Families\n",

@@ -33,7 +33,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
@@ -53,6 +52,8 @@ from ..executors import (
 )
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import build_model, preset
+from ..stats import bh_qvalues, t_critical
+from ..stats import mean_t_interval as mean_ci  # mean over seeds (docs/concepts.md: >= 3)
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
 from ..training import TrainConfig, evaluate, latest_checkpoint, load_checkpoint, train
 
@@ -501,28 +502,6 @@ def _cell_seconds(out: Path, pending=()) -> float | None:
 
 # ----------------------------------------------------------------------------- statistics
 
-def mean_ci(values) -> tuple[float, float, float, int]:
-    """Mean and 95% t-interval over seeds: ``(mean, low, high, n)``; NaN bounds for n < 2,
-    exact bounds for zero spread. NaNs are dropped (and not counted).
-
-    Source: Student's t interval, ``scipy.stats.t.interval`` with the standard error of
-    the mean (docs/concepts.md: mean over >= 3 seeds). Raises nothing; empty input gives
-    NaN with n = 0.
-    """
-    v = np.asarray([x for x in values if not (isinstance(x, float) and math.isnan(x))], float)
-    n = len(v)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    m = float(v.mean())
-    if n < 2:
-        return m, float("nan"), float("nan"), n
-    sem = float(v.std(ddof=1)) / math.sqrt(n)
-    if sem == 0:
-        return m, m, m, n
-    lo, hi = stats.t.interval(0.95, n - 1, loc=m, scale=sem)
-    return m, float(lo), float(hi), n
-
-
 def _agg(df: pd.DataFrame, by: list[str], value: str = "value") -> pd.DataFrame:
     rows = []
     for key, g in df.groupby(by, sort=False):
@@ -603,7 +582,7 @@ def _sem(m, lo, hi, n) -> float:
     """The standard error behind :func:`mean_ci`'s interval (its inverse)."""
     if n < 2 or math.isnan(lo):
         return float("nan")
-    return (hi - m) / float(stats.t.ppf(0.975, n - 1)) if hi > m else 0.0
+    return (hi - m) / float(t_critical(0.95, n - 1)) if hi > m else 0.0
 
 
 def _verdict(lo: float, hi: float, test: _Test) -> str:
@@ -769,11 +748,7 @@ def _probe_claims(tables, probe) -> list[dict]:
 
 def _bh(claims: pd.DataFrame) -> pd.Series:
     """Benjamini-Hochberg q-values across every row with a p-value (NaN elsewhere)."""
-    q = pd.Series(float("nan"), index=claims.index)
-    has = claims.p.notna()
-    if has.any():
-        q[has] = stats.false_discovery_control(claims.p[has].to_numpy(), method="bh")
-    return q
+    return pd.Series(bh_qvalues(claims.p), index=claims.index)
 
 
 def _depth_cells(dw: pd.DataFrame) -> dict[str, str]:

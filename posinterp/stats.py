@@ -1,0 +1,231 @@
+"""The statistics posinterp's analyses and experiments share: one home each.
+
+* Student-t intervals: :func:`t_critical` (the two-sided critical value) and
+  :func:`mean_t_interval` (mean and interval of one sample).
+* Multiple testing: :func:`bh_qvalues` (Benjamini-Hochberg, NaN-aware).
+* Bootstrap: :func:`stratified_bootstrap_means` (resample units within strata, pooled
+  means), :func:`percentile_interval` (the percentile CI of finite draws) and
+  :func:`bootstrap_percentile_ci` (scipy's percentile bootstrap of a statistic of samples).
+* Permutation tests: :func:`permutation_p_floor`, the smallest p a two-group design can
+  reach (exact enumeration or sampled relabellings).
+
+A foundation: numpy, scipy and pandas only, no other posinterp module, so every layer may
+import it. Each function reproduces, operation for operation, the copy it replaced
+(issue 35), so no caller's number changed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as _sps
+
+__all__ = ["bh_qvalues", "bootstrap_percentile_ci", "mean_t_interval", "percentile_interval",
+           "permutation_p_floor", "stratified_bootstrap_means", "t_critical"]
+
+
+# --- Student-t ------------------------------------------------------------------------------
+
+def t_critical(level: float, df):
+    """The two-sided Student-t critical value t_{(1 + level) / 2, df}.
+
+    A 100·level % interval of a mean is mean ± t_critical(level, n - 1) · SE.
+
+    Args:
+        level: confidence level in (0, 1), e.g. 0.95.
+        df: degrees of freedom (> 0); a scalar or an array (one value per entry).
+
+    Returns:
+        A numpy float (scalar ``df``) or an array of ``df``'s shape.
+
+    Source: Student (1908); ``scipy.stats.t.ppf``. Raises nothing: a level outside (0, 1)
+    or df <= 0 gives NaN (scipy's convention).
+    """
+    return _sps.t.ppf(0.5 + level / 2, df)
+
+
+def mean_t_interval(values: Sequence[float], level: float = 0.95
+                    ) -> tuple[float, float, float, int]:
+    """Mean of one sample with its two-sided Student-t interval: ``(mean, low, high, n)``.
+
+    NaNs are dropped (and not counted). SE = sd / sqrt(n) with the sample sd (ddof 1);
+    the bounds are mean ∓ :func:`t_critical` (level, n - 1) · SE, bit for bit what
+    ``scipy.stats.t.interval(level, n - 1, loc=mean, scale=SE)`` gives.
+
+    Args:
+        values: ``[n]`` numbers (a list, array or Series), any unit; the bounds share it.
+        level: confidence level in (0, 1).
+
+    Returns:
+        ``(mean, low, high, n)``: NaN everything with n = 0; NaN bounds for n = 1; exact
+        bounds ``(mean, mean)`` for zero spread (SE = 0, where scipy would give NaN).
+
+    Source: Student's t interval of a mean (e.g. Casella & Berger, Statistical Inference,
+    §9.2). Raises nothing.
+    """
+    v = np.asarray([x for x in values if not (isinstance(x, float) and math.isnan(x))], float)
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    m = float(v.mean())
+    if n < 2:
+        return m, float("nan"), float("nan"), n
+    sem = float(v.std(ddof=1)) / math.sqrt(n)
+    if sem == 0:
+        return m, m, m, n
+    q = float(t_critical(level, n - 1))
+    return m, m - q * sem, m + q * sem, n
+
+
+# --- multiple testing -----------------------------------------------------------------------
+
+def bh_qvalues(p) -> np.ndarray:
+    """Benjamini-Hochberg adjusted p-values (q-values) across the finite entries of ``p``.
+
+    Args:
+        p: ``[m]`` p-values in [0, 1] (list, array or Series); NaN marks "no test".
+
+    Returns:
+        float64 ``[m]``: the BH q of each p over the non-NaN ones
+        (``scipy.stats.false_discovery_control(..., method="bh")``), NaN where ``p`` is NaN
+        (all NaN when none is finite). Positional: a Series' index is not kept.
+
+    Raises:
+        ValueError: (scipy's) for a finite p outside [0, 1].
+
+    Source: Benjamini & Hochberg (1995), J. R. Stat. Soc. B 57, 289-300.
+    """
+    p = np.asarray(p, float)
+    q = np.full(p.shape, np.nan)
+    ok = ~np.isnan(p)
+    if ok.any():
+        q[ok] = _sps.false_discovery_control(p[ok], method="bh")
+    return q
+
+
+# --- bootstrap ------------------------------------------------------------------------------
+
+def stratified_bootstrap_means(sums: np.ndarray, counts: np.ndarray, strata, n_boot: int,
+                               seed: int) -> np.ndarray:
+    """Resampled pooled means: each draw resamples units with replacement within each stratum.
+
+    Args:
+        sums: ``[n_units, n_stats]`` per-unit sums of a value over the items a statistic
+            uses (e.g. per training run, over its heads).
+        counts: ``[n_units, n_stats]`` how many items each sum covers.
+        strata: ``[n_units]`` labels; each draw takes as many units from a stratum as it has.
+        n_boot: number of draws (>= 1).
+        seed: the generator's seed (``numpy.random.default_rng``; strata in order of first
+            appearance, one ``integers`` call each).
+
+    Returns:
+        ``[n_boot, n_stats]`` pooled means sum(w * sums) / sum(w * counts) over the drawn
+        units (multiplicities w); NaN where a draw has no item for a statistic.
+
+    Raises:
+        ValueError: for mismatched shapes or ``n_boot < 1``.
+
+    Source: the stratified nonparametric bootstrap, Efron & Tibshirani (1993),
+    An Introduction to the Bootstrap, §6 and §8.
+    """
+    sums, counts = np.atleast_2d(np.asarray(sums, float)), np.atleast_2d(np.asarray(counts, float))
+    strata = np.asarray(strata)
+    if sums.shape != counts.shape or strata.shape != (sums.shape[0],) or not len(strata):
+        raise ValueError(f"sums {sums.shape}, counts {counts.shape} and strata {strata.shape} "
+                         "must describe the same runs")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    rng = np.random.default_rng(seed)
+    weights = np.zeros((n_boot, len(strata)))
+    for label in pd.unique(strata):
+        idx = np.flatnonzero(strata == label)
+        draws = rng.integers(0, len(idx), size=(n_boot, len(idx)))
+        for j, i in enumerate(idx):
+            weights[:, i] = (draws == j).sum(axis=1)
+    num, den = weights @ sums, weights @ counts
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
+def percentile_interval(draws, level: float = 0.95) -> tuple[float, float, int]:
+    """The percentile bootstrap interval of ``draws``, ignoring non-finite ones.
+
+    Args:
+        draws: ``[n_boot]`` bootstrap replicates of a statistic (NaN/inf: a draw where it
+            was undefined).
+        level: confidence level in (0, 1).
+
+    Returns:
+        ``(low, high, n_used)``: the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles
+        (``numpy.percentile``, linear interpolation) of the finite draws, and how many
+        there were; NaN bounds when none is finite.
+
+    Source: Efron & Tibshirani (1993), §13.3 (percentile interval). Raises nothing.
+    """
+    d = np.asarray(draws, float)
+    ok = d[np.isfinite(d)]
+    a = (1 - level) / 2 * 100
+    lo, hi = (np.percentile(ok, [a, 100 - a]) if len(ok) else (np.nan, np.nan))
+    return float(lo), float(hi), len(ok)
+
+
+def bootstrap_percentile_ci(samples: tuple[np.ndarray, ...], statistic: Callable[..., float],
+                            seed: int, n_resamples: int = 2000, level: float = 0.95
+                            ) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``statistic(*samples)``, each sample resampled on its own.
+
+    Args:
+        samples: independent 1-D samples (each of length >= 2), e.g. two groups' steps.
+        statistic: takes one resample of each sample and returns a float (not vectorized).
+        seed: seed of the ``numpy.random.default_rng`` scipy draws from.
+        n_resamples: bootstrap draws.
+        level: confidence level in (0, 1).
+
+    Returns:
+        ``(low, high)``.
+
+    Raises:
+        ValueError: (scipy's) for a sample too short to resample.
+
+    Source: ``scipy.stats.bootstrap(method="percentile")``; Efron & Tibshirani (1993), §13.3.
+    """
+    ci = _sps.bootstrap(samples, statistic, vectorized=False, n_resamples=n_resamples,
+                        confidence_level=level, method="percentile",
+                        random_state=np.random.default_rng(seed)).confidence_interval
+    return ci.low, ci.high
+
+
+# --- permutation tests ----------------------------------------------------------------------
+
+def permutation_p_floor(n_a: int, n_b: int, n_resamples: int | None = None) -> float:
+    """The smallest p a two-group permutation (or rank) test of ``n_a`` vs ``n_b`` can give.
+
+    Exact enumeration: the observed labelling is one of C(n_a + n_b, n_a), so p >=
+    1 / C(n_a + n_b, n_a) (the one-sided exact Mann-Whitney p of perfectly separated
+    groups without ties). Sampled: the observed labelling counted among ``n_resamples``
+    random ones, p >= 1 / (n_resamples + 1).
+
+    Args:
+        n_a: units in the first group (>= 1).
+        n_b: units in the second group (>= 1).
+        n_resamples: None for exact enumeration, else the number of sampled relabellings.
+
+    Returns:
+        The floor, in (0, 1].
+
+    Raises:
+        ValueError: for an empty group or ``n_resamples < 1``.
+
+    Source: Fisher's exact randomization argument; Phipson & Smyth (2010), Stat. Appl.
+    Genet. Mol. Biol. 9(1), for the sampled +1.
+    """
+    if n_a < 1 or n_b < 1:
+        raise ValueError(f"both groups need a unit, got {n_a} and {n_b}")
+    if n_resamples is not None:
+        if n_resamples < 1:
+            raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+        return 1.0 / (n_resamples + 1)
+    return 1 / math.comb(n_a + n_b, n_a)

@@ -1,0 +1,114 @@
+"""posinterp.stats against closed forms and independent implementations (issue 35)."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from posinterp.stats import (
+    bh_qvalues,
+    bootstrap_percentile_ci,
+    mean_t_interval,
+    percentile_interval,
+    permutation_p_floor,
+    stratified_bootstrap_means,
+    t_critical,
+)
+
+
+def test_t_critical_is_the_two_sided_quantile():
+    for level, df in ((0.95, 1), (0.9, 4), (0.99, 30)):
+        assert t_critical(level, df) == pytest.approx(stats.t.interval(level, df)[1], rel=1e-14)
+        assert stats.t.cdf(t_critical(level, df), df) == pytest.approx((1 + level) / 2)
+    np.testing.assert_array_equal(t_critical(0.95, np.array([2, 5])),
+                                  [t_critical(0.95, 2), t_critical(0.95, 5)])
+
+
+def test_mean_t_interval_is_scipys_t_interval_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(2, 15))
+        v = rng.normal(size=n) * rng.uniform(0.01, 100)
+        m, lo, hi, k = mean_t_interval(v.tolist())
+        want = stats.t.interval(0.95, n - 1, loc=v.mean(), scale=stats.sem(v))
+        assert k == n and m == v.mean() and (lo, hi) == (float(want[0]), float(want[1]))
+    # and ttest_1samp's interval, to rounding
+    ci = stats.ttest_1samp(v, 0.0).confidence_interval(0.95)
+    assert (lo, hi) == pytest.approx((ci.low, ci.high), rel=1e-13)
+
+
+def test_mean_t_interval_edge_cases():
+    assert mean_t_interval([float("nan"), 1.0, 3.0])[3] == 2  # NaN dropped, not counted
+    m, lo, hi, n = mean_t_interval([])
+    assert n == 0 and all(math.isnan(x) for x in (m, lo, hi))
+    assert math.isnan(mean_t_interval([2.0])[1]) and mean_t_interval([2.0])[0] == 2.0
+    assert mean_t_interval([0.5, 0.5])[1:3] == (0.5, 0.5)  # zero spread: exact bounds
+
+
+def test_bh_matches_scipy_and_a_direct_step_up():
+    rng = np.random.default_rng(1)
+    p = rng.uniform(size=12) ** 3
+    q = bh_qvalues(p)
+    np.testing.assert_array_equal(q, stats.false_discovery_control(p, method="bh"))
+    # Benjamini-Hochberg (1995) step-up, written out: q_(i) = min_{j >= i} m p_(j) / j
+    m, order = len(p), np.argsort(p)
+    direct = np.minimum.accumulate((m * p[order] / np.arange(1, m + 1))[::-1])[::-1]
+    np.testing.assert_allclose(q[order], np.minimum(direct, 1), rtol=1e-12)
+
+
+def test_bh_skips_nan():
+    p = np.array([0.01, np.nan, 0.04, 0.03])
+    q = bh_qvalues(p)
+    assert math.isnan(q[1])
+    np.testing.assert_array_equal(q[[0, 2, 3]], stats.false_discovery_control(p[[0, 2, 3]]))
+    assert np.isnan(bh_qvalues([np.nan, np.nan])).all()
+
+
+def test_permutation_floor_is_one_labelling_in_all():
+    for n_a, n_b in ((1, 1), (2, 2), (3, 2), (1, 4), (5, 5)):
+        # brute force: the observed labelling is one of the enumerated relabellings
+        n_labellings = sum(1 for _ in itertools.combinations(range(n_a + n_b), n_a))
+        assert permutation_p_floor(n_a, n_b) == 1 / n_labellings
+        # and it is the exact one-sided Mann-Whitney p of perfectly separated groups
+        slow = np.arange(n_a, dtype=float) + n_b
+        p = stats.mannwhitneyu(slow, np.arange(n_b, dtype=float), alternative="greater",
+                               method="exact").pvalue
+        assert permutation_p_floor(n_a, n_b) == p
+    assert permutation_p_floor(10, 10, n_resamples=999) == 1 / 1000
+    with pytest.raises(ValueError):
+        permutation_p_floor(0, 3)
+    with pytest.raises(ValueError):
+        permutation_p_floor(2, 3, n_resamples=0)
+
+
+def test_stratified_bootstrap_keeps_strata_sizes_and_pools():
+    sums = np.array([[1.0], [2.0], [10.0]])
+    counts = np.array([[1.0], [1.0], [2.0]])
+    draws = stratified_bootstrap_means(sums, counts, ["a", "a", "b"], n_boot=500, seed=0)[:, 0]
+    # stratum b (one unit) is always drawn once; stratum a contributes 2 units of 1 or 2
+    possible = {(x + y + 10) / 4 for x in (1, 2) for y in (1, 2)}
+    assert set(np.round(draws, 12)) <= {round(v, 12) for v in possible}
+    with pytest.raises(ValueError):
+        stratified_bootstrap_means(sums, counts, ["a"], 5, 0)
+    with pytest.raises(ValueError):
+        stratified_bootstrap_means(sums, counts, ["a", "a", "b"], 0, 0)
+
+
+def test_percentile_interval_is_numpys_quantiles_of_finite_draws():
+    d = np.array([np.nan, 3.0, 1.0, np.inf, 2.0, 4.0])
+    lo, hi, n = percentile_interval(d, 0.9)
+    ok = np.array([3.0, 1.0, 2.0, 4.0])
+    assert n == 4 and (lo, hi) == (np.quantile(ok, 0.05), np.quantile(ok, 0.95))
+    assert all(math.isnan(x) for x in percentile_interval([np.nan])[:2])
+
+
+def test_bootstrap_percentile_ci_is_scipys():
+    a, b = np.array([3.0, 5.0, 4.0, 6.0]), np.array([1.0, 2.0, 2.5])
+    def ratio(x, y):
+        return np.median(x) / np.median(y)
+    lo, hi = bootstrap_percentile_ci((a, b), ratio, seed=3, n_resamples=300)
+    want = stats.bootstrap((a, b), ratio, vectorized=False, n_resamples=300, method="percentile",
+                           random_state=np.random.default_rng(3)).confidence_interval
+    assert (lo, hi) == (want.low, want.high) and lo <= ratio(a, b) <= hi
