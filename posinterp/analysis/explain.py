@@ -56,11 +56,12 @@ from torch import Tensor
 
 from .._validate import check_indices, is_int
 from .frequencies import pair_indices, rotate
+from .spectral import CHANNELS, NULL_CHANNEL
 
 __all__ = ["BIAS_PARTS", "CHANNEL_PARTS", "dashboard_score_parts", "score_parts",
            "score_parts_from_qk"]
 
-CHANNEL_PARTS = ("positive_real", "negative_real", "complex", "null")
+CHANNEL_PARTS = (*CHANNELS, NULL_CHANNEL)
 BIAS_PARTS = ("q_dot_b_K", "b_Q_dot_k", "b_Q_dot_b_K")
 VIEWS = ("channel", "rotary_pair")
 DEFAULT_MAX_VALUES = 200_000  # the dashboard's bound: about 1.7 MB of JSON

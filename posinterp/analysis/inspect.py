@@ -61,6 +61,7 @@ from .frequencies import (
 )
 from .heads import induction_score, induction_targets, previous_token_score, repeated_random_tokens
 from .spectral import (
+    CHANNELS,
     DEFAULT_EPS,
     NULL_HEADS,
     _measures_frame,
@@ -78,7 +79,7 @@ __all__ = ["CHANNEL_ABLATIONS", "Inspection", "PatternView", "attention_kernel",
            "head_scores", "inspect_heads", "null_band", "pool_pattern", "t_interval",
            "uniform_guess_loss"]
 
-CHANNEL_ABLATIONS = ("remove_positive_real", "remove_negative_real", "remove_complex")
+CHANNEL_ABLATIONS = tuple(f"remove_{c}" for c in CHANNELS)
 #: Random heads behind the null band of |λ| (quantiles of every eigenvalue's modulus: 200
 #: heads give 200 x d_head moduli, enough for stable 5%/95% quantiles).
 NULL_BAND_HEADS = 200

@@ -40,7 +40,8 @@ from torch import Tensor
 from .._validate import check_indices, is_int
 
 __all__ = [
-    "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm", "channel_masses",
+    "CHANNELS", "NULL_CHANNEL", "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm",
+    "channel_masses",
     "effective_weights", "fold_qk_norm",
     "eigenvalues", "ginibre_null", "real_within_rounding", "null_percentiles", "qk_convention", "qk_spectrum",
     "model_rotary_matrix", "qk_weights", "random_heads", "rotary_matrix", "rotational_measures",
@@ -67,6 +68,12 @@ ROUNDING_TOL = 1e-12
 _CANDIDATE = 1e-3
 NULL_HEADS = 2500  # Monte Carlo SE of a null percentile <= 1 point (binomial, p = 0.5)
 MEASURES = ("rotational_mass", "phase", "antisymmetric_energy")
+# The spectral channels of M (docs/concepts.md, "Spectral channels"): an eigenvalue is
+# complex (|Im λ| > eps·max|λ|), else positive- or negative-real; the one home of these
+# names, which interventions (projectors, bans, ablation kinds) and explain build on.
+CHANNELS = ("positive_real", "negative_real", "complex")
+# What is left of a singular B: eigenvalues |λ| <= null_tol·max|λ| (projectors only).
+NULL_CHANNEL = "null"
 
 
 # --- pure functions over weights -----------------------------------------------------------
@@ -290,8 +297,8 @@ def channel_masses(lam: Complex[Tensor, "... n"], eps: float = DEFAULT_EPS) -> d
     is_complex = lam.imag.abs() > eps * top
     total = mod.sum(-1)
     safe = torch.where(total > 0, total, torch.ones_like(total))
-    parts = {"positive_real": ~is_complex & (lam.real > 0), "negative_real": ~is_complex & (lam.real < 0),
-             "complex": is_complex}
+    parts = dict(zip(CHANNELS, (~is_complex & (lam.real > 0), ~is_complex & (lam.real < 0), is_complex),
+                     strict=True))
     return {c: torch.where(total > 0, (mod * m).sum(-1) / safe, torch.zeros_like(total))
             for c, m in parts.items()}
 

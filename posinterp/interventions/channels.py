@@ -30,12 +30,10 @@ from scipy import linalg
 from scipy.linalg import lapack
 from torch import Tensor
 
-from ..analysis.spectral import real_within_rounding
+from ..analysis.spectral import CHANNELS, NULL_CHANNEL, real_within_rounding
 
 __all__ = ["CHANNELS", "channel_decomposition", "channel_of", "channel_projector",
            "channel_projectors", "top_k_projector"]
-
-CHANNELS = ("positive_real", "negative_real", "complex")
 
 
 def channel_of(re: float, im: float, scale: float, eps: float = 1e-8, null_tol: float = 1e-10
@@ -44,10 +42,11 @@ def channel_of(re: float, im: float, scale: float, eps: float = 1e-8, null_tol: 
     test alone; projectors of a matrix B also count a pair that rounding split off a
     real double eigenvalue as real, :func:`posinterp.analysis.spectral.real_within_rounding`)."""
     if np.hypot(re, im) <= null_tol * scale:
-        return "null"
+        return NULL_CHANNEL
+    positive, negative, rotational = CHANNELS
     if abs(im) > eps * scale:
-        return "complex"
-    return "positive_real" if re > 0 else "negative_real"
+        return rotational
+    return positive if re > 0 else negative
 
 
 def _projector(B: np.ndarray, select) -> np.ndarray:
@@ -98,11 +97,12 @@ def _schur_channels(B: np.ndarray, eps: float, null_tol: float
     scale = float(np.hypot(wr, wi).max())  # max |λ|, read off the Schur form B = Z T Z^T
     channels = np.array([channel_of(r, i, scale, eps, null_tol) for r, i in zip(wr, wi, strict=True)],
                         dtype=object)
-    rot = np.flatnonzero(channels == "complex")
+    positive, negative, rotational = CHANNELS
+    rot = np.flatnonzero(channels == rotational)
     if rot.size:
         lam = torch.from_numpy(wr[rot] + 1j * wi[rot])
         real = real_within_rounding(torch.from_numpy(B), lam[None])[0].numpy()
-        channels[rot[real]] = np.where(wr[rot[real]] > 0, "positive_real", "negative_real")
+        channels[rot[real]] = np.where(wr[rot[real]] > 0, positive, negative)
     return T, Z, channels
 
 
@@ -136,8 +136,8 @@ def channel_projector(B: np.ndarray, channel: str, eps: float = 1e-8, null_tol: 
     Raises:
         ValueError: for a ``channel`` not in :data:`CHANNELS` or ``null``.
     """
-    if channel not in (*CHANNELS, "null"):
-        raise ValueError(f"channel must be one of {(*CHANNELS, 'null')}, got {channel!r}")
+    if channel not in (*CHANNELS, NULL_CHANNEL):
+        raise ValueError(f"channel must be one of {(*CHANNELS, NULL_CHANNEL)}, got {channel!r}")
     return _all_projectors(B, (channel,), eps, null_tol)[channel]
 
 
@@ -146,7 +146,7 @@ def _all_projectors(B: np.ndarray, channels, eps: float, null_tol: float
     if not np.isfinite(B).all():  # the eigen-solvers raised on these before; say so by name
         raise ValueError("B must be finite; it holds NaN or inf")
     if not B.size or not np.abs(B).max() > 0:
-        return {c: np.eye(len(B)) if c == "null" else np.zeros_like(B) for c in channels}
+        return {c: np.eye(len(B)) if c == NULL_CHANNEL else np.zeros_like(B) for c in channels}
     T, Z, which = _schur_channels(B, eps, null_tol)
     return {c: _channel_projector_from_schur(T, Z, which == c) for c in channels}
 
@@ -171,7 +171,7 @@ def channel_projectors(B: Float[Tensor, "d_head d_head"], eps: float = 1e-8,
         raise ValueError(f"B must be a square [d_head, d_head] matrix, got {tuple(B.shape)}")
     b = B.detach().double().cpu().numpy()
     return {c: torch.from_numpy(P) for c, P in
-            _all_projectors(b, (*CHANNELS, "null"), eps, null_tol).items()}
+            _all_projectors(b, (*CHANNELS, NULL_CHANNEL), eps, null_tol).items()}
 
 
 def top_k_projector(B: Float[Tensor, "d_head d_head"], k: int) -> Float[Tensor, "d_head d_head"]:

@@ -76,6 +76,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .._validate import check_indices
+from ..analysis.spectral import CHANNELS
 from .channels import channel_projector
 
 __all__ = ["BANS", "BandBan", "CONSTRAINTS", "RANDOM_SUBSPACE", "RANK_MATCHED",
@@ -84,7 +85,7 @@ __all__ = ["BANS", "BandBan", "CONSTRAINTS", "RANDOM_SUBSPACE", "RANK_MATCHED",
            "removed_energy", "removed_ranks"]
 
 TIED_CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "left_half_plane", "right_half_plane")
-BANS = ("ban_positive_real", "ban_negative_real", "ban_complex")
+BANS = tuple(f"ban_{c}" for c in CHANNELS)
 # the random-subspace control of each ban, its rank read off the ban's projector
 RANK_MATCHED = tuple(f"rank_matched_{b.removeprefix('ban_')}" for b in BANS)
 CONSTRAINTS = TIED_CONSTRAINTS + BANS + RANK_MATCHED
@@ -234,8 +235,6 @@ def banned_ranks(model, channel: str) -> torch.Tensor:
     """
     from ..analysis.spectral import attention_input_norm
     from ..models.backend import attention_weights, refuse_qk_norm
-    from .channels import CHANNELS
-
     if channel not in CHANNELS:
         raise ValueError(f"channel must be one of {CHANNELS}, got {channel!r}")
     refuse_qk_norm(model, "banned_ranks", _QK_NORM_WHY)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ..analysis._checks import next_token_loss
 from ..analysis.frequencies import parse_band_label
-from ..analysis.spectral import qk_weights
+from ..analysis.spectral import CHANNELS, qk_weights
 from ..models.backend import (
     capture_block_inputs,
     eager,
@@ -51,7 +51,7 @@ from .qk import QKIntervention, _query_projector
 
 __all__ = ["BAND_PREFIX", "HEAD_ABLATIONS", "attribution_estimates", "head_ablation_losses"]
 
-HEAD_ABLATIONS = ("zero_head", "remove_positive_real", "remove_negative_real", "remove_complex")
+HEAD_ABLATIONS = ("zero_head", *(f"remove_{c}" for c in CHANNELS))
 BAND_PREFIX = "remove_band_"
 MAX_TOKENS = 2 ** 16  # tokens per batched rerun (copies x batch x pos)
 

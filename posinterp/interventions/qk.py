@@ -53,7 +53,7 @@ from torch import Tensor
 
 from .._validate import is_int
 from ..analysis._checks import masked_scores
-from ..analysis.spectral import model_rotary_matrix, qk_weights
+from ..analysis.spectral import CHANNELS, model_rotary_matrix, qk_weights
 from ..models.backend import (
     arm_output_edit,
     attn_scale,
@@ -74,7 +74,7 @@ from .channels import channel_projectors, top_k_projector
 __all__ = ["BAND_KINDS", "KINDS", "QKIntervention", "band_dims", "check_intervention", "intervene",
            "intervention_hooks", "reweight_pattern"]
 
-PROJECTION_KINDS = ("remove_positive_real", "remove_negative_real", "remove_complex",
+PROJECTION_KINDS = (*(f"remove_{c}" for c in CHANNELS),
                     "remove_all", "keep_top_k", "remove_band", "keep_band")
 BAND_KINDS = ("remove_band", "keep_band")
 SCORE_KINDS = ("symmetric", "antisymmetric")
