@@ -329,7 +329,11 @@ def test_random_heads_in_blocks_are_the_one_shot_draws(shape):
 
 
 def test_the_null_drawn_in_blocks_equals_the_one_draw_null(monkeypatch):
-    """The committed null percentiles stay: the blocked null is the unblocked one, bitwise."""
+    """The committed null percentiles stay: the blocked null is the unblocked one.
+
+    The draws are bitwise equal (test above); the measures to 1e-12 relative, not bitwise:
+    the batched eigensolver's last bit depends on the batch size on some CPUs (an Intel
+    Xeon here: one phase in 300 differed by 5.6e-17, one ulp)."""
     import pandas as pd
 
     from posinterp.analysis import spectral
@@ -353,4 +357,5 @@ def test_the_null_drawn_in_blocks_equals_the_one_draw_null(monkeypatch):
         got = spectral.ginibre_null(24, 6, n_heads=300, std=0.02, seed=2)
     finally:
         spectral._ginibre_null.cache_clear()
-    pd.testing.assert_frame_equal(got, one_draw(24, 6, 300, 0.02, 2), check_exact=True)
+    pd.testing.assert_frame_equal(got, one_draw(24, 6, 300, 0.02, 2), check_exact=False,
+                                  rtol=1e-12, atol=1e-15)
