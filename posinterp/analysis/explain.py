@@ -22,7 +22,7 @@ residual x̂ (:data:`posinterp.analysis.spectral.QK_CONVENTION`). Then
 and the weight term is split two ways, each exact:
 
 * **by spectral channel** (``view="channel"``, every head): with Π_c the spectral
-  projectors of B = W_K^eff^T W_Q^eff (:func:`posinterp.interventions.channels.channel_projectors`:
+  projectors of B = W_K^eff^T W_Q^eff (:func:`posinterp.analysis.channels.channel_projectors`:
   positive-real, negative-real, complex pairs, and the null remainder, which sum to I),
   part c is u_i Π_c R(i)·v_j R(j)/s. Π_c acts on the query before the rotation, so for
   RoPE heads these are the channels of M(0), the content form, and part c is exactly
@@ -90,7 +90,7 @@ def score_parts_from_qk(
         b_K: ``[d_head]`` the effective key bias, likewise.
         projectors: ``{"positive_real", "negative_real", "complex", "null"}`` ->
             ``[d_head, d_head]`` spectral projectors of B = W_K^T W_Q (they sum to I;
-            :func:`posinterp.interventions.channels.channel_projectors`).
+            :func:`posinterp.analysis.channels.channel_projectors`).
         scale: attn_scale s, the divisor of q·k (usually sqrt(d_head)).
         rotary: ``(first, second, unrotated, inv_freq)`` for a RoPE head
             (:func:`posinterp.analysis.frequencies.pair_indices` and θ_p in radians per
@@ -253,7 +253,6 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
             T tanh(q·k / T) has no additive parts), on multi-head latent attention (MLA,
             named), or where the sums do not reproduce the model's scores.
     """
-    from ..interventions.channels import channel_projectors  # noqa: PLC0415 (projectors live there)
     from ..models.backend import (
         MissingFeatureError,
         attention_weights,
@@ -267,6 +266,7 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
     )
     from ..models.positions import alibi_bias_of
     from ._checks import masked_scores, run_cached
+    from .channels import channel_projectors
     from .spectral import qk_weights
 
     if getattr(model.cfg, "attention_dir", "causal") != "causal":

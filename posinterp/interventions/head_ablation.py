@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..analysis._checks import next_token_loss
+from ..analysis.channels import channel_projectors
 from ..analysis.frequencies import parse_band_label
 from ..analysis.spectral import qk_weights
 from ..models.backend import (
@@ -46,7 +47,6 @@ from ..models.backend import (
     unwrap,
     z_hook,
 )
-from .channels import channel_projectors
 from .qk import QKIntervention, _query_projector
 
 __all__ = ["BAND_PREFIX", "HEAD_ABLATIONS", "attribution_estimates", "head_ablation_losses"]
