@@ -133,7 +133,7 @@ def head_ablation_losses(model, tokens: Tensor, mask: Tensor | None,
     Args:
         model: a causal TransformerLens model (either line).
         tokens: ``[batch, pos]`` ids; ``mask``: ``[batch, pos]`` or None (checked by the
-            caller, e.g. :func:`posinterp.analysis.inspect_heads`).
+            caller, e.g. :func:`posinterp.inspect_heads`).
         ablations: ``(layer, head, kind)`` triples, kind in :data:`HEAD_ABLATIONS`.
         max_tokens: at most this many tokens (copies x batch x pos) per rerun.
         on_done: called with the number of ablations each rerun finished (a progress bar).
