@@ -50,6 +50,7 @@ import torch
 from scipy import stats
 
 from .._validate import require_at_least
+from ..analysis.channels import CHANNELS
 from ..analysis.frequencies import pair_energy_shares, pair_indices, parse_band_label
 from ..analysis.heads import previous_token_scores, random_tokens
 from ..analysis.spectral import (
@@ -63,7 +64,6 @@ from ..analysis.spectral import (
 from ..analysis.survival import EXACT_LIMIT, N_RESAMPLES, kaplan_meier, km_median, logrank_test
 from ..devices import model_device, resolve_device, to_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
-from ..interventions.channels import CHANNELS
 from ..interventions.constraints import (
     BAND_BAN,
     BANS,

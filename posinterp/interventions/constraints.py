@@ -76,7 +76,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .._validate import check_indices
-from .channels import channel_projector
+from ..analysis.channels import channel_projector
 
 __all__ = ["BANS", "BandBan", "CONSTRAINTS", "RANDOM_SUBSPACE", "RANK_MATCHED",
            "TIED_CONSTRAINTS", "ChannelBan", "SubspaceBan", "TiedKey", "banned_ranks",
@@ -232,9 +232,9 @@ def banned_ranks(model, channel: str) -> torch.Tensor:
     Raises:
         ValueError: for a ``channel`` not in :data:`posinterp.interventions.CHANNELS`.
     """
+    from ..analysis.channels import CHANNELS
     from ..analysis.spectral import attention_input_norm
     from ..models.backend import attention_weights, refuse_qk_norm
-    from .channels import CHANNELS
 
     if channel not in CHANNELS:
         raise ValueError(f"channel must be one of {CHANNELS}, got {channel!r}")
