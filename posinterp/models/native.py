@@ -371,7 +371,7 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
 def _refuse_kv_cache(module, args, kwargs):
     """TL 4's native model takes ``past_key_values``/``past_kv_cache`` and ignores them: the
     call would run the new tokens alone, from position 0. Refuse instead."""
-    from .backend import MissingFeatureError
+    from .backend.errors import MissingFeatureError
 
     for name in ("past_key_values", "past_kv_cache"):
         if kwargs.get(name) is not None:
@@ -413,7 +413,7 @@ def model_from_tl_weights(config: dict, tl_state_dict: dict[str, torch.Tensor], 
         ValueError: a config whose ``positional_embedding_type`` is not ``"rotary"``, or
             weights that do not fit it (named by TransformerLens).
     """
-    from .backend import TL_MAJOR
+    from .backend.version import TL_MAJOR
 
     if config.get("positional_embedding_type") != "rotary":
         raise ValueError("model_from_tl_weights builds RoPE models (positional_embedding_type="

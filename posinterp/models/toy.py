@@ -257,7 +257,7 @@ def build_model(config: ToyModelConfig, tokenizer=None, device=None, dtype=None)
 def _build_on_cpu(config: ToyModelConfig, tokenizer=None):
     """:func:`build_model` on CPU in float32 (the seeded draw)."""
     from ..tasks.tokenizer import build_byte_tokenizer, build_tokenizer
-    from .backend import TL_MAJOR
+    from .backend.version import TL_MAJOR
 
     if tokenizer is None and config.tokenizer is not None:
         tokenizer = {"char": build_tokenizer, "byte": build_byte_tokenizer}[config.tokenizer]()
