@@ -264,7 +264,7 @@ def _build_on_cpu(config: ToyModelConfig, tokenizer=None):
     if TL_MAJOR >= 4:
         from .native import build_native_toy
 
-        return build_native_toy(config, tokenizer)
+        return build_native_toy(config, toy_state_dict(config), tokenizer)
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(
