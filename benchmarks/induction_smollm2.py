@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     import posinterp as pi
-    from posinterp.analysis.inspect import inspect_heads
+    from posinterp.dashboard.inspect import inspect_heads
     from posinterp.experiments.inspect import text_batch
     from posinterp.models.backend import run_cached
 

@@ -100,7 +100,7 @@ def inspect_case(case: str, work: Path, ablate: bool = True):
 
 
 def _inspect_case(case: str, work: Path, ablate: bool):
-    from posinterp.analysis.inspect import head_wide
+    from posinterp.dashboard.schema import head_wide
     from posinterp.experiments.inspect import run_inspect
 
     text = None

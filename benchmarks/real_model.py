@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         return 0
 
     from posinterp.analysis import qk_spectrum
-    from posinterp.analysis.inspect import _ablation_rows, inspect_heads
+    from posinterp.dashboard.inspect import _ablation_rows, inspect_heads
     from posinterp.models import load_model
     from posinterp.models.qk_only import read_qk_weights
 
@@ -212,12 +212,11 @@ def main(argv=None) -> int:
     _memory_lines(args.path)
     # warm-up: numba kernels, the hook probes run once per loaded model
     inspect_heads(model, tokens[:2, :16], max_pattern_tokens=8, n_null=10)
-    from posinterp.analysis import inspect as inspect_mod
-    from posinterp.analysis import spectral
+    from posinterp.analysis import kernels, spectral
 
     # first call for this architecture in the process: the seeded null is drawn
     spectral._ginibre_null.cache_clear()
-    inspect_mod._null_band.cache_clear()
+    kernels._null_band.cache_clear()
     t = time.perf_counter()
     inspect_heads(model, tokens, max_pattern_tokens=8)
     t_first = time.perf_counter() - t

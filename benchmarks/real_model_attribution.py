@@ -24,7 +24,7 @@ def _load() -> str:
 
 
 def main() -> int:
-    from posinterp.analysis.inspect import _ablation_rows
+    from posinterp.dashboard.inspect import _ablation_rows
     from posinterp.interventions import head_ablation as ha
     from posinterp.models import load_model
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 import posinterp as pi
-from posinterp.analysis.inspect import attention_kernel
+from posinterp.analysis.kernels import attention_kernel
 
 PASSAGE = (
     "The lighthouse keeper woke before dawn, as he had every morning for thirty years. "

@@ -16,7 +16,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from .io import POSINTERP_VERSION as __version__  # one home: posinterp/io.py (standard library only)
 
 # public name -> submodule that defines it
 _EXPORTS = {
@@ -28,9 +28,9 @@ _EXPORTS = {
         "random_tokens", "residual_hooks", "rope_frequency_profile", "similarity_by_layer",
         "site_hooks",
         "spectral_measures", "variance_by_layer"), ".analysis"),
-    **dict.fromkeys(("Inspection", "inspect_heads"), ".analysis.inspect"),
-    **dict.fromkeys(("Comparison", "compare_inspections", "compare_models"), ".analysis.compare"),
-    **dict.fromkeys(("export_inspection", "load_inspection"), ".analysis.export"),
+    **dict.fromkeys(("Inspection", "inspect_heads"), ".dashboard.inspect"),
+    **dict.fromkeys(("Comparison", "compare_inspections", "compare_models"), ".dashboard.compare"),
+    **dict.fromkeys(("export_inspection", "load_inspection"), ".dashboard.export"),
     **dict.fromkeys(("score_parts",), ".analysis.explain"),
     **dict.fromkeys(("PRESETS", "ModelInfo", "ToyModelConfig", "alibi_slopes", "build_model",
                      "load_model", "preset"), ".models"),
@@ -85,10 +85,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         spectral_measures,
         variance_by_layer,
     )
-    from .analysis.compare import Comparison, compare_inspections, compare_models  # noqa: F401
     from .analysis.explain import score_parts  # noqa: F401
-    from .analysis.export import export_inspection, load_inspection  # noqa: F401
-    from .analysis.inspect import Inspection, inspect_heads  # noqa: F401
+    from .dashboard.compare import Comparison, compare_inspections, compare_models  # noqa: F401
+    from .dashboard.export import export_inspection, load_inspection  # noqa: F401
+    from .dashboard.inspect import Inspection, inspect_heads  # noqa: F401
     from .models import (  # noqa: F401
         PRESETS,
         ModelInfo,

@@ -326,7 +326,7 @@ def _inspect(args: argparse.Namespace) -> int:
                       exact_top_k=args.ablate_approx if approx else 20, seed=args.seed,
                       max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
                       device=args.device, input_kind=args.input, layers=layers, heads=heads)
-    from .analysis.inspect import head_wide
+    from .dashboard.schema import head_wide
 
     wide = head_wide(res.table)
     top = wide.sort_values("previous_token_score", ascending=False).head(5)

@@ -22,10 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FolderInUse", "atomic_dir", "atomic_path", "atomic_write_json", "atomic_write_text",
-           "check_out_dir", "clean_temporaries", "describe_os_error", "dumps_json", "folder_lock",
-           "json_ready", "locks_output", "output_lock", "read_json_record", "set_aside",
-           "sha256_file", "versions"]
+__all__ = ["POSINTERP_VERSION", "FolderInUse", "atomic_dir", "atomic_path", "atomic_write_json",
+           "atomic_write_text", "check_out_dir", "clean_temporaries", "describe_os_error", "dumps_json",
+           "folder_lock", "json_ready", "json_value", "locks_output", "output_lock", "read_json_record",
+           "set_aside", "sha256_file", "versions"]
+
+#: posinterp's version (``posinterp.__version__`` is this name): here, in a foundation, so
+#: the files that record it (``inspection.json``) need not import the top-level package.
+POSINTERP_VERSION = "0.1.0"
 
 
 def _umask() -> int:
@@ -73,6 +77,32 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+def json_value(v: Any) -> Any:
+    """One table cell or metadata value as JSON holds it: a missing value (None, pandas'
+    NA, NaN, ±inf) becomes ``None`` (``null``), numpy scalars become Python numbers and
+    bools; anything else is returned as it is. Nothing is rounded.
+
+    The one rule for "a score that does not exist" in every file and page posinterp
+    writes (:func:`json_ready` applies it through containers).
+    """
+    if v is None or _is_pandas_na(v):
+        return None
+    if hasattr(v, "item") and getattr(v, "ndim", None) == 0 and getattr(v, "size", 1) == 1:
+        v = v.item()  # numpy scalars (np.float32 is not a float), 0-d arrays and tensors
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _is_pandas_na(v: Any) -> bool:
+    """``v is pandas.NA``, without importing pandas (a value can only be NA once pandas
+    is loaded; this module stays standard-library only)."""
+    import sys
+
+    pd = sys.modules.get("pandas")
+    return pd is not None and v is pd.NA
+
+
 def json_ready(obj: Any) -> Any:
     """``obj`` with every non-finite float (NaN, ±inf, numpy's too) replaced by ``None``
     and numpy scalars turned into Python numbers, through dicts, lists and tuples.
@@ -85,11 +115,7 @@ def json_ready(obj: Any) -> Any:
         return {k: json_ready(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [json_ready(v) for v in obj]
-    if hasattr(obj, "item") and getattr(obj, "ndim", None) == 0 and getattr(obj, "size", 1) == 1:
-        obj = obj.item()  # numpy scalars (np.float32 is not a float)
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
+    return json_value(obj)
 
 
 def dumps_json(obj: Any, **kwargs) -> str:

@@ -309,7 +309,20 @@ def without_verified_query_hooks(monkeypatch) -> None:
     def no_query(m, layer):
         return dataclasses.replace(real(m, layer), query_qk=None, found="hook_q does not fire")
 
-    monkeypatch.setattr(backend, "hook_meaning", no_query)
+    patch_backend(monkeypatch, "hook_meaning", no_query)
+
+
+def patch_backend(monkeypatch, name: str, value) -> None:
+    """Replace ``posinterp.models.backend.<name>`` for the test: on the package and in each of
+    its modules that holds the name (they call one another by their own globals)."""
+    import sys
+
+    from posinterp.models import backend
+
+    monkeypatch.setattr(backend, name, value)
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith(backend.__name__ + ".") and name in vars(mod):
+            monkeypatch.setattr(mod, name, value)
 
 
 def future_warnings_of(call) -> list[str]:

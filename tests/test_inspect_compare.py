@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from posinterp.analysis.export import load_inspection
 from posinterp.cli import main
+from posinterp.dashboard.export import load_inspection
 from posinterp.models import preset
 from posinterp.training import TrainConfig, train
 from tests.helpers import tiny_task

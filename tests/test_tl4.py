@@ -135,7 +135,7 @@ def test_a_setting_the_bridge_ignores_is_refused_by_name_and_by_the_hf_check(tmp
     with pytest.raises(UnsupportedConfigError, match="scale_attn_weights=False is not supported on "
                                                      "TransformerLens 4.*JointQKVAttentionBridge"):
         load_model(tmp_path / "g")
-    monkeypatch.setattr(backend, "_BRIDGE_ASSUMES", {})
+    monkeypatch.setattr(backend.version, "_BRIDGE_ASSUMES", {})
     with pytest.raises(UnsupportedConfigError, match="differ from HF's"):
         load_model(tmp_path / "g")
 

@@ -40,7 +40,7 @@ def folder(request, tmp_path_factory):
 
 def _cli_batch(folder, tmp_path, monkeypatch):
     """The tokens and mask ``posinterp inspect --text`` hands to the inspection."""
-    import posinterp.analysis.inspect as inspect_mod
+    import posinterp.dashboard.inspect as inspect_mod
 
     seen = {}
 

@@ -248,13 +248,18 @@ def test_training_reaches_tl39s_weights_bitwise():
         assert set(got) == set(want)
         for name, value in want.items():
             torch.testing.assert_close(got[name], value, rtol=0, atol=atol, msg=f"{pe} {name}")
-    # a qk-constraints cell (constrain_qk's ban, no attention mask): TL 3.9's runs.csv row
+    # a qk-constraints cell (constrain_qk's ban, no attention mask): TL 3.9's runs.csv row.
+    # Its 30 steps (three times the 10 above) compound another CPU's rounding further: on
+    # a generic Intel Xeon ||M||_F = 0.2472 differed by 1.3e-6 (5e-6 relative), so off the
+    # fixture's CPU the bound is 1e-4 relative, far below what one AdamW step at lr 3e-3
+    # moves each weight (about 3e-3).
     import json
 
     want_row, got_row = json.loads(meta["qk_cell"]), bench.fixture_qk_cell()
     assert set(got_row) == set(want_row)
     for key, value in want_row.items():
-        assert abs(got_row[key] - value) <= max(atol, 1e-12), key
+        bound = 1e-12 if same_kernels else max(1e-6, 1e-4 * abs(value))
+        assert abs(got_row[key] - value) <= bound, key
 
 
 def test_clip_coefficient_ignores_parameter_order_and_layout():

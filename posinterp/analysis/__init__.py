@@ -27,7 +27,7 @@ from .heads import (
     repeated_random_tokens,
     sampled_tokens,
 )
-from .inspect import Inspection, attention_kernel, head_scores, inspect_heads
+from .kernels import attention_kernel, head_scores
 from .onset import (
     check_distinct_snapshots,
     head_onsets,
@@ -60,7 +60,7 @@ from .spectral import (
 from .variance import position_variance, variance_by_layer
 
 __all__ = [
-    "Inspection", "attention_kernel", "head_scores", "inspect_heads",
+    "attention_kernel", "head_scores",
     "score_parts", "score_parts_from_qk",
     "dynamics_summary", "fingerprint_table", "fingerprint_test", "head_dynamics", "head_table",
     "model_unit", "trajectory_correlations", "channel_masses", "qk_convention",

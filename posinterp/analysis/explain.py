@@ -22,7 +22,7 @@ residual x̂ (:data:`posinterp.analysis.spectral.QK_CONVENTION`). Then
 and the weight term is split two ways, each exact:
 
 * **by spectral channel** (``view="channel"``, every head): with Π_c the spectral
-  projectors of B = W_K^eff^T W_Q^eff (:func:`posinterp.interventions.channels.channel_projectors`:
+  projectors of B = W_K^eff^T W_Q^eff (:func:`posinterp.analysis.channels.channel_projectors`:
   positive-real, negative-real, complex pairs, and the null remainder, which sum to I),
   part c is u_i Π_c R(i)·v_j R(j)/s. Π_c acts on the query before the rotation, so for
   RoPE heads these are the channels of M(0), the content form, and part c is exactly
@@ -54,17 +54,15 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from .._validate import check_indices, is_int
+from .._validate import check_indices
 from .frequencies import pair_indices, rotate
 from .spectral import CHANNELS, NULL_CHANNEL
 
-__all__ = ["BIAS_PARTS", "CHANNEL_PARTS", "dashboard_score_parts", "score_parts",
-           "score_parts_from_qk"]
+__all__ = ["BIAS_PARTS", "CHANNEL_PARTS", "score_parts", "score_parts_from_qk"]
 
 CHANNEL_PARTS = (*CHANNELS, NULL_CHANNEL)
 BIAS_PARTS = ("q_dot_b_K", "b_Q_dot_k", "b_Q_dot_b_K")
 VIEWS = ("channel", "rotary_pair")
-DEFAULT_MAX_VALUES = 200_000  # the dashboard's bound: about 1.7 MB of JSON
 COLUMNS = ["hook", "layer", "head", "query", "key", "offset", "view", "part", "pair", "frequency",
            "metric", "value"]
 
@@ -91,7 +89,7 @@ def score_parts_from_qk(
         b_K: ``[d_head]`` the effective key bias, likewise.
         projectors: ``{"positive_real", "negative_real", "complex", "null"}`` ->
             ``[d_head, d_head]`` spectral projectors of B = W_K^T W_Q (they sum to I;
-            :func:`posinterp.interventions.channels.channel_projectors`).
+            :func:`posinterp.analysis.channels.channel_projectors`).
         scale: attn_scale s, the divisor of q·k (usually sqrt(d_head)).
         rotary: ``(first, second, unrotated, inv_freq)`` for a RoPE head
             (:func:`posinterp.analysis.frequencies.pair_indices` and θ_p in radians per
@@ -136,8 +134,8 @@ def score_parts_from_qk(
 def _parts_of_heads(q: Tensor, k: Tensor, b_Q: Tensor, b_K: Tensor, projectors: dict,
                     scale: float, rot, alibi: Tensor | None) -> dict[str, Tensor]:
     """:func:`score_parts_from_qk` for ``[H, n, d_head]`` q and k, ``[H, d_head]`` biases,
-    ``[H, d_head, d_head]`` projectors and ``[H, n]`` ALiBi of H heads at once (the
-    inspector's dashboard splits every head of a layer in one go); ``rot``: None or
+    ``[H, d_head, d_head]`` projectors and ``[H, n]`` ALiBi of H heads at once
+    (:func:`score_parts` splits every head of a layer in one go); ``rot``: None or
     ``((first, second, unrotated, inv_freq), query_pos, key_pos)``. Returns ``[H, ...]``."""
     H, n, d = q.shape
     q, k = q.detach().double().cpu(), k.detach().double().cpu()
@@ -254,7 +252,6 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
             T tanh(q·k / T) has no additive parts), on multi-head latent attention (MLA,
             named), or where the sums do not reproduce the model's scores.
     """
-    from ..interventions.channels import channel_projectors  # noqa: PLC0415 (projectors live there)
     from ..models.backend import (
         MissingFeatureError,
         attention_weights,
@@ -268,6 +265,7 @@ def score_parts(model, tokens: Int[Tensor, "pos"], layers: int | Sequence[int] |
     )
     from ..models.positions import alibi_bias_of
     from ._checks import masked_scores, run_cached
+    from .channels import channel_projectors
     from .spectral import qk_weights
 
     if getattr(model.cfg, "attention_dir", "causal") != "causal":
@@ -391,45 +389,3 @@ def _cell_rows(layer, head, qi, kj, parts, model_score, pattern, scheme, freq, p
             "pair": np.repeat(np.array([sp[4] for sp in specs]), n),
             "frequency": np.repeat(np.array([sp[5] for sp in specs], dtype=float), n),
             "metric": meta(1), "value": np.concatenate([sp[0].numpy() for sp in specs])}
-
-
-def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,
-                          max_values: int = DEFAULT_MAX_VALUES, layers=None, heads=None
-                          ) -> tuple[pd.DataFrame | None, str]:
-    """The decompositions the inspect page embeds: every head, every cell of the first
-    n_e tokens of ``tokens`` (real tokens of sequence 0), n_e the largest number
-    <= ``max_tokens`` whose cells fit in ``max_values`` stored values.
-
-    ``layers``/``heads``: the selected heads only (None: every one), as
-    :func:`score_parts` takes them.
-
-    Returns:
-        ``(table of :func:`score_parts`, or None, a sentence for the page stating the
-        bound or why nothing was computed)``.
-
-    Raises:
-        ValueError: for ``max_values < 0``.
-    """
-    from ..models.backend import positional_type
-
-    if not is_int(max_values) or max_values < 0:
-        raise ValueError(f"max_values must be an integer >= 0, got {max_values}")
-    n_heads = (model.cfg.n_layers if layers is None else len(layers)) * (
-        model.cfg.n_heads if heads is None else len(heads))
-    rows = len(CHANNEL_PARTS) + len(BIAS_PARTS) + 3 + (positional_type(model) == "alibi")
-    if positional_type(model) == "rotary":
-        rows += model.cfg.d_head // 2 + 1
-    n = min(int(tokens.shape[-1]), max_tokens)
-    while n > 0 and n_heads * n * (n + 1) // 2 * rows > max_values:
-        n -= 1
-    if n < 1:
-        return None, (f"Explain one score: no cell fits the bound of {max_values:,} stored values "
-                      f"({n_heads} heads x {rows} numbers per cell).")
-    try:
-        df = score_parts(model, tokens[..., :n], layers=layers, heads=heads, queries=None, keys=None)
-    except ValueError as err:  # MissingFeatureError included: the page says why, inspect goes on
-        return None, f"Explain one score is not available for this model: {err}"
-    cut = "" if n == min(int(tokens.shape[-1]), max_tokens) else (
-        f", bounded to {max_values:,} stored values ({n_heads} heads x {rows} numbers per cell)")
-    return df, (f"Explain one score: the decomposition is precomputed for every head and every "
-                f"(query, key) cell of the first {n} tokens of sequence 0{cut}.")

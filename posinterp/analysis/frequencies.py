@@ -449,7 +449,7 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
             a BOS token out).
         min_keys: a query enters once its window holds at least this many keys (>= 2).
         level: the two-sided level of the Student-t interval over sequences
-            (:func:`posinterp.analysis.inspect.t_interval`).
+            (:func:`posinterp.analysis.kernels.t_interval`).
         seed: seeds the permutations.
         check_tol: the largest deviation allowed between the reconstruction and the model:
             relative to max |score| against scores, absolute (a probability) against the
@@ -480,7 +480,7 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
         run_cached,
     )
     from ._checks import check_attention_mask, check_tokens
-    from .inspect import t_interval
+    from .kernels import t_interval
 
     _require_rotary(model, "positional_symbolic_score")
     tokens = check_tokens(model, tokens)
@@ -577,7 +577,7 @@ def _score_hooks(model, layer_ids) -> dict[int, tuple[str, str, str, bool]]:
 def positional_score_hooks(model, layers=None) -> set[str]:
     """The hooks :func:`positional_symbolic_score` reads on every layer of ``model`` (or on
     ``layers``; a caller that runs the model anyway can cache them and pass the run on,
-    as :func:`posinterp.analysis.inspect.inspect_heads` does).
+    as :func:`posinterp.dashboard.inspect.inspect_heads` does).
 
     Raises:
         MissingFeatureError: as :func:`positional_symbolic_score`.

@@ -3,7 +3,7 @@
 Writes to the output folder (docs/inspect.md, "Comparing two models"): ``compare.html``
 (offline), ``changes.csv`` (long form, heads largest change first), ``formed.csv``,
 ``kernels.csv``, the two inspections as versioned JSON (``inspection-a.json``,
-``inspection-b.json``: :mod:`posinterp.analysis.export`) and ``run.json``.
+``inspection-b.json``: :mod:`posinterp.dashboard.export`) and ``run.json``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["CompareResult", "run_compare"]
 class CompareResult:
     """What :func:`run_compare` wrote: the comparison, the page's path, wall seconds."""
 
-    comparison: object  # posinterp.analysis.compare.Comparison
+    comparison: object  # posinterp.dashboard.compare.Comparison
     report_path: Path
     seconds: float
 
@@ -52,7 +52,7 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
         ablate: also measure loss changes when heads are removed, as ``run_inspect``.
         seed: seed of the random tokens and the random-head null.
         max_pattern_tokens: pattern views of a longer sequence are pooled into blocks
-            (:func:`posinterp.analysis.inspect_heads`).
+            (:func:`posinterp.inspect_heads`).
         progress: log lines on stdout and the ablations' bar on stderr.
         device: where the models run, as ``run_inspect``.
         input_kind: ``"random"`` or ``"sampled"`` (the samples are A's own).
@@ -65,7 +65,7 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
             before any work, writing nothing.
         ValueError: a bad argument (named); models that cannot be compared (different
             n_layers x n_heads, d_vocab or tokenizer vocabulary: see
-            :func:`posinterp.analysis.compare.compare_inspections`), checked before
+            :func:`posinterp.dashboard.compare.compare_inspections`), checked before
             either model runs.
         FileNotFoundError: from :func:`posinterp.load_model`, or a missing text file.
     """
@@ -75,12 +75,12 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
 
     device = resolve_device(device, "--device")
     out = check_out_dir(out_dir, create=False, writable=True)
-    from ..analysis.compare import compare_models
-    from ..analysis.export import export_inspection
     from ..analysis.fingerprint import _has_bos
     from ..analysis.heads import random_tokens, sampled_tokens
+    from ..dashboard.compare import compare_models
+    from ..dashboard.compare_html import save_compare_page
+    from ..dashboard.export import export_inspection
     from ..models import load_model
-    from ..viz.compare import save_compare_page
     from .inspect import _bos_id, text_batch
 
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)

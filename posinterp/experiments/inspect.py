@@ -1,8 +1,8 @@
 """``posinterp inspect``: load a model, build the input, inspect every head, write the page.
 
 Writes ``inspect.html`` (offline), ``inspection.json`` (the whole inspection, versioned:
-:mod:`posinterp.analysis.export`), ``heads.csv`` (the tidy table of
-:func:`posinterp.analysis.inspect.inspect_heads`) and ``run.json`` (model facts,
+:mod:`posinterp.dashboard.export`), ``heads.csv`` (the tidy table of
+:func:`posinterp.dashboard.inspect.inspect_heads`) and ``run.json`` (model facts,
 input, versions) to the output folder (docs/inspect.md).
 """
 
@@ -171,7 +171,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
         batch: number of random-token sequences (intervals are over sequences).
         ablate: also measure loss changes when heads or spectral channels are removed:
             ``True``/``"exact"``, or ``"attribution"`` (first-order estimates, with exact
-            reruns of the ``exact_top_k`` largest; :func:`posinterp.analysis.inspect_heads`);
+            reruns of the ``exact_top_k`` largest; :func:`posinterp.inspect_heads`);
             with ``progress``, a tqdm bar on stderr counts their forward passes.
         exact_top_k: see ``ablate``.
         progress: log lines on stdout and the ablations' bar on stderr.
@@ -204,9 +204,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     out = check_out_dir(out_dir, create=False, writable=True)
     from ..analysis.fingerprint import _has_bos
     from ..analysis.heads import random_tokens, sampled_tokens
-    from ..analysis.inspect import inspect_heads
+    from ..dashboard.inspect import inspect_heads
+    from ..dashboard.inspect_html import save_inspect_page
     from ..models import load_model
-    from ..viz.inspect import save_inspect_page
 
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     t0 = time.time()
@@ -247,7 +247,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:
         res.table.to_csv(tmp, index=False)
-    from ..analysis.export import export_inspection
+    from ..dashboard.export import export_inspection
 
     export_inspection(res, out / "inspection.json")  # versioned, loads back (docs/inspect.md)
     seconds = round(time.time() - t0, 1)

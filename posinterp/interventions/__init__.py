@@ -1,6 +1,6 @@
 """Causal interventions on QK circuits: spectral-channel ablation and symmetrization."""
 
-from .channels import CHANNELS, channel_decomposition, channel_projectors, top_k_projector
+from ..analysis.channels import CHANNELS, channel_decomposition, channel_projectors, top_k_projector
 from .qk import KINDS, QKIntervention, intervene, intervention_hooks
 
 __all__ = ["CHANNELS", "KINDS", "QKIntervention", "channel_decomposition", "channel_projectors", "intervene",

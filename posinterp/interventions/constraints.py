@@ -76,8 +76,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from .._validate import check_indices
+from ..analysis.channels import channel_projector
 from ..analysis.spectral import CHANNELS
-from .channels import channel_projector
 
 __all__ = ["BANS", "BandBan", "CONSTRAINTS", "RANDOM_SUBSPACE", "RANK_MATCHED",
            "TIED_CONSTRAINTS", "ChannelBan", "SubspaceBan", "TiedKey", "banned_ranks",
@@ -235,6 +235,7 @@ def banned_ranks(model, channel: str) -> torch.Tensor:
     """
     from ..analysis.spectral import attention_input_norm
     from ..models.backend import attention_weights, refuse_qk_norm
+
     if channel not in CHANNELS:
         raise ValueError(f"channel must be one of {CHANNELS}, got {channel!r}")
     refuse_qk_norm(model, "banned_ranks", _QK_NORM_WHY)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..analysis._checks import next_token_loss
+from ..analysis.channels import channel_projectors
 from ..analysis.frequencies import parse_band_label
 from ..analysis.spectral import CHANNELS, qk_weights
 from ..models.backend import (
@@ -46,7 +47,6 @@ from ..models.backend import (
     unwrap,
     z_hook,
 )
-from .channels import channel_projectors
 from .qk import QKIntervention, _query_projector
 
 __all__ = ["BAND_PREFIX", "HEAD_ABLATIONS", "attribution_estimates", "head_ablation_losses"]
@@ -133,7 +133,7 @@ def head_ablation_losses(model, tokens: Tensor, mask: Tensor | None,
     Args:
         model: a causal TransformerLens model (either line).
         tokens: ``[batch, pos]`` ids; ``mask``: ``[batch, pos]`` or None (checked by the
-            caller, e.g. :func:`posinterp.analysis.inspect_heads`).
+            caller, e.g. :func:`posinterp.inspect_heads`).
         ablations: ``(layer, head, kind)`` triples, kind in :data:`HEAD_ABLATIONS`.
         max_tokens: at most this many tokens (copies x batch x pos) per rerun.
         on_done: called with the number of ablations each rerun finished (a progress bar).

@@ -53,6 +53,7 @@ from torch import Tensor
 
 from .._validate import is_int
 from ..analysis._checks import masked_scores
+from ..analysis.channels import channel_projectors, top_k_projector
 from ..analysis.spectral import CHANNELS, model_rotary_matrix, qk_weights
 from ..models.backend import (
     arm_output_edit,
@@ -69,7 +70,6 @@ from ..models.backend import (
     rotary_spec,
     scores_hook,
 )
-from .channels import channel_projectors, top_k_projector
 
 __all__ = ["BAND_KINDS", "KINDS", "QKIntervention", "band_dims", "check_intervention", "intervene",
            "intervention_hooks", "reweight_pattern"]

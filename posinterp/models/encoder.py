@@ -76,7 +76,7 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     import transformers
 
     from ..devices import move_model, resolve_device
-    from .backend import TL_MAJOR
+    from .backend.version import TL_MAJOR
 
     device = resolve_device(device)
     folder = Path(folder)

@@ -96,7 +96,7 @@ def check_supported(architecture: str, hf_config) -> None:
             bidirectional mask (``is_causal=False``, ``use_bidirectional_attention=True``)
             on a causal architecture.
     """
-    from .backend import TL_VERSION, unhonoured_settings
+    from .backend.version import TL_VERSION, unhonoured_settings
 
     _refuse_bidirectional(architecture, hf_config)
     for name, assumed in _ASSUMED.get(architecture, ()):

@@ -185,7 +185,7 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
     """
     from .._rng import preserved_rng
     from ..devices import move_model, resolve_device
-    from .backend import TL_MAJOR
+    from .backend.version import TL_MAJOR
 
     device = resolve_device(device)
     processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,

@@ -260,15 +260,16 @@ def _unbounded_length(native) -> None:
     native.cfg = cfg
 
 
-def build_native_toy(config, tokenizer=None):
+def build_native_toy(config, state_dict, tokenizer=None):
     """The toy model for ``config`` as a TL 4 ``TransformerBridge`` (module docstring).
+
+    ``state_dict``: its weights under TL 3.9 names (:func:`.toy.toy_state_dict`, which
+    the caller passes in, so this module does not import :mod:`.toy`, its only caller).
 
     Returns:
         the bridge, in eval mode, with ``model.posinterp_config = config``.
     """
     from transformer_lens.model_bridge.sources.native.model import NativeModel
-
-    from .toy import toy_state_dict
 
     cfg = _native_config(config)
     native = NativeModel(cfg)
@@ -292,7 +293,7 @@ def build_native_toy(config, tokenizer=None):
         attn.posinterp_alibi_slopes = slopes
     if native.pos is not None:
         native.pos.__class__ = TL39PositionTable
-    load_tl_state_dict(native, toy_state_dict(config), config.n_layers)
+    load_tl_state_dict(native, state_dict, config.n_layers)
     if config.pe == "alibi":
         _unbounded_length(native)
     if native.pos is not None and config.pe != "absolute":
@@ -371,7 +372,7 @@ def build_native_from_tl(cfg, tl_state_dict: dict[str, torch.Tensor], *, rotary_
 def _refuse_kv_cache(module, args, kwargs):
     """TL 4's native model takes ``past_key_values``/``past_kv_cache`` and ignores them: the
     call would run the new tokens alone, from position 0. Refuse instead."""
-    from .backend import MissingFeatureError
+    from .backend.errors import MissingFeatureError
 
     for name in ("past_key_values", "past_kv_cache"):
         if kwargs.get(name) is not None:
@@ -413,7 +414,7 @@ def model_from_tl_weights(config: dict, tl_state_dict: dict[str, torch.Tensor], 
         ValueError: a config whose ``positional_embedding_type`` is not ``"rotary"``, or
             weights that do not fit it (named by TransformerLens).
     """
-    from .backend import TL_MAJOR
+    from .backend.version import TL_MAJOR
 
     if config.get("positional_embedding_type") != "rotary":
         raise ValueError("model_from_tl_weights builds RoPE models (positional_embedding_type="

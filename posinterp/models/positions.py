@@ -152,7 +152,7 @@ def alibi_bias_of(model, layer: int) -> Float[Tensor, "batch_or_1 n_heads query 
         ValueError: an ALiBi model whose bias posinterp did not install (e.g. built by TL
             directly): its TL bias uses TL's slopes and index distances.
     """
-    from .backend import is_bridge, positional_type
+    from .backend.surface import is_bridge, positional_type
 
     if positional_type(model) != "alibi":
         return None

@@ -251,7 +251,7 @@ def _build_checked(build, processing: dict, expected: _Expected, architecture: s
     """
     import torch
 
-    from .backend import TL_VERSION
+    from .backend.version import TL_VERSION
     from .hf_config import UnsupportedConfigError
 
     half = expected.hf_half_vs_float32 is not None
@@ -330,7 +330,7 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     """
     import transformers
 
-    from .backend import TL_MAJOR
+    from .backend.version import TL_MAJOR
 
     raw_cfg = _read_config(folder)
     architecture = raw_cfg["architectures"][0]
@@ -604,7 +604,7 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
 
 def _load_hub(name: str, revision: str | None, processing: dict, dtype):
     """A hub name: its snapshot folder in the cache, loaded exactly like a local folder."""
-    from .backend import hub_repo_for
+    from .backend.version import hub_repo_for
 
     repo = hub_repo_for(name)  # TL's aliases ("pythia-70m") keep working
     folder = snapshot_folder(repo, revision)

@@ -257,14 +257,14 @@ def build_model(config: ToyModelConfig, tokenizer=None, device=None, dtype=None)
 def _build_on_cpu(config: ToyModelConfig, tokenizer=None):
     """:func:`build_model` on CPU in float32 (the seeded draw)."""
     from ..tasks.tokenizer import build_byte_tokenizer, build_tokenizer
-    from .backend import TL_MAJOR
+    from .backend.version import TL_MAJOR
 
     if tokenizer is None and config.tokenizer is not None:
         tokenizer = {"char": build_tokenizer, "byte": build_byte_tokenizer}[config.tokenizer]()
     if TL_MAJOR >= 4:
         from .native import build_native_toy
 
-        return build_native_toy(config, tokenizer)
+        return build_native_toy(config, toy_state_dict(config), tokenizer)
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(

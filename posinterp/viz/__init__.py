@@ -1,21 +1,24 @@
-"""Visualizations: circuitsvis head views, static figures and offline HTML reports."""
+"""Visualizations of plain data: circuitsvis head views, static figures, offline HTML reports.
+
+Everything here takes DataFrames, dicts or arrays and imports only posinterp's
+foundations; the ``posinterp inspect`` pages and head cards, which take inspections, are
+in :mod:`posinterp.dashboard` (``inspect_page``, ``save_inspect_page``, ``compare_page``,
+``save_compare_page``, ``head_card_figure``, ``comparison_card_figure``).
+"""
 
 from .circuits import CircuitsView, attention_view
-from .compare import compare_page, save_compare_page
-from .export import comparison_card_figure, export_figure, head_card_figure
 from .figures import (
     adjacency_plot,
     dynamics_plot,
     eigenvalue_planes,
+    export_figure,
     fingerprint_plot,
     history_plot,
     save_figure,
     similarity_grid,
 )
-from .inspect import inspect_page, save_inspect_page
 from .report import Report
 
-__all__ = ["CircuitsView", "Report", "adjacency_plot", "attention_view", "compare_page",
-           "comparison_card_figure", "dynamics_plot", "eigenvalue_planes", "export_figure",
-           "fingerprint_plot", "head_card_figure", "history_plot", "inspect_page", "save_compare_page",
-           "save_figure", "save_inspect_page", "similarity_grid"]
+__all__ = ["CircuitsView", "Report", "adjacency_plot", "attention_view", "dynamics_plot",
+           "eigenvalue_planes", "export_figure", "fingerprint_plot", "history_plot", "save_figure",
+           "similarity_grid"]

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import io
 import math
+from pathlib import Path
 
 import matplotlib
 import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-__all__ = ["adjacency_plot", "dynamics_plot", "eigenvalue_planes", "fingerprint_plot",
+__all__ = ["adjacency_plot", "dynamics_plot", "eigenvalue_planes", "export_figure", "fingerprint_plot",
            "grid_heatmap", "history_plot", "save_figure", "similarity_grid"]
 
 
@@ -48,6 +49,36 @@ def save_figure(fig, stem, formats=("png", "svg"), dpi: int = 150, close: bool =
     if close:
         _release(fig)
     return paths
+
+
+_FORMATS = ("png", "svg", "pdf")
+
+
+def export_figure(fig, path: str | Path, dpi: int = 150) -> Path:
+    """Write ``fig`` to ``path`` atomically, in the format its suffix names.
+
+    Args:
+        fig: a matplotlib ``Figure`` (posinterp's, or the user's).
+        path: ``.png``, ``.svg`` or ``.pdf``.
+        dpi: raster resolution (PNG).
+
+    Returns:
+        The path.
+
+    Raises:
+        ValueError: for another suffix, or a non-positive ``dpi``.
+    """
+    from ..io import atomic_path
+
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in _FORMATS:
+        raise ValueError(f"path must end in one of {['.' + f for f in _FORMATS]}, got {path.name!r}")
+    if not isinstance(dpi, int) or dpi < 1:
+        raise ValueError(f"dpi must be a positive integer, got {dpi!r}")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+    return path
 
 
 class _DisplayFigure(Figure):

@@ -15,12 +15,12 @@ import torch
 from posinterp.analysis import (
     ProbeConfig,
     adjacency_by_layer,
-    inspect_heads,
     previous_token_scores,
     probe_positions,
     similarity_by_layer,
     variance_by_layer,
 )
+from posinterp.dashboard import inspect_heads
 from posinterp.interventions import QKIntervention, ablation_effect
 from tests.helpers import random_tokens, tiny_model
 

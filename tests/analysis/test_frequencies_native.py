@@ -18,7 +18,7 @@ from posinterp.analysis.frequencies import (
     rotate,
 )
 from posinterp.models import backend, build_model, preset
-from tests.helpers import random_tokens
+from tests.helpers import patch_backend, random_tokens
 
 
 def _native_constructed():
@@ -92,7 +92,7 @@ def test_pattern_route_gives_the_scores_route_on_a_toy(monkeypatch):
         v = real(m, layer)
         return dataclasses.replace(v, scores=None, pattern=f"blocks.{layer}.attn.hook_pattern")
 
-    monkeypatch.setattr(backend, "hook_meaning", without_scores)
+    patch_backend(monkeypatch, "hook_meaning", without_scores)
     got = positional_symbolic_score(model, toks, seed=4)
     assert got.equals(want)
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from posinterp.analysis.channels import channel_projectors
 from posinterp.analysis.spectral import channel_masses, eigenvalues, rotational_measures
-from posinterp.interventions.channels import channel_projectors
 
 A, R, THETA, SIMPLE = 1.3, 0.9, 0.7, (-0.6, 0.4)
 D_MODEL = 12

@@ -257,7 +257,7 @@ def test_loaded_checkpoints_partial_rotary_grouped_query_and_no_score_hook(case,
 
 
 def test_dashboard_bound_shrinks_the_block_and_says_so():
-    from posinterp.analysis.explain import dashboard_score_parts
+    from posinterp.dashboard.explain import dashboard_score_parts
 
     model = tiny_model("alibi")
     tokens = random_tokens(model, 1, 12, seed=15)[0]

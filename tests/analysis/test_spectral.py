@@ -291,8 +291,7 @@ def test_the_null_is_drawn_once_per_process_and_handed_out_as_copies():
     same frame as a fresh draw, and a caller that edits its copy changes nobody else's."""
     import pandas as pd
 
-    from posinterp.analysis import inspect as inspect_mod
-    from posinterp.analysis import spectral
+    from posinterp.analysis import kernels, spectral
 
     a = spectral.ginibre_null(8, 4, n_heads=20, seed=3)
     a.iloc[0, 0] = 99.0
@@ -301,9 +300,9 @@ def test_the_null_is_drawn_once_per_process_and_handed_out_as_copies():
     spectral._ginibre_null.cache_clear()
     pd.testing.assert_frame_equal(b, spectral.ginibre_null(8, 4, n_heads=20, seed=3))
     assert not b.equals(spectral.ginibre_null(8, 4, n_heads=20, seed=4))
-    band = inspect_mod.null_band(8, 4, n_heads=20, seed=3)
-    inspect_mod._null_band.cache_clear()
-    assert inspect_mod.null_band(8, 4, n_heads=20, seed=3, quantiles=[0.05, 0.95]) == band
+    band = kernels.null_band(8, 4, n_heads=20, seed=3)
+    kernels._null_band.cache_clear()
+    assert kernels.null_band(8, 4, n_heads=20, seed=3, quantiles=[0.05, 0.95]) == band
 
 
 @pytest.mark.parametrize("shape", [(7, 3), (33, 5), (64, 16)])
@@ -329,7 +328,11 @@ def test_random_heads_in_blocks_are_the_one_shot_draws(shape):
 
 
 def test_the_null_drawn_in_blocks_equals_the_one_draw_null(monkeypatch):
-    """The committed null percentiles stay: the blocked null is the unblocked one, bitwise."""
+    """The committed null percentiles stay: the blocked null is the unblocked one.
+
+    The draws are bitwise equal (test above); the measures to 1e-12 relative, not bitwise:
+    the batched eigensolver's last bit depends on the batch size on some CPUs (an Intel
+    Xeon here: one phase in 300 differed by 5.6e-17, one ulp)."""
     import pandas as pd
 
     from posinterp.analysis import spectral
@@ -353,4 +356,5 @@ def test_the_null_drawn_in_blocks_equals_the_one_draw_null(monkeypatch):
         got = spectral.ginibre_null(24, 6, n_heads=300, std=0.02, seed=2)
     finally:
         spectral._ginibre_null.cache_clear()
-    pd.testing.assert_frame_equal(got, one_draw(24, 6, 300, 0.02, 2), check_exact=True)
+    pd.testing.assert_frame_equal(got, one_draw(24, 6, 300, 0.02, 2), check_exact=False,
+                                  rtol=1e-12, atol=1e-15)

@@ -9,7 +9,7 @@ import torch
 import posinterp as pi
 from posinterp.analysis._checks import next_token_loss
 from posinterp.analysis.frequencies import parse_band_label
-from posinterp.analysis.inspect import _band_kinds
+from posinterp.dashboard.inspect import _band_kinds
 from posinterp.devices import move_model
 from posinterp.interventions import head_ablation
 from posinterp.interventions.head_ablation import (

@@ -339,8 +339,8 @@ def _projector_by_sorted_schur(B: np.ndarray, channel: str, eps=1e-8, null_tol=1
     eigenvalue in turn (the rule of channel_of plus the rounding test, one at a time)."""
     from scipy import linalg
 
+    from posinterp.analysis.channels import channel_of
     from posinterp.analysis.spectral import real_within_rounding
-    from posinterp.interventions.channels import channel_of
 
     scale = float(np.abs(np.linalg.eigvals(B)).max())
 

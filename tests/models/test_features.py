@@ -152,7 +152,7 @@ def test_softcap_refuses_additive_score_splits_by_name(kind, tmp_path_factory):
         with pytest.raises(ValueError, match=rf"positional_symbolic_score .*soft-caps.*{setting}"):
             positional_symbolic_score(model, toks)
     if kind == "gemma2":  # the inspector goes on without them and says why
-        from posinterp.analysis import inspect_heads
+        from posinterp.dashboard import inspect_heads
 
         notes = inspect_heads(model, toks, n_null=20).notes
         assert any(n.startswith("Explain one score is not available") and setting in n for n in notes)
@@ -218,12 +218,8 @@ ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 def _half_results(model, toks):
-    from posinterp.analysis import (
-        inspect_heads,
-        positional_symbolic_score,
-        previous_token_scores,
-        score_parts,
-    )
+    from posinterp.analysis import positional_symbolic_score, previous_token_scores, score_parts
+    from posinterp.dashboard import inspect_heads
 
     out = {"previous_token": previous_token_scores(model, toks).value.to_numpy()}
     parts = score_parts(model, toks[0], check_tol=0.05)
@@ -335,6 +331,7 @@ def test_mla_bridge_qk_analyses_refused_pattern_analyses_exact(mla_folder):
     (on main: TL's NotImplementedError, or shape errors from inside posinterp); the
     previous-token score, which reads the pattern only, equals HF's own eager attention."""
     import posinterp.analysis as A
+    import posinterp.dashboard as pi_dashboard
     from posinterp.interventions.constraints import constrain_qk
     from posinterp.interventions.head_ablation import head_ablation_losses
 
@@ -347,7 +344,7 @@ def test_mla_bridge_qk_analyses_refused_pattern_analyses_exact(mla_folder):
         "rope_frequency_profile": lambda: A.rope_frequency_profile(model),
         "score_parts": lambda: A.score_parts(model, toks[0]),
         "positional_symbolic_score": lambda: A.positional_symbolic_score(model, toks),
-        "inspect_heads": lambda: A.inspect_heads(model, toks),
+        "inspect_heads": lambda: pi_dashboard.inspect_heads(model, toks),
         "symmetric": lambda: intervene(model, QKIntervention("symmetric", 0)).__enter__(),
         "remove_complex": lambda: intervene(model, QKIntervention("remove_complex", 0)).__enter__(),
         "zero_head": lambda: head_ablation_losses(model, toks, None, [(0, 0, "zero_head")]),

@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from posinterp.analysis.inspect import inspect_heads
-from posinterp.viz import Report, attention_view, inspect_page
+from posinterp.dashboard import inspect_heads, inspect_page
+from posinterp.viz import Report, attention_view
 from posinterp.viz.notebook import notebook_html
 from tests.helpers import random_tokens, tiny_model
 from tests.viz.test_report import external_refs

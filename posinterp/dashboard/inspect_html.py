@@ -2,7 +2,7 @@
 
 The page is drawn in the browser from one embedded JSON copy of the inspection's tidy
 table (``<script type="application/json" id="inspect-data">``), so what a reader sees
-is what :attr:`posinterp.analysis.inspect.Inspection.table` holds. Attention patterns
+is what :attr:`posinterp.dashboard.inspect.Inspection.table` holds. Attention patterns
 are circuitsvis views whose bundle is inlined once (viz.circuits), rendered when a card
 opens from one embedded copy of every pattern view (``id="pattern-data"``:
 :func:`pattern_data`, a sequence picker chooses the view). Every string is escaped for
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..io import atomic_write_text
-from .circuits import script_json, script_safe_js, split_local_src
+from ..io import atomic_write_text, json_value
+from ..viz.circuits import script_json, script_safe_js, split_local_src
 from .explain import explain_block
+from .schema import _UNIT_SCORES, _VECTOR_METRICS, head_wide
 
 __all__ = ["colour_scale", "decode_pattern", "encode_pattern", "inspect_data", "inspect_page",
            "pattern_data", "save_inspect_page"]
@@ -62,38 +62,21 @@ def _script() -> str:
     from importlib.resources import files
 
     # export.js: the card's SVG/PNG download buttons (shared with the compare page)
-    return "\n".join(files("posinterp.viz").joinpath(name).read_text(encoding="utf-8")
+    return "\n".join(files("posinterp.dashboard").joinpath(name).read_text(encoding="utf-8")
                      for name in ("common.js", "inspect.js", "export.js"))
-
-
-
-
-def _clean(v):
-    if v is None or v is pd.NA:
-        return None
-    if isinstance(v, float | np.floating):
-        return float(v) if math.isfinite(v) else None  # a score that does not exist
-    if isinstance(v, np.integer):
-        return int(v)
-    return v
-
-
-# Scores with a fixed range: the grid colours them on it, so heads compare across pages
-# and a range of 0.059-0.060 is drawn as the near-equal values it is, not as full contrast.
-_UNIT_SCORES = ("previous_token_score", "self_score", "first_token_score", "induction_score",
-                "induction_score_input", "rotational_mass", "phase", "antisymmetric_energy")
 
 
 def colour_scale(key: str, values, d_head: int | None = None) -> dict:
     """The grid's colour scale for one score column of the wide view.
 
-    Scores with a fixed range get it (an **absolute** scale: attention scores, rotational
-    mass, phase and antisymmetric energy on [0, 1], null percentiles on [0, 100], complex
-    pairs on [0, d_head / 2]); any other score (loss changes, band edges, standard
-    errors) spans the heads' own minimum to maximum, and says so (``absolute`` False).
+    Scores with a fixed range get it (an **absolute** scale: the schema's unit scores,
+    attention scores, rotational mass, phase and antisymmetric energy, on [0, 1]; null
+    percentiles on [0, 100]; complex pairs on [0, d_head / 2]); any other score (loss
+    changes, band edges, standard errors) spans the heads' own minimum to maximum, and says
+    so (``absolute`` False).
 
     Args:
-        key: a column name of :func:`~posinterp.analysis.inspect.head_wide`
+        key: a column name of :func:`~posinterp.dashboard.schema.head_wide`
             (``metric[ablation]@Δ=offset``).
         values: that column's values (NaN ignored).
         d_head: the model's d_head, for ``n_complex_pairs``.
@@ -122,11 +105,9 @@ def inspect_data(inspection) -> dict:
 
     Missing values (NA, NaN, ±inf) become ``null``; nothing is rounded.
     """
-    from ..analysis.inspect import _VECTOR_METRICS, head_wide
-
     t = inspection.table
-    rows = [[_clean(v) for v in row] for row in t.itertuples(index=False, name=None)]
-    meta = {**{k: _clean(v) if not isinstance(v, list) else v for k, v in inspection.meta.items()},
+    rows = [[json_value(v) for v in row] for row in t.itertuples(index=False, name=None)]
+    meta = {**{k: json_value(v) if not isinstance(v, list) else v for k, v in inspection.meta.items()},
             "rotary": inspection.meta.get("pe") == "rotary"}
     wide = head_wide(t)
     scales = {k: colour_scale(k, wide[k], inspection.meta.get("d_head"))
@@ -144,7 +125,7 @@ def encode_pattern(pattern) -> str:
     """One head's causal ``[m, m]`` attention for the page: the lower triangle (j <= i,
     row by row) as little-endian uint16 levels ``round(w * PATTERN_LEVELS)``, base64.
 
-    Above the diagonal a causal (or pooled causal, :func:`~posinterp.analysis.inspect.
+    Above the diagonal a causal (or pooled causal, :func:`~posinterp.analysis.kernels.
     pool_pattern`) pattern is 0, so nothing is lost there; weights are clipped to [0, 1].
     About 1.3 characters per cell, against about 5 for decimal text.
     """
@@ -164,7 +145,7 @@ def decode_pattern(text: str, m: int) -> np.ndarray:
 
 def pattern_data(inspection) -> dict:
     """The page's pattern views (``id="pattern-data"``): sequence 0 and every
-    :attr:`~posinterp.analysis.inspect.Inspection.pattern_views` entry, each
+    :attr:`~posinterp.dashboard.inspect.Inspection.pattern_views` entry, each
     ``{"label", "tokens", "block", "n_tokens", "heads": {"l-h": encode_pattern(...)}}``."""
     meta = inspection.meta
     views = [("sequence 0", inspection.str_tokens, inspection.patterns, meta.get("pattern_block", 1),
@@ -215,7 +196,7 @@ def inspect_page(inspection, title: str, facts: str = "") -> str:
     """The whole offline HTML page for one model's :class:`Inspection`.
 
     Args:
-        inspection: from :func:`posinterp.analysis.inspect.inspect_heads`.
+        inspection: from :func:`posinterp.dashboard.inspect.inspect_heads`.
         title: page title (escaped).
         facts: one line about the model and input (escaped).
     """

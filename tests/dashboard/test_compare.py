@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from posinterp.analysis.compare import compare_inspections, compare_models, input_facts, spectrum_distance
-from posinterp.analysis.inspect import inspect_heads
+from posinterp.dashboard.compare import compare_inspections, compare_models, spectrum_distance
+from posinterp.dashboard.inspect import input_facts, inspect_heads
 from tests.helpers import random_tokens, tiny_model
 
 N_NULL = 50

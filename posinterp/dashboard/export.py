@@ -1,6 +1,6 @@
 """A versioned JSON file of a whole inspection, and its loader (docs/inspect.md, "Export").
 
-The file holds everything an :class:`~posinterp.analysis.inspect.Inspection` holds:
+The file holds everything an :class:`~posinterp.dashboard.inspect.Inspection` holds:
 the tidy table (column names, pandas dtypes and rows), the attention patterns shown
 on the page, the token labels, the notes and the model facts. It is strict JSON
 (:func:`posinterp.io.dumps_json`): a missing or non-finite number is ``null`` and loads
@@ -17,7 +17,7 @@ Schema (``schema_version`` 2)::
                         "patterns": {...as "patterns"}}]}
 
 Version 2 added ``pattern_views`` (the page's sequence picker beyond sequence 0:
-:class:`~posinterp.analysis.inspect.PatternView`) and the table rows
+:class:`~posinterp.dashboard.inspect.PatternView`) and the table rows
 ``induction_score``/``induction_score_input`` (rows, not columns: the columns are
 unchanged); a version 1 file loads with no pattern views. A loader refuses a file of
 another ``schema`` or of a newer ``schema_version`` by name.
@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..io import atomic_write_text, dumps_json
+from ..io import POSINTERP_VERSION, atomic_write_text, dumps_json, json_value
 from .inspect import Inspection, PatternView
 
 __all__ = ["SCHEMA", "SCHEMA_VERSION", "export_inspection", "inspection_from_dict",
@@ -46,18 +45,6 @@ __all__ = ["SCHEMA", "SCHEMA_VERSION", "export_inspection", "inspection_from_dic
 
 SCHEMA = "posinterp.inspection"
 SCHEMA_VERSION = 2
-
-
-def _cell(v):
-    if v is None or v is pd.NA:
-        return None
-    if isinstance(v, float | np.floating):
-        return float(v) if math.isfinite(v) else None
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    return v
 
 
 NOT_EXPORTED = ("Explain one score: not in this file (the decomposition is not exported); "
@@ -72,15 +59,13 @@ def exported_notes(notes) -> list[str]:
 
 def inspection_to_dict(inspection: Inspection) -> dict:
     """The JSON-ready object of the module's schema (nothing rounded)."""
-    from .. import __version__
-
     t = inspection.table
     return {
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "posinterp_version": __version__,
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "posinterp_version": POSINTERP_VERSION,
         "meta": inspection.meta, "notes": exported_notes(inspection.notes),
         "str_tokens": list(inspection.str_tokens),
         "columns": [str(c) for c in t.columns], "dtypes": {str(c): str(d) for c, d in t.dtypes.items()},
-        "rows": [[_cell(v) for v in row] for row in t.itertuples(index=False, name=None)],
+        "rows": [[json_value(v) for v in row] for row in t.itertuples(index=False, name=None)],
         "patterns": _patterns_to_dict(inspection.patterns),
         "pattern_views": [{"label": v.label, "str_tokens": list(v.str_tokens), "block": int(v.block),
                            "n_tokens": int(v.n_tokens), "patterns": _patterns_to_dict(v.patterns)}

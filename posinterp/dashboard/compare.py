@@ -1,7 +1,7 @@
 """Compare two inspections of the same input: which heads changed, and which formed.
 
 Two models (or two checkpoints of one training run) are inspected on the same tokens
-(:func:`~posinterp.analysis.inspect.inspect_heads`); per head this module gives the
+(:func:`~posinterp.dashboard.inspect.inspect_heads`); per head this module gives the
 change of every scalar score (B − A), the largest change of its positional kernel, the
 distance between its two QK spectra, and one unit-free ``change`` that orders the heads
 (docs/inspect.md, "Comparing two models"). For checkpoints of one series it lists the
@@ -44,7 +44,6 @@ the previous token).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -53,48 +52,18 @@ import pandas as pd
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from ._checks import check_tokens
-from .inspect import _KERNEL_METRICS, _VECTOR_METRICS, Inspection, head_wide, inspect_heads, score_key
+from ..analysis._checks import check_tokens
+from .inspect import Inspection, input_facts, inspect_heads
+from .schema import _CHANGE_SCORES, _KERNEL_METRICS, _VECTOR_METRICS, head_wide, score_key
 
 __all__ = ["FORMATION_CRITERIA", "Comparison", "compare_inspections", "compare_models",
-           "input_facts", "spectrum_distance"]
+           "spectrum_distance"]
 
 # (score key prefix, threshold): a head formed when A < threshold <= B.
 FORMATION_CRITERIA = (("rotational_mass_null_percentile", 95.0), ("previous_token_score", 0.5))
-# Scores whose absolute change enters ``change`` (all on a 0-1 scale).
-_UNIT_SCORES = ("previous_token_score", "self_score", "first_token_score", "rotational_mass")
 
 
 _SKIPPED_COLUMNS = ["quantity", "metric", "offset", "ablation", "side", "only_in"]
-
-
-def _digest(*parts) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(repr(p).encode() if not isinstance(p, bytes) else p)
-        h.update(b"\0")
-    return h.hexdigest()[:16]
-
-
-def input_facts(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> dict:
-    """What makes two inspections comparable: ``d_vocab``, a digest of the tokenizer's
-    vocabulary (None without a tokenizer) and a digest of the input ids and mask.
-
-    Stored in :attr:`Inspection.meta` by :func:`inspect_heads`; digests are the first
-    16 hex digits of SHA-256.
-    """
-    tok = getattr(model, "tokenizer", None)
-    vocab = None
-    if tok is not None and hasattr(tok, "get_vocab"):
-        vocab = _digest(sorted(tok.get_vocab().items()))
-    t = tokens.detach().cpu().long()
-    t = t[None] if t.ndim == 1 else t  # as check_tokens reads one sequence
-    m = None if attention_mask is None else attention_mask.detach().cpu().long()
-    if m is not None and bool((m == 1).all()):
-        m = None  # an all-ones mask is no mask: same input
-    return dict(d_vocab=int(model.cfg.d_vocab), vocab_digest=vocab,
-                input_digest=_digest(tuple(t.shape), t.numpy().tobytes(),
-                                     None if m is None else m.numpy().tobytes()))
 
 
 def spectrum_distance(lam: torch.Tensor | np.ndarray, mu: torch.Tensor | np.ndarray) -> float:
@@ -174,8 +143,8 @@ class Comparison:
 
     def _repr_html_(self) -> str:
         """The comparison page inline in a notebook (posinterp.viz.notebook)."""
-        from ..viz.compare import compare_page
         from ..viz.notebook import notebook_html
+        from .compare_html import compare_page
 
         return notebook_html(compare_page(self, f"posinterp compare: {self.names[0]} vs {self.names[1]}"),
                              height=900)
@@ -383,8 +352,8 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
     """Per head, how much B differs from A (both inspected on the same input).
 
     Args:
-        a: from :func:`~posinterp.analysis.inspect.inspect_heads` (or
-            :func:`~posinterp.analysis.export.load_inspection`).
+        a: from :func:`~posinterp.dashboard.inspect.inspect_heads` (or
+            :func:`~posinterp.dashboard.export.load_inspection`).
         b: the same, on the same tokens and mask as ``a``.
         names: display names of A and B.
         criteria: ``(score key prefix, threshold)`` pairs defining "formed" (module
@@ -430,7 +399,7 @@ def compare_inspections(a: Inspection, b: Inspection, names: tuple[str, str] = (
                                                                          strict=True)]
     parts = [heads["kernel_attention_change"], heads["spectrum_change"]]
     parts += [heads[c].abs() for c in heads.columns
-              if c.startswith("delta_") and c.removeprefix("delta_").split("@")[0] in _UNIT_SCORES]
+              if c.startswith("delta_") and c.removeprefix("delta_").split("@")[0] in _CHANGE_SCORES]
     heads["change"] = pd.concat(parts, axis=1).max(axis=1, skipna=True)
     lead = ["layer", "head", "change", "kernel_attention_change", "kernel_score_change",
             "spectrum_change"]
@@ -487,7 +456,7 @@ def compare_models(model_a, model_b, tokens: torch.Tensor, attention_mask: torch
         attention_mask: ``[batch, pos]``, 1 for real tokens, 0 for padding.
         names: display names of A and B.
         criteria: as :func:`compare_inspections`.
-        inspect_kwargs: passed to :func:`~posinterp.analysis.inspect.inspect_heads` for
+        inspect_kwargs: passed to :func:`~posinterp.dashboard.inspect.inspect_heads` for
             both (``ablate``, ``n_null``, ``seed``, ``max_pattern_tokens``, ...).
 
     Returns:
@@ -496,7 +465,7 @@ def compare_models(model_a, model_b, tokens: torch.Tensor, attention_mask: torch
     Raises:
         ValueError: as :func:`compare_inspections`, and tokens either model refuses
             (ids >= d_vocab, more positions than n_ctx), checked before either model
-            runs; and as :func:`~posinterp.analysis.inspect.inspect_heads`.
+            runs; and as :func:`~posinterp.dashboard.inspect.inspect_heads`.
     """
     if "model_name" in inspect_kwargs:
         raise ValueError("model_name is set from names; pass names=(name_a, name_b)")

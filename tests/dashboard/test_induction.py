@@ -20,14 +20,14 @@ import pandas as pd
 import pytest
 import torch
 
-from posinterp.analysis.export import export_inspection, inspection_from_dict, load_inspection
 from posinterp.analysis.heads import (
     induction_score,
     induction_scores,
     induction_targets,
     repeated_random_tokens,
 )
-from posinterp.analysis.inspect import INDUCTION_BATCH, inspect_heads
+from posinterp.dashboard.export import export_inspection, inspection_from_dict, load_inspection
+from posinterp.dashboard.inspect import INDUCTION_BATCH, inspect_heads
 from posinterp.models.backend import run_cached
 from tests.helpers import random_tokens, tiny_model
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import posinterp as pi
-from posinterp.viz.inspect import save_inspect_page
+from posinterp.dashboard.inspect_html import save_inspect_page
 from tests.viz.test_browser import CHROMIUM, FLAGS
 from tests.viz.test_report import external_refs
 

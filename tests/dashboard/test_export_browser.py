@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from posinterp.analysis.compare import compare_inspections
-from posinterp.analysis.inspect import inspect_heads
-from posinterp.viz.compare import compare_page
-from posinterp.viz.inspect import inspect_page
+from posinterp.dashboard.compare import compare_inspections
+from posinterp.dashboard.compare_html import compare_page
+from posinterp.dashboard.inspect import inspect_heads
+from posinterp.dashboard.inspect_html import inspect_page
 from tests.helpers import random_tokens, tiny_model
 from tests.viz.test_browser import CHROMIUM, FLAGS
 

@@ -1,53 +1,22 @@
-"""PNG/SVG of a head card, from Python (the page has its own download buttons).
+"""A head card as a figure, from Python (the pages have their own download buttons).
 
 A head card here is a matplotlib ``Figure`` built without pyplot (as
 :mod:`posinterp.viz.figures`: the user's backend is never touched): the head's
 positional kernels with their 95% intervals, its QK eigenvalues on the null band, and
 its scores in the title. :func:`comparison_card_figure` draws A and B of a
-:class:`~posinterp.analysis.compare.Comparison` on the same axes.
+:class:`~posinterp.dashboard.compare.Comparison` on the same axes. Save either with
+:func:`posinterp.viz.export_figure`.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.patches import Circle
 
-from .figures import _subplots
+from ..viz.figures import _subplots
 
-__all__ = ["comparison_card_figure", "export_figure", "head_card_figure"]
-
-_FORMATS = ("png", "svg", "pdf")
-
-
-def export_figure(fig, path: str | Path, dpi: int = 150) -> Path:
-    """Write ``fig`` to ``path`` atomically, in the format its suffix names.
-
-    Args:
-        fig: a matplotlib ``Figure`` (posinterp's, or the user's).
-        path: ``.png``, ``.svg`` or ``.pdf``.
-        dpi: raster resolution (PNG).
-
-    Returns:
-        The path.
-
-    Raises:
-        ValueError: for another suffix, or a non-positive ``dpi``.
-    """
-    from ..io import atomic_path
-
-    path = Path(path)
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in _FORMATS:
-        raise ValueError(f"path must end in one of {['.' + f for f in _FORMATS]}, got {path.name!r}")
-    if not isinstance(dpi, int) or dpi < 1:
-        raise ValueError(f"dpi must be a positive integer, got {dpi!r}")
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
-    return path
-
+__all__ = ["comparison_card_figure", "head_card_figure"]
 
 def _check_head(meta: dict, layer: int, head: int) -> None:
     nl, nh = meta.get("n_layers"), meta.get("n_heads")
@@ -120,12 +89,13 @@ def head_card_figure(inspection, layer: int, head: int):
     """One head's card as a figure: kernels with 95% intervals, QK eigenvalues, scores.
 
     Args:
-        inspection: an :class:`~posinterp.analysis.inspect.Inspection` (or a loaded one).
+        inspection: an :class:`~posinterp.dashboard.inspect.Inspection` (or a loaded one).
         layer: the head's layer.
         head: the head's index in that layer.
 
     Returns:
-        A ``matplotlib.figure.Figure`` (no pyplot); save it with :func:`export_figure`.
+        A ``matplotlib.figure.Figure`` (no pyplot); save it with
+        :func:`posinterp.viz.export_figure`.
 
     Raises:
         ValueError: for a layer or head outside the model.
@@ -153,7 +123,7 @@ def comparison_card_figure(comparison, layer: int, head: int):
     """One head of a comparison: A and B's kernels and QK eigenvalues on shared axes.
 
     Args:
-        comparison: a :class:`~posinterp.analysis.compare.Comparison`.
+        comparison: a :class:`~posinterp.dashboard.compare.Comparison`.
         layer: the head's layer.
         head: the head's index in that layer.
 

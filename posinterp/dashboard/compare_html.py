@@ -1,7 +1,7 @@
 """The comparison page of ``posinterp inspect A --compare B``: offline, one file.
 
-Same conventions as :mod:`posinterp.viz.inspect`: the page is drawn in the browser from
-one embedded JSON copy of the :class:`~posinterp.analysis.compare.Comparison`'s tables
+Same conventions as :mod:`posinterp.dashboard.inspect_html`: the page is drawn in the
+browser from one embedded JSON copy of the :class:`~posinterp.dashboard.compare.Comparison`'s tables
 (``<script type="application/json" id="compare-data">``), every string is escaped for
 where it lands, and the page's script sets text with ``textContent`` only. No
 circuitsvis bundle (two models' patterns would double the page); each head card has the
@@ -15,16 +15,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..io import atomic_write_text
-from .circuits import script_json, script_safe_js
-from .inspect import _STYLE, _clean
+from ..io import atomic_write_text, json_value
+from ..viz.circuits import script_json, script_safe_js
+from .inspect_html import _STYLE
+from .schema import _VECTOR_METRICS
 
 __all__ = ["compare_data", "compare_page", "save_compare_page"]
 
 
 def _records(df: pd.DataFrame) -> dict:
     return {"columns": [str(c) for c in df.columns],
-            "rows": [[_clean(v) for v in row] for row in df.itertuples(index=False, name=None)]}
+            "rows": [[json_value(v) for v in row] for row in df.itertuples(index=False, name=None)]}
 
 
 def compare_data(comparison) -> dict:
@@ -39,8 +40,6 @@ def compare_data(comparison) -> dict:
     pair ``rank``; NA for a partial-rotary head's unrotated dims). ``skipped``: what only
     one side defines.
     """
-    from ..analysis.inspect import _VECTOR_METRICS
-
     c = comparison
     tables = c.compared if c.compared is not None else (c.a.table, c.b.table)
     eig, scalar, freq = [], [], []
@@ -73,7 +72,7 @@ def compare_data(comparison) -> dict:
 def _script() -> str:
     from importlib.resources import files
 
-    return "\n".join(files("posinterp.viz").joinpath(name).read_text(encoding="utf-8")
+    return "\n".join(files("posinterp.dashboard").joinpath(name).read_text(encoding="utf-8")
                      for name in ("common.js", "compare.js", "export.js"))
 
 
@@ -84,10 +83,10 @@ _EXTRA_STYLE = """
 
 
 def compare_page(comparison, title: str, facts: str = "") -> str:
-    """The whole offline HTML page for a :class:`~posinterp.analysis.compare.Comparison`.
+    """The whole offline HTML page for a :class:`~posinterp.dashboard.compare.Comparison`.
 
     Args:
-        comparison: from :func:`~posinterp.analysis.compare.compare_inspections`.
+        comparison: from :func:`~posinterp.dashboard.compare.compare_inspections`.
         title: page title (escaped).
         facts: one line about the models and input (escaped).
     """

@@ -6,9 +6,10 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from posinterp.analysis.compare import compare_inspections
-from posinterp.analysis.inspect import inspect_heads
-from posinterp.viz.export import comparison_card_figure, export_figure, head_card_figure
+from posinterp.dashboard.cards import comparison_card_figure, head_card_figure
+from posinterp.dashboard.compare import compare_inspections
+from posinterp.dashboard.inspect import inspect_heads
+from posinterp.viz.figures import export_figure
 from tests.helpers import random_tokens, tiny_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

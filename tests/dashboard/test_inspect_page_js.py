@@ -17,9 +17,15 @@ import numpy as np
 import pytest
 import torch
 
-from posinterp.analysis.inspect import inspect_heads
-from posinterp.viz.inspect import decode_pattern, encode_pattern, inspect_data, inspect_page, pattern_data
-from tests.analysis.test_compare_schemes import _js_function, _node
+from posinterp.dashboard.inspect import inspect_heads
+from posinterp.dashboard.inspect_html import (
+    decode_pattern,
+    encode_pattern,
+    inspect_data,
+    inspect_page,
+    pattern_data,
+)
+from tests.dashboard.test_compare_schemes import _js_function, _node
 from tests.helpers import random_tokens, tiny_model
 
 NODE = shutil.which("node")
@@ -41,7 +47,7 @@ function texts(n, cls) { const out = [];
 
 
 def _functions(*names) -> str:
-    src = {n: files("posinterp.viz").joinpath(n).read_text(encoding="utf-8")
+    src = {n: files("posinterp.dashboard").joinpath(n).read_text(encoding="utf-8")
            for n in ("common.js", "inspect.js")}
     consts = "\n".join(line for line in src["inspect.js"].splitlines()
                        if line.startswith(("const CHAR_PX", "const textPx")))
@@ -152,7 +158,7 @@ def test_the_pages_views_decode_to_the_inspections_patterns(selected):
 
 @needs_node
 def test_the_grid_lists_the_selected_layers_and_heads(selected):
-    js = files("posinterp.viz").joinpath("inspect.js").read_text(encoding="utf-8")
+    js = files("posinterp.dashboard").joinpath("inspect.js").read_text(encoding="utf-8")
     head = js[:js.index("// A score column's value as text")]
     payload = inspect_data(selected)
     code = ("const document = {getElementById: () => ({textContent: " + json.dumps(json.dumps(payload))

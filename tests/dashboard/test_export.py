@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import torch
 
-from posinterp.analysis.compare import compare_inspections
-from posinterp.analysis.export import SCHEMA_VERSION, export_inspection, load_inspection
-from posinterp.analysis.inspect import inspect_heads
+from posinterp.dashboard.compare import compare_inspections
+from posinterp.dashboard.export import SCHEMA_VERSION, export_inspection, load_inspection
+from posinterp.dashboard.inspect import inspect_heads
 from tests.helpers import random_tokens, tiny_model
 
 
@@ -41,7 +41,7 @@ def test_export_then_load_gives_equal_tables(inspection, tmp_path):
     assert all(torch.equal(back.patterns[k], res.patterns[k]) for k in res.patterns)
     assert (back.str_tokens, back.meta) == (res.str_tokens, res.meta)
     # everything but "Explain one score", whose table is not exported, and says so
-    from posinterp.analysis.export import NOT_EXPORTED
+    from posinterp.dashboard.export import NOT_EXPORTED
 
     assert res.score_parts is not None and back.score_parts is None
     assert back.notes == [NOT_EXPORTED if n.startswith("Explain one score") else n

@@ -11,18 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from posinterp.analysis.inspect import (
-    NULL_BAND_HEADS,
-    block_labels,
-    head_scores,
-    inspect_heads,
-    pool_pattern,
-    t_interval,
-    uniform_guess_loss,
-)
+from posinterp.analysis.kernels import block_labels, head_scores, pool_pattern, t_interval
 from posinterp.analysis.spectral import NULL_HEADS
+from posinterp.dashboard.inspect import NULL_BAND_HEADS, inspect_heads, uniform_guess_loss
+from posinterp.dashboard.inspect_html import colour_scale, inspect_data, inspect_page
 from posinterp.models.backend import run_cached
-from posinterp.viz.inspect import colour_scale, inspect_data, inspect_page
 from tests.helpers import random_tokens, tiny_model
 
 
@@ -173,7 +166,7 @@ NODE = shutil.which("node")
 def test_page_formats_percentiles_as_points_and_rounding_noise_as_zero():
     from importlib.resources import files
 
-    js = "\n".join(files("posinterp.viz").joinpath(name).read_text(encoding="utf-8")
+    js = "\n".join(files("posinterp.dashboard").joinpath(name).read_text(encoding="utf-8")
                    for name in ("common.js", "inspect.js"))
     funcs = "\n".join(re.search(rf"function {name}\(.*?\n}}\n", js, re.S).group(0)
                       for name in ("fmt", "fmtKey"))

@@ -16,23 +16,61 @@ For every head of a model, on a batch of sequences (docs/inspect.md):
   removed;
 * per layer, the adjacency score at the residual points and at the attention output.
 
-Everything lands in one tidy DataFrame (:attr:`Inspection.table`); the HTML page of
-:func:`posinterp.viz.inspect_page` is drawn from exactly that table.
+Everything lands in one tidy DataFrame (:attr:`Inspection.table`, columns
+:data:`posinterp.dashboard.schema.COLUMNS`); the HTML page of
+:func:`posinterp.dashboard.inspect_page` is drawn from exactly that table. The pure
+functions behind the numbers (kernels, head scores, pooled patterns, the null band) are in
+:mod:`posinterp.analysis.kernels`.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from .._validate import check_indices, is_int
+from ..analysis._checks import (
+    check_attention_mask,
+    check_tokens,
+    lengths_from_mask,
+    next_token_loss,
+    run_cached,
+)
+from ..analysis.adjacency import adjacency_hooks
+from ..analysis.frequencies import (
+    band_label,
+    frequency_bands,
+    inspection_frequency_rows,
+    positional_score_hooks,
+)
+from ..analysis.heads import induction_score, induction_targets, repeated_random_tokens
+from ..analysis.kernels import (
+    attention_kernel,
+    block_labels,
+    compact_pattern,
+    head_scores,
+    null_band,
+    pool_pattern,
+    t_interval,
+)
+from ..analysis.spectral import (
+    CHANNELS,
+    DEFAULT_EPS,
+    NULL_HEADS,
+    _measures_frame,
+    _spectra,
+    _spectrum_frame,
+    ginibre_null,
+    null_percentiles,
+    qk_weights,
+)
 from ..models.backend import (
     MissingFeatureError,
     eager,
@@ -42,41 +80,10 @@ from ..models.backend import (
     unwrap,
     z_hook,
 )
-from ..stats import t_critical
-from ._checks import (
-    check_attention_mask,
-    check_tokens,
-    lengths_from_mask,
-    masked_scores,
-    next_token_loss,
-    run_cached,
-)
-from .adjacency import adjacency_hooks
 from .explain import DEFAULT_MAX_VALUES, dashboard_score_parts
-from .frequencies import (
-    band_label,
-    frequency_bands,
-    inspection_frequency_rows,
-    positional_score_hooks,
-)
-from .heads import induction_score, induction_targets, previous_token_score, repeated_random_tokens
-from .spectral import (
-    CHANNELS,
-    DEFAULT_EPS,
-    NULL_HEADS,
-    _measures_frame,
-    _spectra,
-    _spectrum_frame,
-    eigenvalues,
-    ginibre_null,
-    null_percentiles,
-    qk_weights,
-    random_heads,
-)
+from .schema import COLUMNS, head_wide
 
-__all__ = ["CHANNEL_ABLATIONS", "Inspection", "PatternView", "attention_kernel", "block_labels",
-           "compact_pattern",
-           "head_scores", "inspect_heads", "null_band", "pool_pattern", "t_interval",
+__all__ = ["CHANNEL_ABLATIONS", "Inspection", "PatternView", "input_facts", "inspect_heads",
            "uniform_guess_loss"]
 
 CHANNEL_ABLATIONS = tuple(f"remove_{c}" for c in CHANNELS)
@@ -85,189 +92,6 @@ CHANNEL_ABLATIONS = tuple(f"remove_{c}" for c in CHANNELS)
 NULL_BAND_HEADS = 200
 #: Sequences of repeated random tokens behind the ``induction_score`` (intervals over them).
 INDUCTION_BATCH = 4
-COLUMNS = ["model", "hook", "layer", "head", "position", "offset", "rank", "ablation", "metric",
-           "value", "ci_low", "ci_high", "n_sequences"]
-
-
-# --- pure functions over tensors ------------------------------------------------------------
-
-def compact_pattern(values: Float[Tensor, "batch head query key"],
-                    attention_mask: Int[Tensor, "batch pos"] | None
-                    ) -> Float[Tensor, "batch head query key"]:
-    """Real tokens first on both the query and the key axis (a pad is never a position).
-
-    Entries beyond a sequence's length keep whatever the padded input held; use the
-    lengths to ignore them.
-    """
-    mask = check_attention_mask(attention_mask, (values.shape[0], values.shape[-1]))
-    if mask is None:
-        return values
-    order = torch.sort((mask == 0).long(), dim=-1, stable=True).indices  # [batch, pos]
-    b, h, n, _ = values.shape
-    rows = order[:, None, :, None].expand(b, h, n, n)
-    cols = order[:, None, None, :].expand(b, h, n, n)
-    return values.gather(2, rows).gather(3, cols)
-
-
-def pool_pattern(pattern: Float[Tensor, "... query key"], block: int
-                 ) -> Float[Tensor, "... query_block key_block"]:
-    """Downsample an attention pattern into ``block`` x ``block`` tiles for display.
-
-    Tile (I, J) is the attention that the block's average query pays to the whole key
-    block: ``mean_{i in I} sum_{j in J} A[i, j]``. Each pooled row is a mean of rows that
-    sum to 1, so it sums to 1 too (still an attention pattern, causal up to the diagonal
-    tiles). The last block may be shorter (its own queries and keys only).
-
-    Args:
-        pattern: ``[..., n, n]`` attention weights.
-        block: tokens per tile, >= 1 (1 returns the pattern unchanged).
-
-    Returns:
-        ``[..., ceil(n / block), ceil(n / block)]``, the input's dtype.
-
-    Raises:
-        ValueError: for ``block < 1`` or a pattern that is not square in its last two dims.
-    """
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be an integer >= 1, got {block!r}")
-    n = pattern.shape[-1]
-    if pattern.ndim < 2 or pattern.shape[-2] != n:
-        raise ValueError(f"pattern must have shape [..., n, n], got {tuple(pattern.shape)}")
-    if block == 1:
-        return pattern
-    m = -(-n // block)
-    groups = torch.arange(n, device=pattern.device) // block  # token -> block
-    onehot = torch.nn.functional.one_hot(groups, m).to(pattern.dtype)  # [n, m]
-    sizes = onehot.sum(0)  # tokens per block
-    # sum over the keys of each block, then the mean over the queries of each block
-    return (onehot.T @ (pattern @ onehot)) / sizes[:, None]
-
-
-def block_labels(str_tokens: list[str], block: int) -> list[str]:
-    """Labels of :func:`pool_pattern`'s tiles: the positions each covers and its first token.
-
-    E.g. ``"0-7 <s>"`` for the block of positions 0 to 7 starting with ``<s>``;
-    ``block = 1`` returns the tokens unchanged.
-    """
-    if block == 1:
-        return list(str_tokens)
-    n = len(str_tokens)
-    return [f"{a}-{min(a + block, n) - 1} {str_tokens[a]}" for a in range(0, n, block)]
-
-
-def t_interval(per_sequence: Float[Tensor, "batch ..."], level: float = 0.95
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Mean over dim 0 ignoring NaN, with a two-sided Student-t interval.
-
-    Returns:
-        ``(mean, low, high, n)``; ``low``/``high`` are NaN where fewer than 2 values exist.
-    """
-    x = per_sequence.double()
-    ok = ~torch.isnan(x)
-    n = ok.sum(0)
-    total = torch.where(ok, x, 0.0).sum(0)
-    mean = torch.where(n > 0, total / n.clamp_min(1), torch.nan)
-    dev = torch.where(ok, x - mean, 0.0)
-    sd = torch.sqrt((dev ** 2).sum(0) / (n - 1).clamp_min(1))
-    q = torch.tensor(t_critical(level, (n - 1).clamp_min(1).numpy()), dtype=torch.float64)
-    half = q * sd / n.clamp_min(1).sqrt()
-    low = torch.where(n >= 2, mean - half, torch.nan)
-    high = torch.where(n >= 2, mean + half, torch.nan)
-    return mean, low, high, n
-
-
-def attention_kernel(values: Float[Tensor, "batch head query key"],
-                     attention_mask: Int[Tensor, "batch pos"] | None = None
-                     ) -> Float[Tensor, "batch head lag"]:
-    """Per sequence, the mean of ``values[i, i - lag]`` over its real queries i >= lag.
-
-    ``values`` is a causal attention pattern or its pre-softmax scores; ``lag`` = i - j
-    = -Δ runs over 0..pos-1. Pads are dropped first (the k-th real token is position k),
-    and entries above the diagonal (masked, possibly -inf) are never read. Masked scores
-    below it (``<= finfo.min``: past a sliding window, GPT-Neo's local layers) do not
-    exist and are left out of the mean.
-
-    Returns:
-        ``[batch, head, pos]`` float64; NaN where a sequence has no query at that lag, or
-        every query's score at that lag is masked.
-
-    Raises:
-        ValueError: for a tensor that is not ``[batch, head, pos, pos]`` or a bad mask.
-    """
-    if values.ndim != 4 or values.shape[-1] != values.shape[-2]:
-        raise ValueError(f"values must have shape [batch, head, pos, pos], got {tuple(values.shape)}")
-    b, h, n, _ = values.shape
-    mask = check_attention_mask(attention_mask, (b, n))
-    lengths = lengths_from_mask(mask, b, n)
-    v = compact_pattern(values.detach().double(), mask)
-    i = torch.arange(n)
-    lag = i[:, None] - i[None, :]  # [query, key]
-    valid = (lag >= 0)[None] & (i[None, :, None] < lengths[:, None, None])  # [batch, q, k]
-    # A masked score (past a sliding window, GPT-Neo's local layers, a user's knockout) is
-    # not a score: it is left out, and a lag where every query is masked is NaN, not -inf.
-    # (checked in the input's dtype: finfo(float32).min is no mask in float64)
-    valid = valid[:, None] & ~masked_scores(compact_pattern(values.detach(), mask))  # [b, h, q, k]
-    flat_lag = lag.clamp_min(0).flatten()
-    sums = torch.zeros(b, h, n, dtype=torch.float64)
-    sums.index_add_(2, flat_lag, torch.where(valid, v, 0.0).reshape(b, h, n * n))
-    counts = torch.zeros(b, h, n, dtype=torch.float64)
-    counts.index_add_(2, flat_lag, valid.reshape(b, h, n * n).double())
-    return torch.where(counts > 0, sums / counts.clamp_min(1), torch.nan)
-
-
-def head_scores(pattern: Float[Tensor, "batch head query key"],
-                attention_mask: Int[Tensor, "batch pos"] | None = None
-                ) -> dict[str, Float[Tensor, "batch head"]]:
-    """Previous-token, self and first-token score of every head, per sequence.
-
-    Each is a mean over real queries i >= 1 (query 0 can only attend to itself):
-    A[i, i-1] (:func:`~posinterp.analysis.previous_token_score`), A[i, i] and A[i, 0],
-    where 0 is the first real token (the BOS when the input has one).
-
-    Raises:
-        ValueError: as :func:`~posinterp.analysis.previous_token_score` (a sequence with
-            fewer than 2 real tokens).
-    """
-    b, _, n, _ = pattern.shape
-    mask = check_attention_mask(attention_mask, (b, n))
-    out = {"previous_token_score": previous_token_score(pattern, mask)}
-    lengths = lengths_from_mask(mask, b, n)
-    p = compact_pattern(pattern.detach().double(), mask)
-    i = torch.arange(n)
-    valid = ((i[None, :] >= 1) & (i[None, :] < lengths[:, None]))[:, None]  # [batch, 1, q]
-    denom = valid.sum(-1)
-    out["self_score"] = torch.where(valid, torch.diagonal(p, dim1=-2, dim2=-1), 0.0).sum(-1) / denom
-    out["first_token_score"] = torch.where(valid, p[..., 0], 0.0).sum(-1) / denom
-    return out
-
-
-def null_band(d_model: int, d_head: int, n_heads: int = 200, quantiles=(0.05, 0.95), seed: int = 0
-              ) -> tuple[float, float]:
-    """Quantiles of |λ| over all eigenvalues of random heads with unit-variance entries.
-
-    For W_Q, W_K with i.i.d. N(0, σ_Q²), N(0, σ_K²) entries the moduli scale by σ_Q σ_K,
-    so a head's band is these numbers times the RMS entries of its W_Q and W_K
-    (docs/spectra.md, the product-Ginibre null; Ginibre 1965). Seeded: drawn once per
-    process for each argument set.
-
-    Raises:
-        ValueError: for non-positive sizes.
-    """
-    if min(d_model, d_head, n_heads) < 1:
-        raise ValueError("d_model, d_head and n_heads must be >= 1")
-    return _null_band(int(d_model), int(d_head), int(n_heads),
-                      tuple(float(x) for x in quantiles), int(seed))
-
-
-@functools.lru_cache(maxsize=8)
-def _null_band(d_model: int, d_head: int, n_heads: int, quantiles: tuple, seed: int
-               ) -> tuple[float, float]:
-    # seeded: drawn once per process for each argument set, as ginibre_null
-    gen = torch.Generator().manual_seed(seed)
-    mods = np.concatenate([eigenvalues(q, k).abs().flatten().numpy()
-                           for q, k in random_heads(gen, n_heads, d_model, d_head)])
-    lo, hi = np.quantile(mods, quantiles)
-    return float(lo), float(hi)
 
 
 # --- the inspection --------------------------------------------------------------------------
@@ -329,48 +153,43 @@ class Inspection:
 
     def _repr_html_(self) -> str:
         """The ``posinterp inspect`` dashboard inline in a notebook: the page
-        :func:`posinterp.viz.inspect_page` writes, in a frame (posinterp.viz.notebook)."""
-        from ..viz.inspect import inspect_page
+        :func:`posinterp.dashboard.inspect_page` writes, in a frame (posinterp.viz.notebook)."""
         from ..viz.notebook import notebook_html
+        from .inspect_html import inspect_page
 
         models = self.table["model"].dropna().unique() if "model" in self.table else []
         title = "posinterp inspect" + (f": {models[0]}" if len(models) else "")
         return notebook_html(inspect_page(self, title), height=900)
 
 
-def _input_facts(model, tokens, mask) -> dict:
-    from .compare import input_facts  # what makes two inspections comparable
-
-    return input_facts(model, tokens, mask)
-
-
-def score_key(metric: str, offset, ablation) -> str:
-    """Column name of a scalar per-head row in the wide view (e.g. ``rotational_mass@Δ=-1``)."""
-    key = metric
-    if isinstance(ablation, str) and ablation:
-        key += f"[{ablation}]"
-    if offset is not None and not pd.isna(offset):
-        key += f"@Δ={int(offset)}"
-    return key
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(repr(p).encode() if not isinstance(p, bytes) else p)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
 
 
-#: Metrics whose ``offset`` is the key offset Δ = j - i (the positional kernels); every other
-#: offset in the table is a RoPE offset (spectral rows, frequency shares).
-_KERNEL_METRICS = ("kernel_attention", "kernel_score")
-#: Metrics with several rows per head at one offset and ablation (by key offset, eigenvalue
-#: ``rank`` or rotary pair ``rank``): never one per-head score. The one list: the wide view,
-#: the comparison and both pages read it (the pages from their embedded data).
-_VECTOR_METRICS = (*_KERNEL_METRICS, "eigenvalue_real", "eigenvalue_imag", "frequency_share")
+def input_facts(model, tokens: torch.Tensor, attention_mask: torch.Tensor | None) -> dict:
+    """What makes two inspections comparable: ``d_vocab``, a digest of the tokenizer's
+    vocabulary (None without a tokenizer) and a digest of the input ids and mask.
 
-
-def head_wide(table: pd.DataFrame) -> pd.DataFrame:
-    """The scalar per-head rows of an inspection table, one column per score."""
-    t = table[table["head"].notna() & ~table.metric.isin(_VECTOR_METRICS)]
-    keys = [score_key(m, o, a) for m, o, a in zip(t.metric, t.offset, t.ablation, strict=True)]
-    wide = t.assign(score=keys).pivot_table(index=["layer", "head"], columns="score", values="value",
-                                            sort=False)
-    wide.columns.name = None
-    return wide.reset_index().astype({"layer": "int64", "head": "int64"})
+    Stored in :attr:`Inspection.meta` by :func:`inspect_heads` and checked by
+    :func:`posinterp.dashboard.compare.compare_inspections`; digests are the first 16 hex
+    digits of SHA-256.
+    """
+    tok = getattr(model, "tokenizer", None)
+    vocab = None
+    if tok is not None and hasattr(tok, "get_vocab"):
+        vocab = _digest(sorted(tok.get_vocab().items()))
+    t = tokens.detach().cpu().long()
+    t = t[None] if t.ndim == 1 else t  # as check_tokens reads one sequence
+    m = None if attention_mask is None else attention_mask.detach().cpu().long()
+    if m is not None and bool((m == 1).all()):
+        m = None  # an all-ones mask is no mask: same input
+    return dict(d_vocab=int(model.cfg.d_vocab), vocab_digest=vocab,
+                input_digest=_digest(tuple(t.shape), t.numpy().tobytes(),
+                                     None if m is None else m.numpy().tobytes()))
 
 
 def _str_tokens(model, toks: Tensor) -> list[str]:
@@ -516,7 +335,7 @@ def _induction_rows(model, layers, heads, n_wanted: int, seed: int, max_pattern_
     sequences of repeated random tokens, from one forward pass caching the selected
     layers' patterns; returns the pattern view of the first such sequence (none when
     ``n_wanted`` is 0 or nothing fits)."""
-    from .fingerprint import _has_bos
+    from ..analysis.fingerprint import _has_bos
 
     if n_wanted == 0:
         return []
@@ -608,7 +427,7 @@ def inspect_heads(
         model_name: value of the ``model`` column.
         explain_values: bound on the numbers stored for "Explain one score" (the score
             decomposition of every head's pattern cells,
-            :func:`posinterp.analysis.explain.dashboard_score_parts`): the first n
+            :func:`posinterp.dashboard.explain.dashboard_score_parts`): the first n
             tokens of the pattern views whose cells fit (default 200,000: about 1.7 MB of
             page); 0 computes none.
         progress: a tqdm bar on stderr for the ablations' forward passes.
@@ -825,7 +644,7 @@ def inspect_heads(
                 ablate=method or False, pattern_block=block,
                 exact_top_k=exact_top_k if method == "attribution" else None,
                 pattern_tokens=first_len, layers=layers, heads=heads,
-                **_input_facts(model, tokens, mask))
+                **input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
     meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile

@@ -30,7 +30,7 @@ from scipy import linalg
 from scipy.linalg import lapack
 from torch import Tensor
 
-from ..analysis.spectral import CHANNELS, NULL_CHANNEL, real_within_rounding
+from .spectral import CHANNELS, NULL_CHANNEL, real_within_rounding
 
 __all__ = ["CHANNELS", "channel_decomposition", "channel_of", "channel_projector",
            "channel_projectors", "top_k_projector"]

@@ -9,15 +9,11 @@ import pytest
 import torch
 
 from posinterp.analysis.heads import previous_token_score
-from posinterp.analysis.inspect import (
-    attention_kernel,
-    head_scores,
-    head_wide,
-    inspect_heads,
-    t_interval,
-)
+from posinterp.analysis.kernels import attention_kernel, head_scores, t_interval
+from posinterp.dashboard.inspect import inspect_heads
+from posinterp.dashboard.inspect_html import inspect_data, inspect_page
+from posinterp.dashboard.schema import head_wide
 from posinterp.models import alibi_slopes
-from posinterp.viz.inspect import inspect_data, inspect_page
 from tests.helpers import random_tokens, tiny_model
 
 
@@ -148,7 +144,7 @@ def test_attribution_ablations_are_labelled_and_their_top_k_rerun_exactly():
     approx = inspect_heads(model, toks, ablate="attribution", exact_top_k=5, n_null=50)
     t = approx.table
     est = t[t.metric == "loss_change_attribution"]
-    from posinterp.analysis.inspect import _band_kinds
+    from posinterp.dashboard.inspect import _band_kinds
 
     # every head and kind: zero_head, 3 channels and, on RoPE, the fastest and slowest band
     per_head = 4 + len(_band_kinds(model, 0))

@@ -1,22 +1,26 @@
 """The inspect page's "Explain one score" section: data and script (docs/inspect.md).
 
-:func:`posinterp.analysis.explain.dashboard_score_parts` computes, in Python, the
-decomposition of every displayed (query, key) cell of every head (up to a stated bound);
-this module packs that table into one JSON block for the page, and ``explain.js`` draws
-a clickable pattern per head card and the parts of the clicked cell. The browser only
-looks numbers up: nothing is recomputed there.
+:func:`dashboard_score_parts` computes, in Python, the decomposition of every displayed
+(query, key) cell of every head (:func:`posinterp.analysis.explain.score_parts`, up to a
+stated bound); :func:`explain_data` packs that table into one JSON block for the page,
+and ``explain.js`` draws a clickable pattern per head card and the parts of the clicked
+cell. The browser only looks numbers up: nothing is recomputed there.
 """
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
+from jaxtyping import Int
+from torch import Tensor
 
-from ..analysis.explain import BIAS_PARTS, CHANNEL_PARTS
-from .circuits import script_json, script_safe_js
+from .._validate import is_int
+from ..analysis.explain import BIAS_PARTS, CHANNEL_PARTS, score_parts
+from ..io import json_value
+from ..viz.circuits import script_json, script_safe_js
 
-__all__ = ["FORMULA", "explain_block", "explain_data"]
+__all__ = ["DEFAULT_MAX_VALUES", "FORMULA", "dashboard_score_parts", "explain_block", "explain_data"]
+
+DEFAULT_MAX_VALUES = 200_000  # the dashboard's bound: about 1.7 MB of JSON
 
 FORMULA = ("score(i, j) = Σ_c u_i Π_c R(i)·v_j R(j) / s + u_i R(i)·b_K R(j) / s + b_Q R(i)·v_j R(j) / s "
            "+ b_Q R(i)·b_K R(j) / s + ALiBi m_h (j − i), with u = q − b_Q and v = k − b_K the "
@@ -29,10 +33,10 @@ FORMULA = ("score(i, j) = Σ_c u_i Π_c R(i)·v_j R(j) / s + u_i R(i)·b_K R(j) 
 
 
 def _num(v) -> float | None:
-    """7 significant digits (the page's numbers), None for a missing value."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return None
-    return float(f"{float(v):.7g}")
+    """7 significant digits (the page's numbers), None for a missing value
+    (:func:`posinterp.io.json_value`)."""
+    v = json_value(v)
+    return None if v is None else float(f"{float(v):.7g}")
 
 
 def explain_data(inspection) -> dict | None:
@@ -81,7 +85,7 @@ def explain_data(inspection) -> dict | None:
 def _script() -> str:
     from importlib.resources import files
 
-    return files("posinterp.viz").joinpath("explain.js").read_text(encoding="utf-8")
+    return files("posinterp.dashboard").joinpath("explain.js").read_text(encoding="utf-8")
 
 
 def explain_block(inspection) -> str:
@@ -92,3 +96,45 @@ def explain_block(inspection) -> str:
         return ""
     return (f'<script type="application/json" id="explain-data">{script_json(data)}</script>\n'
             f"<script>\n{script_safe_js(_script())}\n</script>\n")
+
+
+def dashboard_score_parts(model, tokens: Int[Tensor, "pos"], max_tokens: int,
+                          max_values: int = DEFAULT_MAX_VALUES, layers=None, heads=None
+                          ) -> tuple[pd.DataFrame | None, str]:
+    """The decompositions the inspect page embeds: every head, every cell of the first
+    n_e tokens of ``tokens`` (real tokens of sequence 0), n_e the largest number
+    <= ``max_tokens`` whose cells fit in ``max_values`` stored values.
+
+    ``layers``/``heads``: the selected heads only (None: every one), as
+    :func:`score_parts` takes them.
+
+    Returns:
+        ``(table of :func:`score_parts`, or None, a sentence for the page stating the
+        bound or why nothing was computed)``.
+
+    Raises:
+        ValueError: for ``max_values < 0``.
+    """
+    from ..models.backend import positional_type
+
+    if not is_int(max_values) or max_values < 0:
+        raise ValueError(f"max_values must be an integer >= 0, got {max_values}")
+    n_heads = (model.cfg.n_layers if layers is None else len(layers)) * (
+        model.cfg.n_heads if heads is None else len(heads))
+    rows = len(CHANNEL_PARTS) + len(BIAS_PARTS) + 3 + (positional_type(model) == "alibi")
+    if positional_type(model) == "rotary":
+        rows += model.cfg.d_head // 2 + 1
+    n = min(int(tokens.shape[-1]), max_tokens)
+    while n > 0 and n_heads * n * (n + 1) // 2 * rows > max_values:
+        n -= 1
+    if n < 1:
+        return None, (f"Explain one score: no cell fits the bound of {max_values:,} stored values "
+                      f"({n_heads} heads x {rows} numbers per cell).")
+    try:
+        df = score_parts(model, tokens[..., :n], layers=layers, heads=heads, queries=None, keys=None)
+    except ValueError as err:  # MissingFeatureError included: the page says why, inspect goes on
+        return None, f"Explain one score is not available for this model: {err}"
+    cut = "" if n == min(int(tokens.shape[-1]), max_tokens) else (
+        f", bounded to {max_values:,} stored values ({n_heads} heads x {rows} numbers per cell)")
+    return df, (f"Explain one score: the decomposition is precomputed for every head and every "
+                f"(query, key) cell of the first {n} tokens of sequence 0{cut}.")

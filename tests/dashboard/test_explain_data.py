@@ -6,8 +6,8 @@ import re
 import numpy as np
 
 import posinterp as pi
-from posinterp.viz.explain import explain_data
-from posinterp.viz.inspect import inspect_page
+from posinterp.dashboard.explain import explain_data
+from posinterp.dashboard.inspect_html import inspect_page
 
 
 def test_page_data_equals_the_score_parts_table():

@@ -16,11 +16,12 @@ import pandas as pd
 import pytest
 
 import posinterp
-from posinterp.analysis.compare import compare_inspections, compare_models
-from posinterp.analysis.inspect import _VECTOR_METRICS, head_wide, inspect_heads
 from posinterp.analysis.spectral import qk_weights
-from posinterp.viz.compare import compare_data, compare_page
-from posinterp.viz.inspect import inspect_data
+from posinterp.dashboard.compare import compare_inspections, compare_models
+from posinterp.dashboard.compare_html import compare_data, compare_page
+from posinterp.dashboard.inspect import inspect_heads
+from posinterp.dashboard.inspect_html import inspect_data
+from posinterp.dashboard.schema import _VECTOR_METRICS, head_wide
 from tests.helpers import random_tokens
 
 N_NULL = 20
@@ -113,7 +114,7 @@ def test_a_rotary_and_an_absolute_toy_compare_their_delta_0_spectra(rotary_vs_ab
         assert any("is rotary and" in n and "Δ = 0" in n for n in cmp.notes)
         # the saved long form: a row without a B − A value is one that skipped lists
         long = cmp.table[cmp.table.value.isna()]
-        keys = {posinterp.analysis.inspect.score_key(m, o, ab_)
+        keys = {posinterp.dashboard.schema.score_key(m, o, ab_)
                 for m, o, ab_ in zip(long.metric, long.offset, long.ablation, strict=True)}
         assert keys <= set(skipped.quantity)
 
@@ -175,7 +176,7 @@ def test_the_compare_card_shows_one_row_per_rotary_pair(two_ropes):
     from importlib.resources import files
 
     a, b, cmp = two_ropes
-    js = {n: files("posinterp.viz").joinpath(n).read_text(encoding="utf-8")
+    js = {n: files("posinterp.dashboard").joinpath(n).read_text(encoding="utf-8")
           for n in ("common.js", "compare.js")}
     funcs = "\n".join(_js_function(js[src], name) for src, name in (
         ("common.js", "el"), ("common.js", "fmt"), ("compare.js", "records"),
@@ -245,7 +246,7 @@ def test_the_inspect_page_reads_its_vector_metrics_from_its_data():
     res = inspect_heads(model, random_tokens(model, 2, 8), n_null=N_NULL)
     data = inspect_data(res)
     assert data["vector_metrics"] == list(_VECTOR_METRICS)
-    js = files("posinterp.viz").joinpath("inspect.js").read_text(encoding="utf-8")
+    js = files("posinterp.dashboard").joinpath("inspect.js").read_text(encoding="utf-8")
     head = js[:js.index("// A score column's value as text")]  # the data and the score keys
 
     def score_keys(payload) -> list:
