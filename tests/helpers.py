@@ -13,6 +13,18 @@ def tiny_model(pe: str = "nope", **overrides):
     return build_model(preset("tiny", pe=pe, **overrides))
 
 
+def tiny_rotary_checkpoint(root):
+    """A tiny RoPE toy trained 2 steps on reversal, saved as a checkpoint folder
+    ``root/ck`` (what ``posinterp inspect`` loads); returns that folder."""
+    from posinterp.training import TrainConfig, train
+
+    cfg = TrainConfig(max_steps=2, batch_size=8, eval_every=2, n_eval=16, checkpoint_every=1000,
+                      warmup_steps=1, target_accuracy=None, seed=3)
+    train(preset("tiny", pe="rotary"), tiny_task("reversal", n=40, max_digits=6), cfg,
+          checkpoint_dir=root / "ck" / "checkpoints", progress=False)
+    return root / "ck"
+
+
 def tiny_task(task: str = "reversal", n: int = 200, seed: int = 0, **kw):
     return make_task_data(TaskConfig(task, n_train=n, n_test=n, seed=seed, **kw))
 

@@ -8,19 +8,13 @@ import pytest
 
 from posinterp.cli import main
 from posinterp.experiments.inspect import _bos_id, run_inspect
-from posinterp.models import preset
-from posinterp.training import TrainConfig, train
-from tests.helpers import tiny_task
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sampled")
-    cfg = TrainConfig(max_steps=2, batch_size=8, eval_every=2, n_eval=16, checkpoint_every=1000,
-                      warmup_steps=1, target_accuracy=None, seed=3)
-    train(preset("tiny", pe="rotary"), tiny_task("reversal", n=40, max_digits=6), cfg,
-          checkpoint_dir=root / "ck" / "checkpoints", progress=False)
-    return root / "ck"
+    from tests.helpers import tiny_rotary_checkpoint
+
+    return tiny_rotary_checkpoint(tmp_path_factory.mktemp("sampled"))
 
 
 def test_sampled_input_is_recorded_and_reproducible(checkpoint, tmp_path):

@@ -270,16 +270,9 @@ def test_views_round_trip_and_a_version_1_file_still_loads(toy, tmp_path):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from posinterp.models import preset
-    from posinterp.training import TrainConfig, train
-    from tests.helpers import tiny_task
+    from tests.helpers import tiny_rotary_checkpoint
 
-    root = tmp_path_factory.mktemp("induction")
-    cfg = TrainConfig(max_steps=2, batch_size=8, eval_every=2, n_eval=16, checkpoint_every=1000,
-                      warmup_steps=1, target_accuracy=None, seed=3)
-    train(preset("tiny", pe="rotary"), tiny_task("reversal", n=40, max_digits=6), cfg,
-          checkpoint_dir=root / "ck" / "checkpoints", progress=False)
-    return root / "ck"
+    return tiny_rotary_checkpoint(tmp_path_factory.mktemp("induction"))
 
 
 def test_cli_layers_and_heads_select_and_out_of_range_names_the_flag(checkpoint, tmp_path, capsys):
