@@ -16,6 +16,7 @@ import importlib
 import sys
 from typing import TYPE_CHECKING
 
+from ._lazy import lazy_exports
 from .io import POSINTERP_VERSION as __version__  # one home: posinterp/io.py (standard library only)
 
 # public name -> submodule that defines it
@@ -49,16 +50,7 @@ if "ipykernel.zmqshell" in sys.modules:
     importlib.import_module("._progress", __name__)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'posinterp' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs; never runs
