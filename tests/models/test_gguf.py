@@ -2,6 +2,7 @@
 and the refusals (truncated file, unsupported architecture, missing gguf package) on tiny files
 written with the gguf package's own writer."""
 
+import copy
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from posinterp.models import load_model
+from posinterp.models.pretrained import HALF_TOL_FACTOR
 
 SMOL = (Path(__file__).resolve().parents[2].parent / "shared" / "models"
         / "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -64,7 +66,11 @@ def test_greedy_continuation_and_log_probs_match_transformers(smol, reference):
         assert toks[0].tolist() == want
         got = model(toks).double().log_softmax(-1)
         ref = hf(toks).logits.double().log_softmax(-1)
-    assert (got - ref).abs().max() < 1e-4
+        exact = copy.deepcopy(hf).double()(toks).logits.log_softmax(-1)
+    # Both float32 runs stray from the exact (float64) function; over 30 layers HF's own
+    # rounding can pass 1e-4 nats, so the bound is the loader's (docs/models.md, step 8).
+    rounding = (ref - exact).abs().max().item()
+    assert (got - ref).abs().max() <= max(1e-4, HALF_TOL_FACTOR * rounding)
     assert len(tok.decode(want[prompt.shape[1]:]).split()) >= 5  # fluent text, not pads
 
 

@@ -309,6 +309,62 @@ def test_half_precision_check_still_refuses_a_wrong_model(tmp_path, no_network, 
         load_model(tmp_path / "m", dtype=torch.bfloat16)
 
 
+@pytest.mark.parametrize("config", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_float32_tolerance_scales_with_hf_own_float32_rounding(tmp_path, no_network, monkeypatch,
+                                                               config):
+    """A deep float32 model can round by more than the 1e-4 floor (SmolLM2-135M: 1.25e-4
+    nats between HF's own float32 and float64 runs), so past the floor the tolerance is
+    HALF_TOL_FACTOR x HF's float32-vs-float64 difference. With the floor pushed below any
+    float32 rounding, every load takes that path: the recorded rounding must be HF's own
+    (computed here independently) and the load within that tolerance, processed, unwarned."""
+    import warnings
+
+    from posinterp.models import pretrained
+
+    monkeypatch.setattr(pretrained, "PROCESSING_TOL", 1e-12)
+    _saved(tmp_path / "m", config())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model, info = load_model(tmp_path / "m")
+    check = info.hf_check
+    toks = pretrained._probe_tokens(VOCAB, 64)
+    hf32, hf64 = (transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "m", dtype=dtype, attn_implementation="eager").eval()
+        for dtype in (torch.float32, torch.float64))
+    with torch.no_grad():
+        rounding = (_log_probs(hf64, toks) - _log_probs(hf32, toks)).abs().max().item()
+    assert 0 < check["hf_float32_vs_float64"] == pytest.approx(rounding, rel=1e-6)
+    assert check["tolerance"] == pretrained.HALF_TOL_FACTOR * check["hf_float32_vs_float64"]
+    assert check["max_abs_logprob_diff"] <= check["tolerance"]
+    assert info.processing["fold_ln"] is True and "processing_reverted" not in check
+
+
+def test_float32_rounding_tolerance_still_refuses_a_wrong_model(tmp_path, no_network, monkeypatch):
+    """The rounding-scaled float32 tolerance is no blanket pass: logits 1.0001x HF's (a
+    tenth of a millinat here) are refused, the message naming HF's own rounding."""
+    from posinterp.models import pretrained
+    from posinterp.models.backend import TL_MAJOR
+    from posinterp.models.hf_config import UnsupportedConfigError
+
+    monkeypatch.setattr(pretrained, "PROCESSING_TOL", 1e-12)
+    _saved(tmp_path / "m", _llama())
+    name = "_bridge_builder" if TL_MAJOR >= 4 else "_tl3_builder"
+    original = getattr(pretrained, name)
+
+    def skewed(*args):
+        build = original(*args)
+
+        def run(processing, dtype):
+            model, extra = build(processing, dtype)
+            model.register_forward_hook(lambda module, inputs, out: out * 1.0001)
+            return model, extra
+        return run
+    monkeypatch.setattr(pretrained, name, skewed)
+    with pytest.raises(UnsupportedConfigError,
+                       match="float32-vs-float64 difference.*with and without weight processing"):
+        load_model(tmp_path / "m")
+
+
 @pytest.mark.parametrize("config", [lambda: _gpt2(n_inner=32), lambda: _llama(intermediate_size=32)],
                          ids=["gpt2-n-inner-eq-n-embd", "llama-intermediate-eq-hidden"])
 def test_square_mlp_loads_exactly_processing_reverted_where_tl_gets_it_wrong(tmp_path, no_network,
