@@ -167,16 +167,16 @@ def test_leftover_temporaries_are_removed_and_the_resume_says_where(tmp_path, da
 
 def test_a_full_disk_keeps_the_last_checkpoint_and_leaves_nothing_half_written(
         tmp_path, data, reference, monkeypatch):
-    import posinterp.training as training
+    import posinterp.models.checkpoints as checkpoints
 
-    real = training._write_durably
+    real = checkpoints._write_durably
 
     def full_at_step_10(file, payload):
         if "step_0000010" in file.parent.name:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(file, payload)
 
-    monkeypatch.setattr(training, "_write_durably", full_at_step_10)
+    monkeypatch.setattr(checkpoints, "_write_durably", full_at_step_10)
     with pytest.raises(OSError) as info:
         train(preset("tiny"), data, _cfg(), checkpoint_dir=tmp_path, progress=False)
     line = describe_os_error(info.value)

@@ -34,7 +34,7 @@ import pandas as pd
 from scipy import stats
 
 from ..stats import bh_qvalues, permutation_p_floor
-from .heads import previous_token_scores, random_tokens
+from .heads import _has_bos, previous_token_scores, random_tokens
 from .spectral import (
     MEASURES,
     NULL_HEADS,
@@ -82,12 +82,6 @@ def model_unit(spec: str, units: str = "family") -> str:
 def _null(d_model: int, d_head: int, n_null: int, std: float, k_e, seed: int) -> pd.DataFrame:
     # the same null serves every snapshot and every model of one shape (read-only)
     return ginibre_null(d_model, d_head, n_heads=n_null, std=std, k_e=k_e, seed=seed)
-
-
-def _has_bos(model) -> bool:
-    from ..models.backend import bos_token_id
-
-    return bos_token_id(model) is not None
 
 
 def head_table(model, *, n_sequences: int = 16, n_tokens: int = 64, seed: int = 0,

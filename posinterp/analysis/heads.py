@@ -201,6 +201,13 @@ def repeated_random_tokens(model, batch: int, n: int, seed: int = 0, bos: bool =
     return torch.cat(parts, 1).long()
 
 
+def _has_bos(model) -> bool:
+    """Whether random inputs for ``model`` start with its BOS (it has a real one)."""
+    from ..models.backend import bos_token_id
+
+    return bos_token_id(model) is not None
+
+
 def random_tokens(model, batch: int, pos: int, seed: int = 0, bos: bool = True,
                   low: int = 0) -> Int[Tensor, "batch pos"]:
     """Uniform random token ids ``[batch, pos]`` in ``[low, d_vocab)``, BOS first if asked.
@@ -336,8 +343,6 @@ def induction_scores(
             tokens longer than ``n_ctx``.
     """
     if tokens is None:
-        from .fingerprint import _has_bos
-
         tokens = repeated_random_tokens(model, batch, n, seed=seed, bos=_has_bos(model))
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)

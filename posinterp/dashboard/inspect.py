@@ -335,7 +335,7 @@ def _induction_rows(model, layers, heads, n_wanted: int, seed: int, max_pattern_
     sequences of repeated random tokens, from one forward pass caching the selected
     layers' patterns; returns the pattern view of the first such sequence (none when
     ``n_wanted`` is 0 or nothing fits)."""
-    from ..analysis.fingerprint import _has_bos
+    from ..analysis.heads import _has_bos
 
     if n_wanted == 0:
         return []

@@ -75,8 +75,7 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
 
     device = resolve_device(device, "--device")
     out = check_out_dir(out_dir, create=False, writable=True)
-    from ..analysis.fingerprint import _has_bos
-    from ..analysis.heads import random_tokens, sampled_tokens
+    from ..analysis.heads import _has_bos, random_tokens, sampled_tokens
     from ..dashboard.compare import compare_models
     from ..dashboard.compare_html import save_compare_page
     from ..dashboard.export import export_inspection

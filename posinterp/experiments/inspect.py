@@ -202,8 +202,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     device = resolve_device(device, "--device")
     # created once the model and input are good; unwritable: refused now, not after the work
     out = check_out_dir(out_dir, create=False, writable=True)
-    from ..analysis.fingerprint import _has_bos
-    from ..analysis.heads import random_tokens, sampled_tokens
+    from ..analysis.heads import _has_bos, random_tokens, sampled_tokens
     from ..dashboard.inspect import inspect_heads
     from ..dashboard.inspect_html import save_inspect_page
     from ..models import load_model

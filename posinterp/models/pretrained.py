@@ -509,7 +509,7 @@ def _load_llama2c(path: Path, processing: dict):
 
 
 def _load_zoo(spec: str):
-    from ..experiments.zoo import load_zoo_model
+    from .zoo_store import load_zoo_model
 
     model, card = load_zoo_model(spec, device="cpu")  # load_model moves it
     return model, ModelInfo.from_model(
@@ -651,7 +651,7 @@ def _load_hub(name: str, revision: str | None, processing: dict, dtype):
 
 def _is_toy_checkpoint(path: Path) -> bool:
     """A folder written by :func:`posinterp.train` (or holding ``checkpoints/step_*`` of one)."""
-    from ..training import latest_checkpoint
+    from .checkpoints import latest_checkpoint
 
     if (path / "trainer_state.pt").is_file() and (path / "model.safetensors").is_file():
         return True
@@ -659,7 +659,7 @@ def _is_toy_checkpoint(path: Path) -> bool:
 
 
 def _load_toy(path: Path):
-    from ..training import latest_checkpoint, load_checkpoint
+    from .checkpoints import latest_checkpoint, load_checkpoint
 
     folder = path if (path / "trainer_state.pt").is_file() else latest_checkpoint(path / "checkpoints")
     model, configs = load_checkpoint(folder, device="cpu")  # load_model moves it
