@@ -38,6 +38,7 @@ from scipy import stats
 from torch import Tensor
 
 from .._validate import check_indices, is_int
+from ..models.rope_layout import pair_dims
 
 __all__ = [
     "CHANNELS", "NULL_CHANNEL", "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm",
@@ -329,8 +330,7 @@ def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float 
              for p in range(half)]
     c = torch.tensor([math.cos(t) for t in theta], dtype=torch.float64)
     s = torch.tensor([math.sin(t) for t in theta], dtype=torch.float64)
-    p = torch.arange(half)
-    a, b = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
+    a, b = pair_dims(torch.arange(half), rotary_dim, adjacent_pairs)
     # new_a = a c - b s, new_b = b c + a s  (TransformerLens's x cos + rotate(x) sin)
     R[a, a], R[b, a], R[a, b], R[b, b] = c, -s, s, c
     return R
