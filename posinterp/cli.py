@@ -415,12 +415,12 @@ def _no_progress(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``posinterp`` argument parser (cheap: imports nothing heavy)."""
-    from . import __version__
+    from .io import POSINTERP_VERSION  # standard library only: keeps the parser cheap
 
     pos1, pos0 = _int_at_least(1), _int_at_least(0)
     p = argparse.ArgumentParser(prog="posinterp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--version", action="version", version=f"posinterp {__version__}")
+    p.add_argument("--version", action="version", version=f"posinterp {POSINTERP_VERSION}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = _parser(sub, "demo", "train a NoPE model on reversal and report its adjacency pattern "

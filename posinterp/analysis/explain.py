@@ -55,7 +55,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._validate import check_indices
-from .frequencies import pair_indices, rotate
+from ..models.rope_layout import pair_indices
+from .frequencies import rotate
 from .spectral import CHANNELS, NULL_CHANNEL
 
 __all__ = ["BIAS_PARTS", "CHANNEL_PARTS", "score_parts", "score_parts_from_qk"]

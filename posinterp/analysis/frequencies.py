@@ -52,6 +52,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._validate import check_indices, is_int
+from ..models.rope_layout import pair_indices  # re-exported: the layout's home is models
 from .spectral import qk_float64
 
 __all__ = ["FREQUENCY_METRICS", "band_label", "frequency_bands", "inspection_frequency_rows",
@@ -63,24 +64,6 @@ SCORE_METRICS = ("positional_score", "positional_residual", "symbolic_residual")
 
 
 # --- pure functions over weights and activations --------------------------------------------
-
-def pair_indices(d_head: int, rotary_dim: int, adjacent_pairs: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``(first, second, unrotated)`` dim indices: pair p is (first[p], second[p]).
-
-    Pairs are (2p, 2p+1) if ``adjacent_pairs`` else (p, p + rotary_dim/2), as
-    TransformerLens's ``rotary_adjacent_pairs`` says; ``unrotated`` is
-    ``rotary_dim .. d_head - 1`` (empty without partial rotary).
-
-    Raises:
-        ValueError: for an odd ``rotary_dim`` or one outside ``(0, d_head]``.
-    """
-    if rotary_dim % 2 or not 0 < rotary_dim <= d_head:
-        raise ValueError(f"rotary_dim must be even and in (0, d_head={d_head}], got {rotary_dim}")
-    half = rotary_dim // 2
-    p = torch.arange(half)
-    first, second = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
-    return first, second, torch.arange(rotary_dim, d_head)
-
 
 def _block(angle: Tensor) -> Tensor:
     """2 x 2 blocks of R(t) (row-vector convention of :func:`.spectral.rotary_matrix`):

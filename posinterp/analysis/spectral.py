@@ -38,6 +38,13 @@ from scipy import stats
 from torch import Tensor
 
 from .._validate import check_indices, is_int
+from ..models.qk_convention import (  # re-exported: how a loaded model's W_Q, W_K are formed
+    QK_CONVENTION,
+    QK_NORM_CONVENTION,  # noqa: F401  (a public name of this module before the move)
+    attention_input_norm,
+    qk_convention,
+)
+from ..models.rope_layout import pair_dims
 
 __all__ = [
     "CHANNELS", "NULL_CHANNEL", "QK_CONVENTION", "antisymmetric_energy", "attention_input_norm",
@@ -49,12 +56,6 @@ __all__ = [
     "directionality_score", "qk_geometry", "symmetry_score",
 ]
 
-QK_CONVENTION = ("effective: W_Q, W_K acting on the normalized residual (the gain of the norm "
-                 "feeding attention folded in, LayerNorm's centering applied), as "
-                 "TransformerLens's fold_ln writes them")
-QK_NORM_CONVENTION = ("{module} gains ({over}) folded into W_Q, W_K columns before "
-                      "RoPE: M(Δ) = W_Q diag(γ_q) R(-Δ) diag(γ_k) W_K^T; the per-token "
-                      "1/(s_q s_k) of the norm is outside M")
 WEIGHTS = ("effective", "stored")
 
 DEFAULT_EPS = 1e-8
@@ -329,8 +330,7 @@ def rotary_matrix(d_head: int, rotary_dim: int, angle_steps: float, base: float 
              for p in range(half)]
     c = torch.tensor([math.cos(t) for t in theta], dtype=torch.float64)
     s = torch.tensor([math.sin(t) for t in theta], dtype=torch.float64)
-    p = torch.arange(half)
-    a, b = (2 * p, 2 * p + 1) if adjacent_pairs else (p, p + half)
+    a, b = pair_dims(torch.arange(half), rotary_dim, adjacent_pairs)
     # new_a = a c - b s, new_b = b c + a s  (TransformerLens's x cos + rotate(x) sin)
     R[a, a], R[b, a], R[a, b], R[b, b] = c, -s, s, c
     return R
@@ -370,54 +370,6 @@ def fold_qk_norm(W_Q: Float[Tensor, "... n_heads d_model d_head"],
     if norm is None:
         return W_Q, W_K
     return (W_Q * norm.q_gain.to(W_Q)[..., None, :], W_K * norm.k_gain.to(W_K)[..., None, :])
-
-
-def attention_input_norm(model, layer: int) -> tuple[Tensor | None, bool, str]:
-    """``(gain, center, where)`` of the norm whose output feeds ``layer``'s attention.
-
-    Pre-norm blocks: ``blocks.{layer}.ln1`` (``LN``/``RMS``: gain still there;
-    ``LNPre``/``RMSPre``, or a TL 4 load whose gains TL's processing folded and left at 1
-    (:func:`~posinterp.models.backend.norm_gain_folded`): gain folded by the loader).
-    Post-norm encoders (BERT): the previous block's ``ln2``, or ``embed.ln`` for layer 0.
-    ``gain`` is None when it is already folded or there is no norm; ``center`` is True
-    for LayerNorm.
-    """
-    from ..models.backend import attention_input_norm_module, norm_gain_folded
-
-    norm_type = model.cfg.normalization_type
-    center = norm_type in ("LN", "LNPre")
-    # post-LN encoders: the input is an earlier norm's output (TL 3.9 and TL 4 name it apart)
-    norm, where = attention_input_norm_module(model, layer)
-    gain = (getattr(norm, "w", None) if norm_type in ("LN", "RMS") and not norm_gain_folded(model)
-            else None)
-    if norm_type is None:
-        where = "none"
-    # A CPU copy, like attention_weights: spectra are computed on CPU (docs/scale.md).
-    return (gain.detach().cpu() if gain is not None else None), center, where
-
-
-def qk_convention(model) -> dict:
-    """How :func:`qk_weights` forms W_Q, W_K for ``model`` (recorded in ``ModelInfo``).
-
-    Returns:
-        ``{"convention", "normalization", "norm_gain", "centered", "norm", "qk_norm"}``,
-        where ``norm_gain`` is ``"folded by the loader"``, ``"folded by posinterp.spectral"``
-        or ``"no norm before attention"``, and ``qk_norm`` says how q/k-norm gains enter
-        (:func:`fold_qk_norm`) or ``"none"``.
-
-    Raises:
-        MissingFeatureError: for a q/k norm posinterp cannot fold exactly.
-    """
-    from ..models.backend import qk_norm
-
-    norm_type = model.cfg.normalization_type
-    gain, center, where = attention_input_norm(model, 0)
-    how = ("no norm before attention" if norm_type is None
-           else "folded by posinterp.spectral" if gain is not None else "folded by the loader")
-    qkn = qk_norm(model, 0)
-    return {"convention": QK_CONVENTION, "normalization": norm_type, "norm_gain": how,
-            "centered": bool(center), "norm": where if norm_type else "none",
-            "qk_norm": QK_NORM_CONVENTION.format(over=qkn.over, module=qkn.module) if qkn else "none"}
 
 
 # --- model plumbing --------------------------------------------------------------------------

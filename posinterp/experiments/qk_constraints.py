@@ -50,11 +50,10 @@ import torch
 from scipy import stats
 
 from .._validate import require_at_least
-from ..analysis.frequencies import pair_energy_shares, pair_indices, parse_band_label
+from ..analysis.frequencies import pair_energy_shares, parse_band_label
 from ..analysis.heads import previous_token_scores, random_tokens
 from ..analysis.spectral import (
     CHANNELS,
-    QK_CONVENTION,
     antisymmetric_energy,
     channel_masses,
     eigenvalues,
@@ -84,6 +83,8 @@ from ..io import (
     read_json_record,
     versions,
 )
+from ..models.qk_convention import QK_CONVENTION
+from ..models.rope_layout import pair_indices
 from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..stats import bh_qvalues, bootstrap_percentile_ci, mean_t_interval, permutation_p_floor
 from ..training import TrainConfig, fit

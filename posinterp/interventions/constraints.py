@@ -2,7 +2,7 @@
 
 Two families, each with its own control. Every constraint is stated on the effective
 form M = W_Q W_K^T acting on the normalized residual (the norm gain folded in,
-:data:`posinterp.analysis.spectral.QK_CONVENTION`).
+:data:`posinterp.models.qk_convention.QK_CONVENTION`).
 
 **Single-channel bans on untied weights** (control: the untied model, ``none``).
 W_Q := W_Q° (I - Π_c), b_Q := b_Q° (I - Π_c), with Π_c B's spectral projector onto
@@ -233,8 +233,8 @@ def banned_ranks(model, channel: str) -> torch.Tensor:
     Raises:
         ValueError: for a ``channel`` not in :data:`posinterp.interventions.CHANNELS`.
     """
-    from ..analysis.spectral import attention_input_norm
     from ..models.backend import attention_weights, refuse_qk_norm
+    from ..models.qk_convention import attention_input_norm
 
     if channel not in CHANNELS:
         raise ValueError(f"channel must be one of {CHANNELS}, got {channel!r}")
@@ -394,9 +394,9 @@ def constrain_qk(model, kind: str, layers: list[int] | None = None,
             ``ban_random_subspace`` without ``rank`` or with ranks outside [0, d_head]
             or of another shape, or ``rank`` with another kind.
     """
-    from ..analysis.spectral import attention_input_norm
     from ..devices import model_device
     from ..models.backend import n_kv_heads, qk_slots, refuse_qk_norm
+    from ..models.qk_convention import attention_input_norm
 
     _check_kind(kind)
     refuse_qk_norm(model, "constrain_qk", _QK_NORM_WHY)

@@ -70,6 +70,7 @@ from ..models.backend import (
     rotary_spec,
     scores_hook,
 )
+from ..models.rope_layout import pair_dims
 
 __all__ = ["BAND_KINDS", "KINDS", "QKIntervention", "band_dims", "check_intervention", "intervene",
            "intervention_hooks", "reweight_pattern"]
@@ -167,8 +168,7 @@ def check_intervention(model, iv: QKIntervention) -> list[int]:
 def band_dims(model, layer: int, band) -> list[int]:
     """The d_head dims of rotary pairs ``band`` in ``layer``, as the layer pairs them."""
     spec = rotary_spec(model, layer)
-    half = spec.rotary_dim // 2
-    return sorted(d for p in band for d in ((2 * p, 2 * p + 1) if spec.adjacent_pairs else (p, p + half)))
+    return sorted(d for p in band for d in pair_dims(p, spec.rotary_dim, spec.adjacent_pairs))
 
 
 def _query_projector(model, iv: QKIntervention) -> dict[int, Float[Tensor, "d_head d_head"]]:

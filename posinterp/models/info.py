@@ -66,7 +66,7 @@ class ModelInfo:
         qk_convention: how spectra read W_Q, W_K for this model (one convention for
             every loader: the norm gain folded in, LayerNorm's centering applied; says
             whether the loader or posinterp.spectral folds it), from
-            :func:`posinterp.analysis.spectral.qk_convention`.
+            :func:`posinterp.models.qk_convention.qk_convention`.
         weights: where the weights came from (path or hub id and revision; for HF folders
             ``files``, the weight files transformers read there, in its precedence:
             :func:`posinterp.models.checkpoint.checkpoint_files`; for llama2.c files,
@@ -107,8 +107,8 @@ class ModelInfo:
                    processing: dict | None = None,
                    weights: dict | None = None, hf_check: dict | None = None) -> ModelInfo:
         """Fill the attention/rotary fields from ``model.cfg``, and the QK convention."""
-        from ..analysis.spectral import qk_convention
         from .backend import is_bridge, rotary_spec
+        from .qk_convention import qk_convention
 
         cfg = model.cfg
         rotary = pe == "rotary"

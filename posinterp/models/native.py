@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .positions import alibi_bias, alibi_slopes
+from .rope_layout import duplicate_frequencies, rotate_pairs
 
 __all__ = ["PosinterpAttention", "build_native_from_tl", "build_native_toy", "load_tl_state_dict",
            "model_from_tl_weights"]
@@ -38,23 +39,9 @@ def _tl39_rotary_tables(rotary_dim: int, n_ctx: int, base: float, adjacent_pairs
     pos = torch.arange(n_ctx, dtype=torch.float32)
     dim = torch.arange(rotary_dim // 2, dtype=torch.float32)
     freq = base ** (dim / (rotary_dim / 2))
-    # einops "d -> (d 2)" for adjacent pairs, "d -> (2 d)" for halves
-    freq = freq.repeat_interleave(2) if adjacent_pairs else torch.cat([freq, freq])
+    freq = duplicate_frequencies(freq, adjacent_pairs)
     angles = pos[:, None] / freq[None, :]
     return torch.cos(angles), torch.sin(angles)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    n = x.shape[-1] // 2
-    return torch.cat([-x[..., n:], x[..., :n]], dim=-1)
-
-
-def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
-    """TL 3.9's ``rotate_every_two`` with adjacent pairs: (x0, x1) -> (-x1, x0)."""
-    out = torch.empty_like(x)
-    out[..., ::2] = -x[..., 1::2]
-    out[..., 1::2] = x[..., ::2]
-    return out
 
 
 def _fire(hook_point, x: torch.Tensor) -> torch.Tensor:
@@ -91,11 +78,11 @@ class PosinterpAttention(nn.Module):
                    else position_ids.to(q.device).clamp(min=0))
             rd = self.posinterp_rotary_dim
             cos, sin = self.posinterp_cos[pos][:, :, None], self.posinterp_sin[pos][:, :, None]
-            rotate = _rotate_every_two if self.posinterp_adjacent_pairs else _rotate_half
+            adjacent = self.posinterp_adjacent_pairs
 
             def rope(x):
                 x_rot, x_pass = x[..., :rd], x[..., rd:]
-                return torch.cat([x_rot * cos + rotate(x_rot) * sin, x_pass], dim=-1)
+                return torch.cat([x_rot * cos + rotate_pairs(x_rot, adjacent) * sin, x_pass], dim=-1)
 
             q = _fire(hooks.hook_rot_q, rope(q))
             k = _fire(hooks.hook_rot_k, rope(k))

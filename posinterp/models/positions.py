@@ -26,6 +26,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .rope_layout import duplicate_frequencies
+
 __all__ = ["alibi_bias", "alibi_bias_of", "alibi_slopes", "install_alibi", "install_rotary",
            "rotary_inv_freq"]
 
@@ -185,7 +187,7 @@ def install_rotary(model, inv_freq: Float[Tensor, "half_rotary_dim"]) -> None:
         raise ValueError(f"inv_freq must have rotary_dim/2 = {half} entries, got {tuple(inv_freq.shape)}")
     inv = inv_freq.to(torch.float32)
     freqs = torch.arange(cfg.n_ctx, dtype=torch.float32)[:, None] * inv[None, :]  # [n_ctx, half]
-    table = freqs.repeat_interleave(2, -1) if cfg.rotary_adjacent_pairs else torch.cat([freqs, freqs], -1)
+    table = duplicate_frequencies(freqs, cfg.rotary_adjacent_pairs)
     n_ctx = cfg.n_ctx
 
     def refuse_long(module, args, kwargs):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..rope_layout import rotate_pairs
 from .mla import mla_settings
 from .modes import _in_float32, eager, eval_mode, unwrap
 from .output_edit import _module, arm_output_edit, install_output_edit, pattern_edit
@@ -108,8 +109,7 @@ def content_qk_from(names: tuple[str, ...], captured, n_heads: int) -> tuple[Ten
         rd = cos.shape[-1]
 
         def rot(x):
-            a, b = x[..., : rd // 2], x[..., rd // 2: rd]
-            half = torch.cat([-b, a], -1)
+            half = rotate_pairs(x[..., :rd], adjacent_pairs=False)  # HF passes split-half tables
             return torch.cat([x[..., :rd] * cos.to(x.device) + half * sin.to(x.device), x[..., rd:]], -1)
         q, k = rot(q), rot(k)
     return q, k

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..rope_layout import merge_pairs, split_pairs
 from .errors import MissingFeatureError
 from .mla import check_not_mla
 from .modes import unwrap
@@ -137,12 +138,8 @@ def rope_rotate(x: Tensor, spec: RotarySpec, positions: Tensor) -> Tensor:
     ang = positions.double()[..., None] * spec.inv_freq.to(x.device)[None, None]  # [b, pos, rd/2]
     cos, sin = ang.cos()[:, :, None], ang.sin()[:, :, None]
     rot, rest = x[..., :rd], x[..., rd:]
-    if spec.adjacent_pairs:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack([a * cos - b * sin, b * cos + a * sin], -1).flatten(-2)
-    else:
-        a, b = rot[..., : rd // 2], rot[..., rd // 2:]
-        out = torch.cat([a * cos - b * sin, b * cos + a * sin], -1)
+    a, b = split_pairs(rot, spec.adjacent_pairs)
+    out = merge_pairs(a * cos - b * sin, b * cos + a * sin, spec.adjacent_pairs)
     return torch.cat([out, rest], -1)
 
 
