@@ -45,3 +45,14 @@ def smol(gguf_cache):
         mp.setenv("HF_HUB_OFFLINE", "1")
         model, info = load_model(path, device="cpu")
     return model, info
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _disk_cache_in_tmp(tmp_path_factory):
+    """The on-disk cache of random-head nulls (posinterp._disk_cache) in a fresh folder per
+    session: never the user's, and each session computes before it reuses."""
+    from posinterp._disk_cache import CACHE_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("posinterp-cache")))
+        yield

@@ -22,8 +22,9 @@ DOC = ROOT / "docs" / "architecture.md"
 
 # the layer map, written once: layer name -> (rank, members). A member is a module
 # ("posinterp.io") or a subpackage prefix ("posinterp.models"); ranks only grow upward.
-FOUNDATIONS = tuple(f"posinterp.{m}" for m in ("_lazy", "_progress", "_rng", "_validate", "io", "specs",
-                                               "devices", "executors", "stats"))
+FOUNDATIONS = tuple(f"posinterp.{m}" for m in ("_disk_cache", "_lazy", "_progress", "_rng",
+                                               "_validate", "io", "specs", "devices",
+                                               "executors", "stats"))
 LAYERS = {
     "foundations": (0, FOUNDATIONS),
     "viz": (0, ("posinterp.viz",)),  # beside the foundations: it may import only them

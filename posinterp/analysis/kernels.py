@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._disk_cache import cached_arrays
 from ..stats import t_critical
 from ._checks import check_attention_mask, lengths_from_mask, masked_scores
 from .heads import previous_token_score
@@ -198,12 +199,21 @@ def null_band(d_model: int, d_head: int, n_heads: int = 200, quantiles=(0.05, 0.
                       tuple(float(x) for x in quantiles), int(seed))
 
 
+# The band's algorithm version in the on-disk cache (posinterp._disk_cache).
+NULL_BAND_VERSION = 1
+
+
 @functools.lru_cache(maxsize=8)
 def _null_band(d_model: int, d_head: int, n_heads: int, quantiles: tuple, seed: int
                ) -> tuple[float, float]:
-    # seeded: drawn once per process for each argument set, as ginibre_null
-    gen = torch.Generator().manual_seed(seed)
-    mods = np.concatenate([eigenvalues(q, k).abs().flatten().numpy()
-                           for q, k in random_heads(gen, n_heads, d_model, d_head)])
-    lo, hi = np.quantile(mods, quantiles)
+    # seeded: drawn once per machine for each argument set (on disk), as ginibre_null
+    def draw() -> dict[str, np.ndarray]:
+        gen = torch.Generator().manual_seed(seed)
+        mods = np.concatenate([eigenvalues(q, k).abs().flatten().numpy()
+                               for q, k in random_heads(gen, n_heads, d_model, d_head)])
+        return {"band": np.asarray(np.quantile(mods, quantiles), dtype=np.float64)}
+
+    args = {"d_model": d_model, "d_head": d_head, "n_heads": n_heads,
+            "quantiles": list(quantiles), "seed": seed}
+    lo, hi = cached_arrays("null_band", NULL_BAND_VERSION, args, draw)["band"]
     return float(lo), float(hi)

@@ -37,6 +37,7 @@ from jaxtyping import Complex, Float
 from scipy import stats
 from torch import Tensor
 
+from .._disk_cache import cached_arrays
 from .._validate import check_indices, is_int
 from ..models.qk_convention import (  # re-exported: how a loaded model's W_Q, W_K are formed
     QK_CONVENTION,
@@ -732,22 +733,34 @@ def random_heads(gen: torch.Generator, n: int, d_model: int, d_head: int,
         yield q, torch.randn(b, d_model, d_head, generator=gen, dtype=torch.float64)
 
 
+# The null's algorithm version in the on-disk cache (posinterp._disk_cache): bump it
+# whenever a change to the draws or the measures changes its numbers.
+GINIBRE_NULL_VERSION = 1
+
+
 @functools.lru_cache(maxsize=8)
 def _ginibre_null(d_model: int, d_head: int, n_heads: int, std: float, k_e: int | None,
                   eps: float, seed: int) -> pd.DataFrame:
-    # Seeded, so the same arguments always give the same frame: drawn once per process
-    # (about 10 s for 2,500 heads at d_model 576), then copied out. A notebook that
-    # inspects one model several times, or a zoo of one architecture, pays for it once.
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for start in range(0, n_heads, 256):
-        for q, k in random_heads(gen, min(256, n_heads - start), d_model, d_head):
-            q, k = q * std, k * std
-            B = k.mT @ q
-            m = rotational_measures(small_form_eigenvalues(B), k_e, eps)
-            m["antisymmetric_energy"] = _antisymmetric_energy(q, k, B)
-            out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
-    return pd.concat(out, ignore_index=True)
+    # Seeded, so the same arguments always give the same frame: drawn once per machine
+    # (about 10 s for 2,500 heads at d_model 576), kept on disk and in this process, then
+    # copied out. A notebook that inspects one model several times, a zoo of one
+    # architecture, or a second `posinterp inspect` pays for it once.
+    def draw() -> dict[str, np.ndarray]:
+        gen = torch.Generator().manual_seed(seed)
+        out = []
+        for start in range(0, n_heads, 256):
+            for q, k in random_heads(gen, min(256, n_heads - start), d_model, d_head):
+                q, k = q * std, k * std
+                B = k.mT @ q
+                m = rotational_measures(small_form_eigenvalues(B), k_e, eps)
+                m["antisymmetric_energy"] = _antisymmetric_energy(q, k, B)
+                out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
+        frame = pd.concat(out, ignore_index=True)
+        return {c: frame[c].to_numpy() for c in frame.columns}
+
+    args = {"d_model": d_model, "d_head": d_head, "n_heads": n_heads, "std": std, "k_e": k_e,
+            "eps": eps, "seed": seed}
+    return pd.DataFrame(cached_arrays("ginibre_null", GINIBRE_NULL_VERSION, args, draw))
 
 
 def null_percentiles(measures: pd.DataFrame, null: pd.DataFrame) -> pd.DataFrame:
