@@ -22,7 +22,7 @@ from pathlib import Path
 
 __all__ = ["LLAMA2C_HEADER_BYTES", "LOCAL_SUFFIXES", "MINILM_NAMES", "SPEC_KINDS", "ZOO_SCHEMES",
            "ZooSpec", "check_spec", "context_length", "looks_local", "parse_zoo_spec",
-           "read_text_file", "spec_errors", "spec_kind", "zoo_home", "zoo_model_dir"]
+           "read_text_file", "refusal", "spec_errors", "spec_kind", "zoo_home", "zoo_model_dir"]
 
 ZOO_SCHEMES = ("nope", "absolute", "rotary", "alibi")  # = posinterp.models.PE_SCHEMES (tested)
 LLAMA2C_HEADER_BYTES = 7 * 4  # llama2.c's Config: seven int32 (dim, hidden_dim, ... seq_len)
@@ -95,6 +95,17 @@ def spec_kind(spec: str) -> str:
     return "missing" if looks_local(spec) else "hub"
 
 
+def refusal(kind: str, spec: str) -> str | None:
+    """Why :func:`posinterp.load_model` refuses a spec of ``kind`` (:func:`spec_kind`) before
+    any loader runs, or None: an existing file of no known format ("file"), a missing
+    path ("missing")."""
+    if kind == "file":
+        return f"{spec} is neither a checkpoint folder nor a llama2.c .bin file"
+    if kind == "missing":
+        return f"no such folder or file: {spec}"
+    return None
+
+
 @dataclass(frozen=True)
 class ZooSpec:
     """A parsed ``zoo:<pe>[:<seed>][@<step>]``: scheme, seed (default 0) and snapshot step
@@ -130,13 +141,15 @@ def check_spec(spec: str, home: str | os.PathLike | None = None) -> None:
     """Refuse a spec that :func:`posinterp.load_model` would certainly refuse, cheaply.
 
     Checks: a zoo spec's form and that the model (and snapshot) was trained; a local
-    path exists; a llama2.c ``.bin`` file is at least its header long. Hub names are
+    path exists and is a folder or a file of a format the loader reads (:func:`refusal`);
+    a llama2.c ``.bin`` file is at least its header long. Hub names are
     left to the loader (they need the network or a local HF cache).
 
     Raises:
         ValueError: an empty spec, a malformed zoo spec, a ``.bin`` file shorter than
             the llama2.c header.
-        FileNotFoundError: a local path that does not exist, a zoo model not trained.
+        FileNotFoundError: a local path that does not exist or is a file of no known
+            format, a zoo model not trained.
     """
     text = str(spec).strip()
     kind = spec_kind(text)
@@ -150,8 +163,10 @@ def check_spec(spec: str, home: str | os.PathLike | None = None) -> None:
             raise ValueError(f"{spec}: {size} bytes, shorter than a llama2.c header "
                              f"({LLAMA2C_HEADER_BYTES} bytes): a truncated or wrong file")
         return
-    if kind == "missing" or (kind in ("llama2c", "gguf") and not path.exists()):
-        raise FileNotFoundError(f"no such folder or file: {spec}")
+    if kind in ("llama2c", "gguf") and not path.exists():
+        kind = "missing"
+    if refusal(kind, spec):
+        raise FileNotFoundError(refusal(kind, spec))
 
 
 def _check_zoo(spec: str, home) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 # MINILM_NAMES, UnsupportedConfigError, HALF_TOL_FACTOR and PROCESSING_TOL are re-exported
 # for their old import path (tests, benchmarks); each lives where it is used: monkeypatch
 # it there (PROCESSING_TOL: posinterp.models.sources.hf_folder), not here.
-from ..specs import MINILM_NAMES, spec_kind  # noqa: F401
+from ..specs import MINILM_NAMES, refusal, spec_kind  # noqa: F401
 from .hf_config import UnsupportedConfigError  # noqa: F401
 from .sources import encoder, gguf, hf_folder, hub, llama2c, toy
 from .sources.hf_files import IncompleteCheckpointError, checkpoint_files, weights_sha256
@@ -68,9 +68,6 @@ SOURCES: dict[str, Source] = {
     "llama2c": Source(llama2c.load, processed=False),
     "minilm": Source(encoder.load_minilm),
 }
-# kinds load_model refuses, with the message (str.format with the spec)
-_REFUSED = {"file": "{} is neither a checkpoint folder nor a llama2.c .bin file",
-            "missing": "no such folder or file: {}"}
 
 
 def source_kind(spec: str | os.PathLike) -> str:
@@ -169,8 +166,8 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
     if revision is not None and kind != "hub":
         raise ValueError(f"revision={revision!r} applies to hub names only; {spec} is not one "
                          "(for zoo snapshots use zoo:<pe>[:<seed>]@<step>)")
-    if kind in _REFUSED:
-        raise FileNotFoundError(_REFUSED[kind].format(spec))
+    if refusal(kind, str(spec)):
+        raise FileNotFoundError(refusal(kind, str(spec)))
     source = SOURCES[kind]
     chosen = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                   center_unembed=center_unembed, fold_value_biases=fold_value_biases)
