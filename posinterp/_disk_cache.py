@@ -4,8 +4,9 @@ The random-head nulls (:func:`posinterp.analysis.spectral.ginibre_null`,
 :func:`posinterp.analysis.kernels.null_band`) depend only on a shape and a seed, yet cost
 seconds to draw: 62x one ``run_with_cache`` on a short ``posinterp inspect`` input, paid
 again by every new process (issue 39). They are kept here, one ``.npz`` file per key,
-under ``$POSINTERP_CACHE`` (a folder; ``off`` turns the cache off), else
-``$POSINTERP_HOME/cache``, else ``~/.cache/posinterp/cache``.
+under ``$POSINTERP_CACHE`` (a folder; ``off`` turns the cache off), else the ``cache``
+folder of :func:`posinterp.specs.cache_home` (``$POSINTERP_HOME``, else
+``$XDG_CACHE_HOME/posinterp``, else ``~/.cache/posinterp``).
 
 The key holds the computation's name, its own algorithm version (bumped when its numbers
 change), its arguments, and the versions of what draws and reduces the numbers (torch,
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from .io import atomic_path
+from .specs import cache_home
 
 __all__ = ["CACHE_ENV", "cache_root", "cached_arrays"]
 
@@ -41,8 +43,7 @@ def cache_root() -> Path | None:
     if CACHE_ENV in os.environ:
         value = os.environ[CACHE_ENV]
         return None if value.strip().lower() in _OFF else Path(value).expanduser()
-    home = os.environ.get("POSINTERP_HOME")
-    return (Path(home) if home else Path.home() / ".cache" / "posinterp") / "cache"
+    return cache_home() / "cache"
 
 
 def _environment() -> dict:

@@ -14,8 +14,6 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "posinterp"
 DOC = ROOT / "docs" / "architecture.md"
@@ -38,7 +36,6 @@ LAYERS = {
     "cli": (7, ("posinterp.cli",)),
     "api": (99, ("posinterp",)),  # posinterp/__init__.py re-exports everything
 }
-ISSUE = "issue 35: the models/dashboard branches remove the last upward imports"
 
 
 def _module_name(path: Path) -> str:
@@ -158,13 +155,11 @@ def test_the_scanner_sees_function_level_and_relative_imports():
     assert "posinterp.stats" in g["posinterp.analysis.fingerprint"]
 
 
-@pytest.mark.xfail(strict=False, reason=ISSUE)
 def test_no_import_cycle():
     cycles = import_cycles()
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-@pytest.mark.xfail(strict=False, reason=ISSUE)
 def test_imports_run_downhill():
     bad = upward_imports()
     assert not bad, f"{len(bad)} upward imports:\n" + "\n".join(bad)
@@ -204,7 +199,6 @@ def _items(text: str) -> list[str]:
     return items
 
 
-@pytest.mark.xfail(strict=False, reason=ISSUE)
 def test_architecture_doc_names_every_module():
     text = DOC.read_text()
     missing = [rel for p in sorted(PKG.rglob("*.py"))

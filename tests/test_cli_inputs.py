@@ -76,8 +76,8 @@ def test_the_cli_and_load_model_read_a_spec_alike(spec, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     hub_calls = []
-    monkeypatch.setattr(pretrained, "_load_hub", lambda name, *a: hub_calls.append(name) or
-                        (_ for _ in ()).throw(LookupError("hub")))
+    monkeypatch.setitem(pretrained.SOURCES, "hub", pretrained.Source(
+        lambda name, *a: hub_calls.append(name) or (_ for _ in ()).throw(LookupError("hub"))))
     cli_says_path = bool(spec_errors([spec]))  # a path that does not exist is refused
     with pytest.raises((FileNotFoundError, LookupError)) as err:
         pretrained.load_model(spec)

@@ -16,7 +16,7 @@ import pytest
 
 import posinterp.executors
 import posinterp.models
-import posinterp.models.qk_only
+import posinterp.models.sources.qk_only
 from posinterp.cli import main
 from posinterp.experiments import dynamics, fingerprint_families, qk_constraints, spectrum, zuo2024
 from posinterp.experiments.zoo import family_set
@@ -42,7 +42,7 @@ def no_work(monkeypatch):
         raise AssertionError("the command started work in a folder another run holds")
 
     monkeypatch.setattr(posinterp.models, "load_model", started)
-    monkeypatch.setattr(posinterp.models.qk_only, "read_qk_weights", started)
+    monkeypatch.setattr(posinterp.models.sources.qk_only, "read_qk_weights", started)
     for module in (posinterp.executors, spectrum, fingerprint_families, dynamics, zuo2024,
                    qk_constraints):
         monkeypatch.setattr(module, "run_cells", started)

@@ -107,7 +107,7 @@ def _bos_id(model, info) -> int:
     if bos is not None:
         return bos
     if info.source == "llama2c":
-        from ..models.llama2c import BOS_ID
+        from ..models.sources.llama2c import BOS_ID
 
         return BOS_ID
     raise ValueError("--input sampled needs a BOS token id, and this model has no tokenizer with "

@@ -30,6 +30,7 @@ from ..devices import resolve_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import load_model
+from ..specs import parse_zoo_spec, zoo_home, zoo_model_dir
 from ..stats import permutation_p_floor
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
@@ -182,7 +183,7 @@ def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, pr
         _spectrum_frame,
         null_percentiles,
     )
-    from ..models.qk_only import read_qk_weights
+    from ..models.sources.qk_only import read_qk_weights
 
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
     out = check_out_dir(out_dir, "out_dir", create=False)
@@ -231,13 +232,13 @@ def _model_tables(spec: str, seed: int, dynamics: bool, device=None) -> dict:
         from .dynamics import snapshot_hashes
 
         _, card = load_zoo_model(spec, device=device)
-        body = spec.split("@")[0]
+        zoo = parse_zoo_spec(spec)
         folder = Path(card["weights"]).parents[1]  # <model>/checkpoints/step_*/model...
         try:  # a frozen or copied snapshot would pass as two points of a trajectory
             check_distinct_snapshots(snapshot_hashes(folder.parent, card["snapshot_steps"]))
         except ValueError as err:
             raise ValueError(f"{spec}: {err}") from None
-        snaps = ((s, load_zoo_model(f"{body}@{s}", device=device)[0])
+        snaps = ((s, load_zoo_model(zoo.at(s), device=device)[0])
                  for s in card["snapshot_steps"])
         out["dynamics"] = head_dynamics(snaps, seed=seed).assign(model=spec)
     return out
@@ -253,10 +254,11 @@ def _cell_name(spec: str, seed: int, dynamics: bool) -> str:
     parts = [spec, f"seed={seed}", f"dynamics={dynamics}"]
     path = Path(spec)
     if spec.startswith("zoo:"):
-        from ..experiments.zoo import zoo_home
-
-        pe, _, s = spec.removeprefix("zoo:").split("@")[0].partition(":")
-        path = zoo_home() / f"{pe}-seed{s or 0}" / "card.json"
+        try:
+            zoo = parse_zoo_spec(spec)
+            path = zoo_model_dir(zoo_home(), zoo.pe, zoo.seed) / "card.json"
+        except ValueError:  # a malformed spec: load_model reports it in the cell
+            pass
     try:
         if path.exists():
             files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())

@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..specs import zoo_home
+from ..specs import parse_zoo_spec, zoo_home
 from ..specs import zoo_model_dir as _model_dir
 from .checkpoints import _weights_problem, check_checkpoint, latest_checkpoint, load_weights
-from .toy import PE_SCHEMES, ToyModelConfig, build_model
+from .toy import ToyModelConfig, build_model
 
 __all__ = ["check_zoo_model", "load_zoo_model"]
 
@@ -64,14 +64,9 @@ def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
     """
     from safetensors.torch import load_file
 
-    body = spec.removeprefix("zoo:")
-    body, _, step = body.partition("@")
-    pe, _, seed = body.partition(":")
-    if pe not in PE_SCHEMES or (seed and not seed.isdigit()) or (step and not step.isdigit()):
-        raise ValueError(f"zoo spec must look like 'zoo:<pe>[:<seed>][@<step>]' with pe in "
-                         f"{sorted(PE_SCHEMES)}, got {spec!r}")
+    zoo = parse_zoo_spec(spec)
     home = Path(home) if home is not None else zoo_home()
-    folder = _model_dir(home, pe, int(seed or 0))
+    folder = _model_dir(home, zoo.pe, zoo.seed)
     card_path = folder / "card.json"
     if not card_path.exists():
         raise FileNotFoundError(f"{folder} holds no finished zoo model (no card.json); "
@@ -79,8 +74,8 @@ def load_zoo_model(spec: str, home: str | Path | None = None, device=None):
     card = json.loads(card_path.read_text())
     model = build_model(ToyModelConfig.from_dict(card["model"]), device=device)
     repair = "rerun `posinterp zoo train` with the same options to train it again"
-    if step:
-        weights = folder / "checkpoints" / "snapshots" / f"step_{int(step):07d}.safetensors"
+    if zoo.step is not None:
+        weights = folder / "checkpoints" / "snapshots" / f"step_{zoo.step:07d}.safetensors"
         if not weights.exists():
             raise FileNotFoundError(f"no snapshot {weights}; snapshots: {card['snapshot_steps']}")
         problem = _weights_problem(weights)

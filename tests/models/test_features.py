@@ -174,9 +174,9 @@ def test_bidirectional_llama_refused_by_name_before_the_hf_check(tmp_path, monke
     causal. The refusal names the setting and the way out, before HF's model is read (on main:
     "log-probabilities differ from HF's by 1.76e-01 nats", after the parity check)."""
     from posinterp import load_model
-    from posinterp.models import pretrained
     from posinterp.models.hf_config import UnsupportedConfigError
     from posinterp.models.parity import hf_parity
+    from posinterp.models.sources import hf_folder
 
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48,
                                    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
@@ -185,7 +185,7 @@ def test_bidirectional_llama_refused_by_name_before_the_hf_check(tmp_path, monke
 
     def reached(*args, **kwargs):
         raise AssertionError("the HF comparison ran before the refusal")
-    monkeypatch.setattr(pretrained, "_hf_expected", reached)
+    monkeypatch.setattr(hf_folder, "_hf_expected", reached)
     for load in (load_model, hf_parity):
         with pytest.raises(UnsupportedConfigError,
                            match=r"is_causal=False runs with a bidirectional attention mask.*remove "
@@ -313,12 +313,12 @@ def test_mla_load_and_weights_only_refused_by_name(mla_folder, monkeypatch):
     read (on main: "architecture 'DeepseekV3ForCausalLM' has no known positional scheme" and
     "weights-only spectra support [...]; load the whole model instead")."""
     from posinterp import load_model
-    from posinterp.models import pretrained
     from posinterp.models.qk_only import read_qk_weights
+    from posinterp.models.sources import hf_folder
 
     def reached(*args, **kwargs):
         raise AssertionError("weights were read before the refusal")
-    monkeypatch.setattr(pretrained, "_hf_expected", reached)
+    monkeypatch.setattr(hf_folder, "_hf_expected", reached)
     with pytest.raises(ValueError, match=MLA_NAMED):
         load_model(mla_folder)
     with pytest.raises(ValueError, match=MLA_NAMED):

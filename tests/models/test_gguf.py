@@ -76,7 +76,7 @@ def test_greedy_continuation_and_log_probs_match_transformers(smol, reference):
 
 @needs_smol
 def test_converted_folder_is_reused(smol, gguf_cache, monkeypatch):
-    from posinterp.models import gguf as g
+    from posinterp.models.sources import gguf as g
 
     _, info = smol
     monkeypatch.setattr(g, "_convert", lambda *a: pytest.fail("converted again"))

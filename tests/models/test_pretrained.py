@@ -284,13 +284,13 @@ def test_half_precision_loads_within_hf_own_rounding(tmp_path, no_network, dtype
 def test_half_precision_check_still_refuses_a_wrong_model(tmp_path, no_network, monkeypatch):
     """The scaled tolerance is not a blanket pass: a model off by more is refused, and the
     message says precision or config can explain it and how to tell them apart."""
-    from posinterp.models import pretrained
     from posinterp.models.backend import TL_MAJOR
     from posinterp.models.hf_config import UnsupportedConfigError
+    from posinterp.models.sources import hf_folder
 
     _saved(tmp_path / "m", _gpt2())
     name = "_bridge_builder" if TL_MAJOR >= 4 else "_tl3_builder"
-    original = getattr(pretrained, name)
+    original = getattr(hf_folder, name)
 
     def skewed(*args):  # a model whose logits are 1.5x HF's: a setting not honoured
         build = original(*args)
@@ -300,7 +300,7 @@ def test_half_precision_check_still_refuses_a_wrong_model(tmp_path, no_network, 
             model.register_forward_hook(lambda module, inputs, out: out * 1.5)
             return model, extra
         return run
-    monkeypatch.setattr(pretrained, name, skewed)
+    monkeypatch.setattr(hf_folder, name, skewed)
     off = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
                fold_value_biases=False)
     with pytest.raises(UnsupportedConfigError, match="precision or a config setting.*float32"):
@@ -319,22 +319,22 @@ def test_float32_tolerance_scales_with_hf_own_float32_rounding(tmp_path, no_netw
     (computed here independently) and the load within that tolerance, processed, unwarned."""
     import warnings
 
-    from posinterp.models import pretrained
+    from posinterp.models.sources import hf_folder
 
-    monkeypatch.setattr(pretrained, "PROCESSING_TOL", 1e-12)
+    monkeypatch.setattr(hf_folder, "PROCESSING_TOL", 1e-12)
     _saved(tmp_path / "m", config())
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         model, info = load_model(tmp_path / "m")
     check = info.hf_check
-    toks = pretrained._probe_tokens(VOCAB, 64)
+    toks = hf_folder._probe_tokens(VOCAB, 64)
     hf32, hf64 = (transformers.AutoModelForCausalLM.from_pretrained(
         tmp_path / "m", dtype=dtype, attn_implementation="eager").eval()
         for dtype in (torch.float32, torch.float64))
     with torch.no_grad():
         rounding = (_log_probs(hf64, toks) - _log_probs(hf32, toks)).abs().max().item()
     assert 0 < check["hf_float32_vs_float64"] == pytest.approx(rounding, rel=1e-6)
-    assert check["tolerance"] == pretrained.HALF_TOL_FACTOR * check["hf_float32_vs_float64"]
+    assert check["tolerance"] == hf_folder.HALF_TOL_FACTOR * check["hf_float32_vs_float64"]
     assert check["max_abs_logprob_diff"] <= check["tolerance"]
     assert info.processing["fold_ln"] is True and "processing_reverted" not in check
 
@@ -342,14 +342,14 @@ def test_float32_tolerance_scales_with_hf_own_float32_rounding(tmp_path, no_netw
 def test_float32_rounding_tolerance_still_refuses_a_wrong_model(tmp_path, no_network, monkeypatch):
     """The rounding-scaled float32 tolerance is no blanket pass: logits 1.0001x HF's (a
     tenth of a millinat here) are refused, the message naming HF's own rounding."""
-    from posinterp.models import pretrained
     from posinterp.models.backend import TL_MAJOR
     from posinterp.models.hf_config import UnsupportedConfigError
+    from posinterp.models.sources import hf_folder
 
-    monkeypatch.setattr(pretrained, "PROCESSING_TOL", 1e-12)
+    monkeypatch.setattr(hf_folder, "PROCESSING_TOL", 1e-12)
     _saved(tmp_path / "m", _llama())
     name = "_bridge_builder" if TL_MAJOR >= 4 else "_tl3_builder"
-    original = getattr(pretrained, name)
+    original = getattr(hf_folder, name)
 
     def skewed(*args):
         build = original(*args)
@@ -359,7 +359,7 @@ def test_float32_rounding_tolerance_still_refuses_a_wrong_model(tmp_path, no_net
             model.register_forward_hook(lambda module, inputs, out: out * 1.0001)
             return model, extra
         return run
-    monkeypatch.setattr(pretrained, name, skewed)
+    monkeypatch.setattr(hf_folder, name, skewed)
     with pytest.raises(UnsupportedConfigError,
                        match="float32-vs-float64 difference.*with and without weight processing"):
         load_model(tmp_path / "m")
