@@ -211,3 +211,27 @@ def test_the_doc_rule():
     assert documented("analysis/adjacency.py", text) and documented("io.py", text)
     assert documented("tasks/__init__.py", text) and not documented("analysis/heads.py", text)
     assert not documented("models/adjacency.py", text)
+
+
+def version_tests_outside_backend() -> list[str]:
+    """Modules outside ``models/backend/`` that read the TransformerLens major version
+    (``TL_MAJOR``, ``transformer_lens.__version__``): the line is chosen in the adapter
+    package only (``backend.by_line``); recording the version as metadata is not a test."""
+    bad = []
+    for mod, path in MODULES.items():
+        if mod.startswith("posinterp.models.backend"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            hit = ((isinstance(node, ast.Name) and node.id == "TL_MAJOR")
+                   or (isinstance(node, ast.alias) and node.name == "TL_MAJOR")
+                   or (isinstance(node, ast.Attribute) and node.attr == "__version__"
+                       and isinstance(node.value, ast.Name) and node.value.id == "transformer_lens"))
+            if hit:
+                bad.append(f"{mod}:{getattr(node, 'lineno', '?')}")
+    return bad
+
+
+def test_no_transformerlens_version_test_outside_the_adapter():
+    bad = version_tests_outside_backend()
+    assert not bad, "TransformerLens version read outside models/backend/:\n" + "\n".join(bad)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..io import atomic_dir, atomic_path, set_aside
+from .backend.weights import check_tl_major, load_weights  # noqa: F401 - re-exported
 from .toy import ToyModelConfig, build_model
 
 __all__ = ["CHECKPOINT_FILES", "CheckpointDamaged", "MANIFEST", "check_checkpoint",
@@ -171,81 +172,6 @@ def load_checkpoint(path: str | Path, device=None):
     # TL 3.9 weights convert on TL 4; other majors are refused by name (load_weights)
     load_weights(model, weights, configs.get("versions"), f"checkpoint {path}")
     return model, configs
-
-
-def _saved_tl(saved: dict | None) -> str:
-    return str((saved or {}).get("transformer-lens", ""))
-
-
-def load_weights(model, weights: dict[str, Tensor], saved: dict | None, where) -> None:
-    """Load weights written by :func:`train` or the zoo into ``model`` (strict).
-
-    Weights written under TransformerLens 3.9 (``HookedTransformer`` names, per-head
-    shapes) load into a TL 4 model through TL's ``convert_tl_checkpoint``
-    (:func:`posinterp.models.backend.convert_tl3_weights`): the same numbers, so the
-    model computes the same function (docs/tl4.md). TL offers no conversion back.
-
-    Args:
-        saved: the ``versions`` dict recorded with the weights (``io.versions``); files
-            without one (older checkpoints) load as they are.
-        where: the checkpoint folder or file, for messages.
-
-    Raises:
-        ValueError: TL 4 weights under TL 3.9 (naming both versions), or TL 3.9-labelled
-            weights that are not in TL 3.9's layout (naming the file).
-    """
-    from .backend import TL_MAJOR, convert_tl3_weights
-
-    got = _saved_tl(saved)
-    if got[:1].isdigit() and int(got.split(".")[0]) < 4 <= TL_MAJOR:
-        try:
-            weights = convert_tl3_weights(model, weights)
-        except ValueError as err:
-            raise ValueError(f"{where} says it was written under TransformerLens {got} but its "
-                             f"weights are not in that layout: {err}") from None
-    else:
-        check_tl_major(saved, where)
-    model.load_state_dict(weights, strict=True)
-
-
-def check_tl_major(saved: dict, where, resume: bool = False) -> None:
-    """Refuse weights saved under another TransformerLens major version, by name.
-
-    TL 3.9 saves a ``HookedTransformer``'s weights (``blocks.0.attn.W_Q``, per head) and
-    TL 4 a ``TransformerBridge``'s (``blocks.0.attn.q.weight``, fused): the names and
-    shapes differ. :func:`load_weights` converts TL 3.9 weights for TL 4; this check
-    refuses the rest: TL 4 weights under TL 3.9 (TL has no converter back) and, with
-    ``resume``, continuing training across majors (the optimizer's moments are stored
-    per parameter, in the writer's layout).
-
-    Args:
-        saved: the ``versions`` dict recorded with the weights (``io.versions``); files
-            without one (older checkpoints) are let through.
-        where: the checkpoint folder or file, for the message.
-        resume: the check is for resuming training (refused across majors either way).
-
-    Raises:
-        ValueError: naming both versions and how to load the weights.
-    """
-    from .backend import TL_MAJOR, TL_VERSION
-
-    got = _saved_tl(saved)
-    if not (got[:1].isdigit() and int(got.split(".")[0]) != TL_MAJOR):
-        return
-    if resume:
-        raise ValueError(
-            f"{where} was written under TransformerLens {got} and this is TransformerLens "
-            f"{TL_VERSION}: training cannot be resumed across major versions (the optimizer "
-            f"state is stored per parameter, and HookedTransformer and TransformerBridge name "
-            f"and shape them differently). Resume it with TransformerLens "
-            f"{got.split('.')[0]}.x, e.g. pip install 'transformer-lens=={got}', or train "
-            f"again in another folder; load_checkpoint reads TL 3.9 weights on TL 4 (docs/tl4.md).")
-    raise ValueError(
-        f"{where} was written under TransformerLens {got} and this is TransformerLens "
-        f"{TL_VERSION}: its weights are a TransformerBridge's, and TransformerLens has no "
-        f"conversion from that layout back to HookedTransformer's. Load it with TransformerLens "
-        f"{got.split('.')[0]}.x, e.g. pip install 'transformer-lens=={got}' (docs/tl4.md), or "
-        f"train it again in another folder.")
 
 
 def write_checkpoint(ckpt_dir: Path, step: int, blobs: dict[str, bytes], keep: int,

@@ -401,23 +401,32 @@ def model_from_tl_weights(config: dict, tl_state_dict: dict[str, torch.Tensor], 
         ValueError: a config whose ``positional_embedding_type`` is not ``"rotary"``, or
             weights that do not fit it (named by TransformerLens).
     """
-    from .backend.version import TL_MAJOR
+    from .backend.version import by_line
 
     if config.get("positional_embedding_type") != "rotary":
         raise ValueError("model_from_tl_weights builds RoPE models (positional_embedding_type="
                          f"'rotary'), got {config.get('positional_embedding_type')!r}")
-    if TL_MAJOR < 4:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    build = by_line(tl3=_hooked_from_tl_weights, tl4=_native_from_tl_weights)
+    return build(config, tl_state_dict, tokenizer)
 
-        from .._rng import preserved_rng
 
-        with preserved_rng():  # a seed in the config reseeds every global generator; init draws
-            model = HookedTransformer(HookedTransformerConfig(**{**config, "device": "cpu"}),
-                                      tokenizer=tokenizer, move_to_device=False)
-        model.load_and_process_state_dict(dict(tl_state_dict), fold_ln=False,
-                                          center_writing_weights=False, center_unembed=False,
-                                          fold_value_biases=False)
-        return model.eval()
+def _hooked_from_tl_weights(config: dict, tl_state_dict, tokenizer):
+    """TL 3.9: the ``HookedTransformer`` itself, its weights loaded unprocessed."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    from .._rng import preserved_rng
+
+    with preserved_rng():  # a seed in the config reseeds every global generator; init draws
+        model = HookedTransformer(HookedTransformerConfig(**{**config, "device": "cpu"}),
+                                  tokenizer=tokenizer, move_to_device=False)
+    model.load_and_process_state_dict(dict(tl_state_dict), fold_ln=False,
+                                      center_writing_weights=False, center_unembed=False,
+                                      fold_value_biases=False)
+    return model.eval()
+
+
+def _native_from_tl_weights(config: dict, tl_state_dict, tokenizer):
+    """TL 4: a TL-native model with posinterp's attention (:func:`build_native_from_tl`)."""
     from transformer_lens import TransformerBridgeConfig
 
     fields = {k: v for k, v in config.items() if k not in ("seed", "init_weights")}

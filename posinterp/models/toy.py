@@ -257,14 +257,22 @@ def build_model(config: ToyModelConfig, tokenizer=None, device=None, dtype=None)
 def _build_on_cpu(config: ToyModelConfig, tokenizer=None):
     """:func:`build_model` on CPU in float32 (the seeded draw)."""
     from ..tasks.tokenizer import build_byte_tokenizer, build_tokenizer
-    from .backend.version import TL_MAJOR
+    from .backend.version import by_line
 
     if tokenizer is None and config.tokenizer is not None:
         tokenizer = {"char": build_tokenizer, "byte": build_byte_tokenizer}[config.tokenizer]()
-    if TL_MAJOR >= 4:
-        from .native import build_native_toy
+    return by_line(tl3=_hooked_toy, tl4=_native_toy)(config, tokenizer)
 
-        return build_native_toy(config, toy_state_dict(config), tokenizer)
+
+def _native_toy(config: ToyModelConfig, tokenizer):
+    """TL 4: a TL-native model with posinterp's attention, from the same seeded weights."""
+    from .native import build_native_toy
+
+    return build_native_toy(config, toy_state_dict(config), tokenizer)
+
+
+def _hooked_toy(config: ToyModelConfig, tokenizer):
+    """TL 3.9: the ``HookedTransformer`` itself, initialized by :func:`init_weights`."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(

@@ -86,10 +86,18 @@ from .surface import (
     n_kv_heads,
     positional_type,
 )
-from .version import TL_MAJOR, TL_VERSION, hub_repo_for, unhonoured_settings
-from .weights import convert_tl3_weights, mark_folded, norm_gain_folded, process_weights
+from .version import TL_MAJOR, TL_VERSION, by_line, hub_repo_for, major_of, unhonoured_settings
+from .weights import (
+    check_tl_major,
+    convert_tl3_weights,
+    load_weights,
+    mark_folded,
+    norm_gain_folded,
+    process_weights,
+)
 
-__all__ = ["TL_MAJOR", "TL_VERSION", "BlockInputs", "CompiledModelError", "HookMeaning",
+__all__ = ["TL_MAJOR", "TL_VERSION", "by_line", "check_tl_major", "load_weights", "major_of",
+           "BlockInputs", "CompiledModelError", "HookMeaning",
            "MissingFeatureError", "QKNorm", "QKSlot", "RotarySpec", "arm_output_edit",
            "capture_block_inputs", "final_logits", "run_blocks_from", "suffix_replay_matches",
            "attention_input_norm_module", "attention_weights", "attn_scale", "attn_soft_cap",

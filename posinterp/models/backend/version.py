@@ -1,8 +1,9 @@
 """The TransformerLens line posinterp runs on: the one home of version facts.
 
-Imports no other posinterp module, so anything may ask it. Everywhere else asks these
-names (``TL_MAJOR >= 4``) rather than ``transformer_lens.__version__`` or
-``hasattr(transformer_lens, "model_bridge")``. Also what each line itself does with a
+Imports no other posinterp module, so anything may ask it. No module outside
+``models/backend/`` tests the version (tests/test_architecture.py keeps it so): code that
+has one implementation per line picks it with :func:`by_line`, and weights recorded under
+another line are this package's (:mod:`.weights`). Also what each line itself does with a
 name or a config: TL's aliases for hub names (:func:`hub_repo_for`) and the HF settings
 TL 4's bridge ignores (:func:`unhonoured_settings`).
 """
@@ -13,6 +14,20 @@ import importlib.metadata
 
 TL_VERSION = importlib.metadata.version("transformer-lens")
 TL_MAJOR = int(TL_VERSION.split(".")[0])
+
+
+def by_line(*, tl3, tl4):
+    """``tl3`` on TransformerLens 3.x, ``tl4`` on 4.x and later: the one place a
+    line-specific implementation (a ``HookedTransformer`` builder, a bridge builder) is
+    chosen, so the choice never hides in a version test elsewhere."""
+    return tl4 if TL_MAJOR >= 4 else tl3
+
+
+def major_of(version: str | None) -> int | None:
+    """The major version in a recorded TransformerLens version string (``io.versions``),
+    or None for a missing or unreadable one (files written before versions were kept)."""
+    v = str(version or "")
+    return int(v.split(".")[0]) if v[:1].isdigit() else None
 
 
 def hub_repo_for(name: str) -> str:

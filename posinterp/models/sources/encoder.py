@@ -77,16 +77,22 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
     import transformers
 
     from ...devices import move_model, resolve_device
-    from ..backend.version import TL_MAJOR
+    from ..backend.version import by_line
 
     device = resolve_device(device)
     folder = Path(folder)
     hf_cfg = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     check_supported((hf_cfg.architectures or ["BertModel"])[0], hf_cfg)
-    if TL_MAJOR >= 4:
-        model, has_head = _load_bert_bridge(folder, seed)
-        move_model(model.eval(), device)
-        return model, has_head
+    model, has_head = by_line(tl3=_load_hooked_encoder, tl4=_load_bert_bridge)(folder, seed,
+                                                                               hf_cfg)
+    move_model(model.eval(), device)
+    return model, has_head
+
+
+def _load_hooked_encoder(folder: Path, seed: int, hf_cfg):
+    """TL 3.9: HF's ``BertForPreTraining`` weights converted into a ``HookedEncoder`` (an
+    MLM head missing from the checkpoint is initialized from ``seed``)."""
+    import transformers
     from transformer_lens import HookedEncoder, HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions.bert import convert_bert_weights
 
@@ -116,11 +122,10 @@ def load_bert_encoder(folder: str | Path, seed: int = 0, device=None):
         model = HookedEncoder(cfg, tokenizer=tokenizer, move_to_device=False)
     with torch.no_grad():
         model.load_state_dict(convert_bert_weights(source, cfg), strict=False)
-    move_model(model.eval(), device)
     return model, has_head
 
 
-def _load_bert_bridge(folder: Path, seed: int):
+def _load_bert_bridge(folder: Path, seed: int, hf_cfg=None):
     """TL 4: ``TransformerBridge.boot_transformers`` on HF's ``BertForMaskedLM`` (eager
     attention; an MLM head missing from the checkpoint is initialized from ``seed``). No
     weight processing: BERT is post-LN, which TL's ``fold_ln`` cannot fold (TL 3.9's path

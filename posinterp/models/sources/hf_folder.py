@@ -255,7 +255,7 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     """
     import transformers
 
-    from ..backend.version import TL_MAJOR
+    from ..backend.version import by_line
 
     raw_cfg = _read_config(folder)
     architecture = raw_cfg["architectures"][0]
@@ -270,7 +270,7 @@ def _load_local_hf(folder: Path, processing: dict, dtype):
     overrides = tl_overrides(architecture, hf_config, pe)  # refusals by name, on both lines
     expected, unexpected = _hf_expected(folder, architecture, dtype,
                                         overrides.get("n_ctx") or 32)
-    build = (_bridge_builder if TL_MAJOR >= 4 else _tl3_builder)(
+    build = by_line(tl3=_tl3_builder, tl4=_bridge_builder)(
         folder, architecture, pe, hf_config, overrides)
     model, (slopes, done), hf_check = _build_checked(build, processing, expected, architecture)
     weights = {"path": str(folder.resolve()), "files": files}

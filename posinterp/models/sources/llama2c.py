@@ -141,13 +141,15 @@ def _bridge_config(header: Llama2cHeader, name: str, processing: dict):
         device="cpu", model_name=name)
 
 
-def _load_bridge(header: Llama2cHeader, sd: dict[str, torch.Tensor], name: str, processing: dict):
+def _load_bridge(header: Llama2cHeader, arrays, name: str, processing: dict):
     """TL 4: TL's own ``ProcessWeights.process_weights`` on the TL 3.9-named weights (the
     same tensors TL 3.9's ``load_and_process_state_dict`` gives, bitwise; folded gains
     become ones and are dropped, as TL 3.9 drops them), then a native bridge."""
     from transformer_lens.weight_processing import ProcessWeights
 
     from ..native import build_native_from_tl
+
+    sd = _state_dict(header, arrays)
 
     cfg = _bridge_config(header, name, processing)
     if any(processing.values()):
@@ -188,17 +190,15 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
     """
     from ..._rng import preserved_rng
     from ...devices import move_model, resolve_device
-    from ..backend.version import TL_MAJOR
+    from ..backend.version import by_line
 
     device = resolve_device(device)
     processing = dict(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                       center_unembed=center_unembed, fold_value_biases=fold_value_biases)
     header, arrays = read_llama2c(path)
     with preserved_rng():  # TL 3.9's HookedTransformer draws initial values it then replaces
-        if TL_MAJOR >= 4:
-            model = _load_bridge(header, _state_dict(header, arrays), Path(path).stem, processing)
-        else:
-            model = _load_hooked(header, arrays, Path(path).stem, processing)
+        model = by_line(tl3=_load_hooked, tl4=_load_bridge)(header, arrays, Path(path).stem,
+                                                             processing)
     move_model(model.eval(), device, dtype)
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return model, {"weights": {"path": str(Path(path).resolve()), "sha256": digest},
