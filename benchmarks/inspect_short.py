@@ -48,7 +48,8 @@ def _one_process(path: str) -> dict:
     import torch
 
     from posinterp.dashboard.inspect import inspect_heads
-    from posinterp.models import load_model, tokenize_texts
+    from posinterp.models import load_model
+    from posinterp.models.text import tokenize_texts
 
     torch.set_num_threads(1)
     model, _ = load_model(path, device="cpu")
