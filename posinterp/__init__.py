@@ -38,7 +38,8 @@ _EXPORTS = {
     **dict.fromkeys(("tokenize_texts",), ".models.text"),
     **dict.fromkeys(("TASKS", "TaskConfig", "build_tokenizer", "make_task_data", "task_answer"),
                     ".tasks"),
-    **dict.fromkeys(("TrainConfig", "TrainResult", "load_checkpoint", "train"), ".training"),
+    **dict.fromkeys(("load_checkpoint",), ".models.checkpoints"),
+    **dict.fromkeys(("TrainConfig", "TrainResult", "train"), ".training"),
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -90,6 +91,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; never runs
         load_model,
         preset,
     )
+    from .models.checkpoints import load_checkpoint  # noqa: F401
     from .models.text import tokenize_texts  # noqa: F401
     from .tasks import TASKS, TaskConfig, build_tokenizer, make_task_data, task_answer  # noqa: F401
-    from .training import TrainConfig, TrainResult, load_checkpoint, train  # noqa: F401
+    from .training import TrainConfig, TrainResult, train  # noqa: F401

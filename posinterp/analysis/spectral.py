@@ -500,7 +500,7 @@ def _selected_weights(model, layers, heads, offset, weights="effective"):
     ``model`` may also be a :class:`~posinterp.models.qk_only.QKWeights` (weights read
     alone, no model built): the same weights give the same rows.
     """
-    from ..models.qk_only import QKWeights
+    from ..models.sources.qk_only import QKWeights
 
     if isinstance(model, QKWeights):
         if weights not in WEIGHTS:
