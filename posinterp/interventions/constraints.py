@@ -535,6 +535,35 @@ def _scale_head(model, layer: int, head: int, s: float) -> None:
         q.to_tl(getattr(q.module, q.name))[head] *= s
 
 
+# A banned head whose ||M|| is below this fraction of ||W_Q°|| ||W_K|| (its unconstrained
+# factors; ||M|| <= ||W_Q°|| ||W_K|| always) holds rounding residue only: its whole d_head
+# was removed. Random factors give ~1/sqrt(d_model) (0.016 at d_model 4096); float32
+# rounding of the projection leaves ~1e-7.
+EMPTIED_RTOL = 1e-5
+
+
+@torch.no_grad()
+def _emptied_heads(model) -> torch.Tensor:
+    """``[n_layers, n_heads]`` bool: heads whose ban left M = 0 up to rounding (see
+    :data:`EMPTIED_RTOL`). Only a ban (a parametrized W_Q = W_Q° P) can empty a head."""
+    from ..models.backend import qk_slots
+
+    now = qk_norms(model)
+    out = torch.zeros(now.shape, dtype=torch.bool)
+    for layer in range(model.cfg.n_layers):
+        slots = qk_slots(model, layer)
+        q, k = slots["W_Q"], slots["W_K"]
+        if not parametrize.is_parametrized(q.module, q.name):
+            continue
+        W_Q0 = q.to_tl(q.module.parametrizations[q.name].original).detach().double()
+        W_K = k.to_tl(getattr(k.module, k.name)).detach().double()
+        if W_K.shape[0] != W_Q0.shape[0]:  # grouped-query attention: one W_K per group
+            W_K = W_K.repeat_interleave(W_Q0.shape[0] // W_K.shape[0], dim=0)
+        scale = W_Q0.flatten(1).norm(dim=1) * W_K.flatten(1).norm(dim=1)
+        out[layer] = now[layer] <= EMPTIED_RTOL * scale.cpu()
+    return out
+
+
 @torch.no_grad()
 def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int = 50
                   ) -> torch.Tensor:
@@ -543,8 +572,10 @@ def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int
     Scales the free parameters the constraint leaves (W_Q for untied and banned heads,
     X's A and L for tied ones), so the constraint still holds exactly. Exact in one step
     where M is linear in the scaled parameter; iterated for the half-planes. A head whose
-    M is 0 (a ban that removed its whole spectrum) cannot be scaled and stays 0: compare
-    the returned norms with ``target``.
+    M is 0 (a ban or subspace that removed its whole d_head) cannot be scaled and stays
+    as it is: its M is rounding residue (||M|| at most ``EMPTIED_RTOL`` times
+    ||W_Q°|| ||W_K||, the unconstrained factors), which scaling up to ``target`` would
+    turn into a full-norm head of noise. Compare the returned norms with ``target``.
 
     Returns:
         The norms reached, ``[n_layers, n_heads]`` float64.
@@ -557,9 +588,11 @@ def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int
     if tuple(target.shape) != shape or not (target > 0).all():
         raise ValueError(f"target must be a positive [n_layers, n_heads] = {list(shape)} tensor, "
                          f"got shape {list(target.shape)}")
+    emptied = _emptied_heads(model)
     for _ in range(max_iter):
         now = qk_norms(model)
-        ratio = torch.where(now > 0, target / now.clamp_min(1e-300), torch.ones_like(now))
+        ratio = torch.where((now > 0) & ~emptied, target / now.clamp_min(1e-300),
+                            torch.ones_like(now))
         if ((ratio - 1).abs() <= rtol).all():
             break
         for layer in range(shape[0]):

@@ -439,3 +439,22 @@ def test_random_subspace_ranks_are_checked():
     assert not any(parametrize.is_parametrized(m) for m in model.modules())  # untouched
     constrain_qk(model, "ban_random_subspace", rank=3, generator=torch.Generator().manual_seed(0))
     assert (removed_ranks(model) == 3).all()
+
+
+def test_a_head_whose_whole_d_head_is_removed_is_not_scaled_into_noise():
+    """A ban that removes a head's whole d_head leaves M = rounding residue; rescaling that
+    to the target norm (about 1e15 x) made a full-norm head of float32 noise (issue 37).
+    The emptied head keeps M ~ 0 while every other head reaches its target."""
+    model = tiny_model("absolute")
+    target = qk_norms(model)
+    ranks = torch.ones(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.int64)
+    ranks[0, 1] = model.cfg.d_head  # the whole head removed
+    constrain_qk(model, "ban_random_subspace", rank=ranks,
+                 generator=torch.Generator().manual_seed(0))
+    before = qk_norms(model)
+    assert before[0, 1] < 1e-6 * target[0, 1]  # residue only
+    reached = match_qk_norm(model, target)
+    assert reached[0, 1] <= max(before[0, 1], 1e-6 * target[0, 1])
+    others = torch.ones_like(target, dtype=torch.bool)
+    others[0, 1] = False
+    torch.testing.assert_close(reached[others], target[others], rtol=1e-5, atol=0)
