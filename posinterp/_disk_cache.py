@@ -9,9 +9,10 @@ folder of :func:`posinterp.specs.cache_home` (``$POSINTERP_HOME``, else
 ``$XDG_CACHE_HOME/posinterp``, else ``~/.cache/posinterp``).
 
 The key holds the computation's name, its own algorithm version (bumped when its numbers
-change), its arguments, and the versions of what draws and reduces the numbers (torch,
-numpy) and the machine type: a file is only ever reused for the exact computation that
-wrote it, so a cached result equals a fresh one bit for bit. Each file records its whole
+change), its arguments, and what draws and reduces the numbers: the torch and numpy
+versions, the machine type, the CPU's model and instruction-set flags. A file is only
+ever reused for the exact computation that wrote it, so a cached result equals a fresh
+one bit for bit. Each file records its whole
 key, checked on read (a hash collision or a foreign file is recomputed). Files are written
 atomically (:func:`posinterp.io.atomic_path`); an unreadable one is recomputed and
 rewritten, and an unwritable cache folder only costs the recomputation.
@@ -42,14 +43,32 @@ def cache_root() -> Path | None:
     """The cache folder, or None when ``$POSINTERP_CACHE`` turns the cache off."""
     if CACHE_ENV in os.environ:
         value = os.environ[CACHE_ENV]
-        return None if value.strip().lower() in _OFF else Path(value).expanduser()
+        value = value.strip()
+        return None if value.lower() in _OFF else Path(value).expanduser()
     return cache_home() / "cache"
+
+
+def _cpu() -> str:
+    """The CPU's model and instruction-set flags (kernels round by what the CPU offers:
+    a cache shared by machines of one architecture but other CPUs must not mix them)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    first = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in wanted and key.strip() not in first:
+            first[key.strip()] = value.strip()
+    return hashlib.sha256(json.dumps(first, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _environment() -> dict:
     import torch
 
-    return {"torch": torch.__version__, "numpy": np.__version__, "machine": platform.machine()}
+    return {"torch": torch.__version__, "numpy": np.__version__, "machine": platform.machine(),
+            "cpu": _cpu()}
 
 
 def cached_arrays(name: str, version: int, args: dict, compute: Callable[[], dict[str, np.ndarray]],

@@ -37,3 +37,26 @@ def lazy_exports(package: str, exports: dict[str, str], namespace: dict
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+def moved_names(package: str, moved: dict[str, str]) -> Callable[[str], object]:
+    """A ``__getattr__`` for ``package`` that refuses names which moved to another package,
+    saying where they went, without importing it (the new home may sit in a higher layer).
+
+    Args:
+        package: the package's ``__name__``.
+        moved: old public name -> the module that holds it now (``"posinterp.dashboard"``).
+
+    Raises:
+        ImportError: (from ``__getattr__``) for a moved name, naming the new import; an
+            ImportError, not an AttributeError, so ``from package import name`` shows it.
+        AttributeError: for any other missing name.
+    """
+    def __getattr__(name: str):
+        if name in moved:
+            raise ImportError(f"{package}.{name} moved to {moved[name]}: use "
+                              f"`from {moved[name]} import {name}` (issue 35: the inspect "
+                              "dashboard is one package)")
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -22,7 +22,7 @@ from pathlib import Path
 
 __all__ = ["LLAMA2C_HEADER_BYTES", "LOCAL_SUFFIXES", "MINILM_NAMES", "SPEC_KINDS", "ZOO_SCHEMES",
            "ZooSpec", "check_spec", "context_length", "looks_local", "parse_zoo_spec",
-           "read_text_file", "refusal", "spec_errors", "spec_kind", "zoo_home", "zoo_model_dir",
+           "read_text_file", "refusal", "spec_errors", "spec_kind", "spec_text", "zoo_home", "zoo_model_dir",
            "cache_home"]
 
 ZOO_SCHEMES = ("nope", "absolute", "rotary", "alibi")  # = posinterp.models.PE_SCHEMES (tested)
@@ -41,7 +41,8 @@ def cache_home() -> Path:
 
 def zoo_home() -> Path:
     """``$POSINTERP_HOME/zoo``, default ``~/.cache/posinterp/zoo``."""
-    return Path(os.environ.get("POSINTERP_HOME", Path.home() / ".cache" / "posinterp")) / "zoo"
+    home = os.environ.get("POSINTERP_HOME")
+    return (Path(home) if home else Path.home() / ".cache" / "posinterp") / "zoo"
 
 
 def zoo_model_dir(home: Path, pe: str, seed: int) -> Path:
@@ -72,20 +73,36 @@ def looks_local(spec: str) -> bool:
 SPEC_KINDS = ("zoo", "minilm", "folder", "llama2c", "gguf", "file", "missing", "hub")
 
 
+def spec_text(spec) -> str:
+    """``spec`` as the text every reader classifies: a string or path, surrounding
+    whitespace dropped (a pasted path's stray space is never part of a model's name).
+
+    Raises:
+        TypeError: ``spec`` is not a string or ``os.PathLike`` (None, a number).
+    """
+    if not isinstance(spec, (str, os.PathLike)):
+        raise TypeError(f"spec must be a str or os.PathLike (a hub name, a checkpoint folder, "
+                        f"a .bin, .gguf or zoo:<pe> spec), got {type(spec).__name__}: {spec!r}")
+    return os.fspath(spec).strip()
+
+
 def spec_kind(spec: str) -> str:
     """Which kind of model ``spec`` names (one of :data:`SPEC_KINDS`): the one classifier
     :func:`posinterp.load_model`, :func:`check_spec` and :func:`context_length` share.
 
     In order: ``zoo:...`` is "zoo" (well formed or not: :func:`parse_zoo_spec` says);
     a name in :data:`MINILM_NAMES` "minilm"; an existing folder "folder"; a path ending
-    ``.bin`` "llama2c" and one ending ``.gguf`` (any case) "gguf", existing or not; another
+    ``.bin`` "llama2c" and one ending ``.gguf`` "gguf" (either in any case), existing or not; another
     existing file "file"; a missing path (:func:`looks_local`) "missing"; else "hub".
-    ``~`` is expanded. Reads only the file system's metadata.
+    ``~`` is expanded, surrounding whitespace dropped (:func:`spec_text`). Reads only the
+    file system's metadata.
 
     Raises:
         ValueError: an empty (or all-whitespace) spec.
+        TypeError: a spec that is not a string or path.
     """
-    if not spec.strip():
+    spec = spec_text(spec)
+    if not spec:
         raise ValueError("spec must be a hub name, a checkpoint folder, a .bin file or zoo:<pe>; "
                          "got an empty string")
     if spec.startswith("zoo:"):
@@ -95,7 +112,7 @@ def spec_kind(spec: str) -> str:
     path = Path(spec).expanduser()
     if path.is_dir():
         return "folder"
-    if path.suffix == ".bin":
+    if path.suffix.lower() == ".bin":
         return "llama2c"
     if path.suffix.lower() == ".gguf":
         return "gguf"
@@ -160,7 +177,7 @@ def check_spec(spec: str, home: str | os.PathLike | None = None) -> None:
         FileNotFoundError: a local path that does not exist or is a file of no known
             format, a zoo model not trained.
     """
-    text = str(spec).strip()
+    text = spec_text(spec)
     kind = spec_kind(text)
     if kind == "zoo":
         _check_zoo(text, home)
@@ -244,7 +261,7 @@ def context_length(spec: str, home: str | os.PathLike | None = None) -> int | No
     then). Raises nothing.
     """
     try:
-        return _context_length(str(spec).strip(), home)
+        return _context_length(spec_text(spec), home)
     except (OSError, ValueError, KeyError, TypeError, struct.error):
         return None
 

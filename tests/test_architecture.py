@@ -14,6 +14,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "posinterp"
 DOC = ROOT / "docs" / "architecture.md"
@@ -235,3 +237,18 @@ def version_tests_outside_backend() -> list[str]:
 def test_no_transformerlens_version_test_outside_the_adapter():
     bad = version_tests_outside_backend()
     assert not bad, "TransformerLens version read outside models/backend/:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("package, name, home", [
+    ("posinterp.analysis", "inspect_heads", "posinterp.dashboard"),
+    ("posinterp.analysis", "Inspection", "posinterp.dashboard"),
+    ("posinterp.viz", "inspect_page", "posinterp.dashboard.inspect_html"),
+    ("posinterp.viz", "save_compare_page", "posinterp.dashboard.compare_html"),
+    ("posinterp.viz", "head_card_figure", "posinterp.dashboard.cards"),
+])
+def test_names_that_moved_with_the_dashboard_are_refused_with_their_new_home(package, name, home):
+    import importlib
+
+    with pytest.raises(ImportError, match=rf"from {home} import {name}"):
+        exec(f"from {package} import {name}", {})
+    assert hasattr(importlib.import_module(home), name)

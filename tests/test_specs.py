@@ -49,6 +49,8 @@ CASES = [
     ("minilm", "minilm", "minilm", None, None),
     ("all-MiniLM-L6-v2", "minilm", "minilm", None, None),
     ("  ", ValueError, ValueError, ValueError, None),
+    (" model.bin ", "llama2c", "llama2c", None, None),  # a pasted path's stray spaces
+    ("MODEL.BIN", "llama2c", "llama2c", None, None),  # any case, as .gguf
 ]
 
 
@@ -64,6 +66,7 @@ def tree(tmp_path, monkeypatch):
     (tmp_path / "run" / "model.safetensors").write_bytes(b"")
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
     (tmp_path / "model.bin").write_bytes(struct.pack("<7i", 8, 16, 1, 2, 2, 32, 48))
+    (tmp_path / "MODEL.BIN").write_bytes(struct.pack("<7i", 8, 16, 1, 2, 2, 32, 48))
     (tmp_path / "short.bin").write_bytes(b"1234")
     (tmp_path / "notes.txt").write_text("not a model")
     return tmp_path
@@ -92,11 +95,28 @@ def test_every_spec_reader_classifies_a_spec_alike(tree, monkeypatch, spec, kind
     assert [r[0] for r in routed] == ([route] if isinstance(route, str) else [])
     if routed:
         key, passed, processing, rev = routed[0]
-        assert passed == spec and rev == revision
+        assert passed == spec.strip() and rev == revision
         assert set(processing.values()) == {key != "llama2c"}  # run.c runs the raw weights
     assert _outcome(lambda: check_spec(spec, home=tree / "home")) is checked
     assert context_length(spec, home=tree / "home") == (
-        64 if spec in ("hf", "./hf") else 48 if spec == "model.bin" else None)
+        64 if spec in ("hf", "./hf") else 48 if spec.strip().lower() == "model.bin" else None)
+
+
+@pytest.mark.parametrize("spec", [None, 3, 2.5, ["hf"]])
+def test_a_spec_that_is_not_a_string_or_path_is_a_type_error_everywhere(spec):
+    from posinterp.models import load_model
+
+    for read in (spec_kind, check_spec, lambda s: load_model(s)):
+        with pytest.raises(TypeError, match="spec must be a str or os.PathLike"):
+            read(spec)
+    assert context_length(spec) is None  # raises nothing, by contract
+
+
+def test_an_empty_posinterp_home_is_unset(monkeypatch):
+    from posinterp.specs import cache_home, zoo_home
+
+    monkeypatch.setenv("POSINTERP_HOME", "")
+    assert zoo_home().is_absolute() and cache_home().is_absolute()
 
 
 @pytest.mark.parametrize("spec, want", [

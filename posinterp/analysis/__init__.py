@@ -76,3 +76,11 @@ __all__ = [
     "induction_score", "induction_scores", "induction_targets", "repeated_random_tokens",
     "compact_real_tokens", "cosine_self_similarity", "residual_hooks", "similarity_by_layer", "site_hooks",
 ]
+
+from .._lazy import moved_names  # noqa: E402
+
+# moved with the dashboard (issue 35); refused by name, pointing at the new home
+__getattr__ = moved_names(__name__, {
+    "Inspection": "posinterp.dashboard",
+    "inspect_heads": "posinterp.dashboard",
+})

@@ -465,7 +465,7 @@ def inspect_heads(
 
     Raises:
         ValueError: for malformed tokens or mask, a sequence with < 3 real tokens, a
-            bidirectional model, ``max_offset``/``max_pattern_tokens`` < 1, a negative
+            bidirectional model, ``max_offset``/``max_pattern_tokens``/``n_null`` < 1, a negative
             ``explain_values``/``induction_tokens``, ``pattern_sequences`` < 1, or
             ``layers``/``heads`` outside ``[0, n_layers)``/``[0, n_heads)`` or repeated
             (named, with the range).
@@ -487,6 +487,8 @@ def inspect_heads(
         raise ValueError(f"induction_tokens must be an integer >= 0, got {induction_tokens!r}")
     if not is_int(pattern_sequences) or pattern_sequences < 1:
         raise ValueError(f"pattern_sequences must be an integer >= 1, got {pattern_sequences!r}")
+    if not is_int(n_null) or n_null < 1:
+        raise ValueError(f"n_null must be an integer >= 1, got {n_null!r}")
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     all_layers, all_heads = layers is None, heads is None
     layers = list(range(n_layers)) if layers is None else sorted(check_indices("layers", layers, n_layers))

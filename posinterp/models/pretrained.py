@@ -30,7 +30,7 @@ from pathlib import Path
 # MINILM_NAMES, UnsupportedConfigError, HALF_TOL_FACTOR and PROCESSING_TOL are re-exported
 # for their old import path (tests, benchmarks); each lives where it is used: monkeypatch
 # it there (PROCESSING_TOL: posinterp.models.sources.hf_folder), not here.
-from ..specs import MINILM_NAMES, refusal, spec_kind  # noqa: F401
+from ..specs import MINILM_NAMES, refusal, spec_kind, spec_text  # noqa: F401
 from .hf_config import UnsupportedConfigError  # noqa: F401
 from .sources import encoder, gguf, hf_folder, hub, llama2c, toy
 from .sources.hf_files import IncompleteCheckpointError, checkpoint_files, weights_sha256
@@ -160,6 +160,7 @@ def _load_on_cpu(spec, fold_ln, center_writing_weights, center_unembed, fold_val
                  dtype, revision=None):
     """:func:`load_model` before the move to its device: the spec's kind looked up in
     :data:`SOURCES`."""
+    spec = spec_text(spec)
     kind = source_kind(spec)
     if revision is not None and (not isinstance(revision, str) or not revision.strip()):
         raise ValueError(f"revision must be a non-empty branch, tag or commit name, got {revision!r}")

@@ -22,3 +22,15 @@ from .report import Report
 __all__ = ["CircuitsView", "Report", "adjacency_plot", "attention_view", "dynamics_plot",
            "eigenvalue_planes", "export_figure", "fingerprint_plot", "history_plot", "save_figure",
            "similarity_grid"]
+
+from .._lazy import moved_names  # noqa: E402
+
+# moved with the dashboard (issue 35); refused by name, pointing at the new home
+__getattr__ = moved_names(__name__, {
+    "compare_page": "posinterp.dashboard.compare_html",
+    "comparison_card_figure": "posinterp.dashboard.cards",
+    "head_card_figure": "posinterp.dashboard.cards",
+    "inspect_page": "posinterp.dashboard.inspect_html",
+    "save_compare_page": "posinterp.dashboard.compare_html",
+    "save_inspect_page": "posinterp.dashboard.inspect_html",
+})

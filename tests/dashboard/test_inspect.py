@@ -240,7 +240,7 @@ def test_twelve_heads_per_layer():
     assert res.patterns[0].shape[0] == 12
 
 
-@pytest.mark.parametrize("bad", [dict(max_offset=0), dict(max_pattern_tokens=0)])
+@pytest.mark.parametrize("bad", [dict(max_offset=0), dict(max_pattern_tokens=0), dict(n_null=0)])
 def test_bad_arguments_are_named(bad):
     model = tiny_model("nope")
     with pytest.raises(ValueError, match=next(iter(bad))):
