@@ -259,3 +259,14 @@ def test_reproduce_and_experiment_share_their_run_nothing_flag():
         for flag in ("--no-compute", "--tables-only"):
             assert getattr(parser.parse_args(argv + [flag]), dest) is True
         assert getattr(parser.parse_args(argv), dest) is False
+
+
+def test_python_dash_m_posinterp_is_the_command():
+    import subprocess
+    import sys
+
+    from posinterp.io import POSINTERP_VERSION
+
+    out = subprocess.run([sys.executable, "-m", "posinterp", "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == f"posinterp {POSINTERP_VERSION}"

@@ -1,0 +1,7 @@
+"""``python -m posinterp ...``: the ``posinterp`` command (:func:`posinterp.cli.main`)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
