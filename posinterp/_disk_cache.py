@@ -14,8 +14,9 @@ versions, the machine type, the CPU's model and instruction-set flags. A file is
 ever reused for the exact computation that wrote it, so a cached result equals a fresh
 one bit for bit. Each file records its whole
 key, checked on read (a hash collision or a foreign file is recomputed). Files are written
-atomically (:func:`posinterp.io.atomic_path`); an unreadable one is recomputed and
-rewritten, and an unwritable cache folder only costs the recomputation.
+atomically (:func:`posinterp.io.atomic_path`); a damaged one is recomputed and
+rewritten, and an unwritable cache folder costs only the recomputation (each with a
+warning).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import hashlib
 import json
 import os
 import platform
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,6 +87,10 @@ def cached_arrays(name: str, version: int, args: dict, compute: Callable[[], dic
 
     Returns:
         the arrays, in ``compute``'s order, with their dtypes (numeric dtypes only).
+
+    Warns:
+        UserWarning: a damaged cache file (recomputed, rewritten) or an unwritable cache
+            folder (computed, not stored).
     """
     root = cache_root() if root is None else root
     if root is None:
@@ -92,19 +98,24 @@ def cached_arrays(name: str, version: int, args: dict, compute: Callable[[], dic
     key = json.dumps({"name": name, "version": version, "args": args, **_environment()},
                      sort_keys=True)
     path = root / name / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
-    try:
-        with np.load(path, allow_pickle=False) as stored:
-            if str(stored["__key__"]) == key:
-                order = json.loads(str(stored["__order__"]))
-                return {k: stored[k] for k in order}
-    except Exception:  # noqa: BLE001 - absent, or damaged (OSError, BadZipFile, KeyError, ...)
-        pass  # computed and written again below
+    if path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                if str(stored["__key__"]) == key:
+                    order = json.loads(str(stored["__order__"]))
+                    return {k: stored[k] for k in order}
+        except Exception as err:  # noqa: BLE001 - damage: OSError, BadZipFile, KeyError, ...
+            warnings.warn(f"posinterp cache file {path} is damaged ({type(err).__name__}: "
+                          f"{err}); computing it again and rewriting it", stacklevel=3)
     arrays = compute()
     try:
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
                 np.savez(f, __key__=np.array(key), __order__=np.array(json.dumps(list(arrays))),
                          **arrays)
-    except OSError:
-        pass  # a read-only or full cache folder costs only the recomputation
+    except OSError as err:
+        # a read-only or full cache folder costs only the recomputation, said once per place
+        warnings.warn(f"cannot write the posinterp cache at {root} ({err.strerror or err}); "
+                      f"{name} is computed again in every process (set {CACHE_ENV} to a "
+                      f"writable folder, or to off)", stacklevel=3)
     return arrays

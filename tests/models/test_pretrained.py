@@ -281,26 +281,32 @@ def test_half_precision_loads_within_hf_own_rounding(tmp_path, no_network, dtype
     assert (_log_probs(model, toks) - want).abs().max().item() <= HALF_TOL_FACTOR * noise
 
 
+def _skew_logits(monkeypatch, factor: float) -> None:
+    """Make every HF-folder build (either TL line's builder) return logits ``factor`` x the
+    true ones: a model that is not the checkpoint's, for the refusal tests."""
+    from posinterp.models.sources import hf_folder
+
+    for name in ("_bridge_builder", "_tl3_builder"):
+        original = getattr(hf_folder, name)
+
+        def skewed(*args, original=original):
+            build = original(*args)
+
+            def run(processing, dtype):
+                model, extra = build(processing, dtype)
+                model.register_forward_hook(lambda module, inputs, out: out * factor)
+                return model, extra
+            return run
+        monkeypatch.setattr(hf_folder, name, skewed)
+
+
 def test_half_precision_check_still_refuses_a_wrong_model(tmp_path, no_network, monkeypatch):
     """The scaled tolerance is not a blanket pass: a model off by more is refused, and the
     message says precision or config can explain it and how to tell them apart."""
-    from posinterp.models.backend import TL_MAJOR
     from posinterp.models.hf_config import UnsupportedConfigError
-    from posinterp.models.sources import hf_folder
 
     _saved(tmp_path / "m", _gpt2())
-    name = "_bridge_builder" if TL_MAJOR >= 4 else "_tl3_builder"
-    original = getattr(hf_folder, name)
-
-    def skewed(*args):  # a model whose logits are 1.5x HF's: a setting not honoured
-        build = original(*args)
-
-        def run(processing, dtype):
-            model, extra = build(processing, dtype)
-            model.register_forward_hook(lambda module, inputs, out: out * 1.5)
-            return model, extra
-        return run
-    monkeypatch.setattr(hf_folder, name, skewed)
+    _skew_logits(monkeypatch, 1.5)  # a setting not honoured
     off = dict(fold_ln=False, center_writing_weights=False, center_unembed=False,
                fold_value_biases=False)
     with pytest.raises(UnsupportedConfigError, match="precision or a config setting.*float32"):
@@ -340,26 +346,14 @@ def test_float32_tolerance_scales_with_hf_own_float32_rounding(tmp_path, no_netw
 
 
 def test_float32_rounding_tolerance_still_refuses_a_wrong_model(tmp_path, no_network, monkeypatch):
-    """The rounding-scaled float32 tolerance is no blanket pass: logits 1.0001x HF's (a
-    tenth of a millinat here) are refused, the message naming HF's own rounding."""
-    from posinterp.models.backend import TL_MAJOR
+    """The rounding-scaled float32 tolerance is no blanket pass: logits 1.0001x HF's are
+    refused, the message naming HF's own rounding."""
     from posinterp.models.hf_config import UnsupportedConfigError
     from posinterp.models.sources import hf_folder
 
     monkeypatch.setattr(hf_folder, "PROCESSING_TOL", 1e-12)
     _saved(tmp_path / "m", _llama())
-    name = "_bridge_builder" if TL_MAJOR >= 4 else "_tl3_builder"
-    original = getattr(hf_folder, name)
-
-    def skewed(*args):
-        build = original(*args)
-
-        def run(processing, dtype):
-            model, extra = build(processing, dtype)
-            model.register_forward_hook(lambda module, inputs, out: out * 1.0001)
-            return model, extra
-        return run
-    monkeypatch.setattr(hf_folder, name, skewed)
+    _skew_logits(monkeypatch, 1.0001)
     with pytest.raises(UnsupportedConfigError,
                        match="float32-vs-float64 difference.*with and without weight processing"):
         load_model(tmp_path / "m")
