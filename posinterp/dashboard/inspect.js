@@ -2,8 +2,7 @@
 // Text from data is only ever set with textContent, never innerHTML.
 const RAW = JSON.parse(document.getElementById('inspect-data').textContent);
 const META = RAW.meta;
-const COLS = RAW.columns;
-const ROWS = RAW.rows.map(r => Object.fromEntries(COLS.map((c, i) => [c, r[i]])));
+const ROWS = decodeTable(RAW.table);  // posinterp/dashboard/columns.py's encoding
 const VECTOR = new Set(RAW.vector_metrics);  // the inspection schema's list (analysis/inspect.py)
 // The inspected heads: a selection (--layers/--heads), else every one (older files: no list).
 const range = n => Array.from({length: n}, (_, i) => i);

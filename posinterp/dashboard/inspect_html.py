@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..io import atomic_write_text, json_value
+from .columns import table_to_columns
 from ..viz.circuits import script_json, script_safe_js, split_local_src
 from .explain import explain_block
 from .schema import _UNIT_SCORES, _VECTOR_METRICS, head_wide
@@ -98,21 +99,22 @@ def colour_scale(key: str, values, d_head: int | None = None) -> dict:
 
 
 def inspect_data(inspection) -> dict:
-    """The JSON object the page embeds: ``meta``, the table as ``columns`` + ``rows``, the
+    """The JSON object the page embeds: ``meta``, the ``table`` (compact exact columns:
+    :func:`~posinterp.dashboard.columns.table_to_columns`; the page shows a non-finite
+    float as missing), the
     grid's ``colour_scales`` (:func:`colour_scale`, by score column) and
     ``vector_metrics``, the inspection schema's list of metrics with several rows per
     head (never a per-head score; the page's script reads it from here).
 
-    Missing values (NA, NaN, ±inf) become ``null``; nothing is rounded.
+    Nothing is rounded.
     """
     t = inspection.table
-    rows = [[json_value(v) for v in row] for row in t.itertuples(index=False, name=None)]
     meta = {**{k: json_value(v) if not isinstance(v, list) else v for k, v in inspection.meta.items()},
             "rotary": inspection.meta.get("pe") == "rotary"}
     wide = head_wide(t)
     scales = {k: colour_scale(k, wide[k], inspection.meta.get("d_head"))
               for k in wide.columns if k not in ("layer", "head")}
-    return {"meta": meta, "columns": list(t.columns), "rows": rows, "colour_scales": scales,
+    return {"meta": meta, "table": table_to_columns(t), "colour_scales": scales,
             "vector_metrics": list(_VECTOR_METRICS)}
 
 

@@ -45,6 +45,16 @@ def _node(code: str) -> str:
     return out.stdout
 
 
+def page_script_head() -> str:
+    """The inspect page's script up to its data and score keys, after the helpers
+    (common.js) the page loads first."""
+    from importlib.resources import files
+
+    js = files("posinterp.dashboard").joinpath("inspect.js").read_text(encoding="utf-8")
+    common = files("posinterp.dashboard").joinpath("common.js").read_text(encoding="utf-8")
+    return common + "\n" + js[:js.index("// A score column's value as text")]
+
+
 def _toy(pe, seed=0):
     return posinterp.build_model(posinterp.preset("tiny", pe=pe, seed=seed))
 
@@ -246,8 +256,7 @@ def test_the_inspect_page_reads_its_vector_metrics_from_its_data():
     res = inspect_heads(model, random_tokens(model, 2, 8), n_null=N_NULL)
     data = inspect_data(res)
     assert data["vector_metrics"] == list(_VECTOR_METRICS)
-    js = files("posinterp.dashboard").joinpath("inspect.js").read_text(encoding="utf-8")
-    head = js[:js.index("// A score column's value as text")]  # the data and the score keys
+    head = page_script_head()
 
     def score_keys(payload) -> list:
         code = ("const document = {getElementById: () => ({textContent: " + json.dumps(json.dumps(payload))

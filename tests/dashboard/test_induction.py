@@ -10,6 +10,7 @@ names (skipped when the shared file is absent).
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -28,6 +29,7 @@ from posinterp.analysis.heads import (
 )
 from posinterp.dashboard.export import export_inspection, inspection_from_dict, load_inspection
 from posinterp.dashboard.inspect import INDUCTION_BATCH, inspect_heads
+from posinterp.io import json_value
 from posinterp.models.backend import run_cached
 from tests.helpers import random_tokens, tiny_model
 
@@ -257,13 +259,21 @@ def test_views_round_trip_and_a_version_1_file_still_loads(toy, tmp_path):
     for a, b in zip(res.pattern_views, back.pattern_views, strict=True):
         assert a.patterns.keys() == b.patterns.keys()
         assert all(torch.equal(a.patterns[k], b.patterns[k]) for k in a.patterns)
-    # a file written before the picker (schema_version 1: no pattern_views) loads without views
+    # a file written before the picker (schema_version 1: no pattern_views, a list per row,
+    # patterns as whole squares) loads without views
     old = json.loads((tmp_path / "i.json").read_text())
     old["schema_version"] = 1
-    del old["pattern_views"]
+    del old["pattern_views"], old["table"]
+    t = res.table
+    old["columns"], old["dtypes"] = list(t.columns), {c: str(d) for c, d in t.dtypes.items()}
+    old["rows"] = [[json_value(v) for v in r] for r in t.itertuples(index=False, name=None)]
+    old["patterns"] = {str(k): {"shape": list(p.shape), "dtype": "float32", "base64":
+                                base64.b64encode(p.numpy().astype("<f4").tobytes()).decode()}
+                       for k, p in res.patterns.items()}
     v1 = inspection_from_dict(old)
     assert v1.pattern_views == []
     pd.testing.assert_frame_equal(v1.table, res.table)
+    assert all(torch.equal(v1.patterns[k], res.patterns[k]) for k in res.patterns)
 
 
 # --- the CLI ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import torch
 from posinterp.analysis.heads import previous_token_score
 from posinterp.analysis.kernels import attention_kernel, head_scores, t_interval
 from posinterp.dashboard.inspect import inspect_heads
+from posinterp.dashboard.columns import table_from_columns
 from posinterp.dashboard.inspect_html import inspect_data, inspect_page
 from posinterp.dashboard.schema import head_wide
 from posinterp.models import alibi_slopes
@@ -208,7 +209,7 @@ def test_page_embeds_exactly_the_table():
     page = inspect_page(res, "t", "f")
     data = _page_data(page)
     assert data == json.loads(json.dumps(inspect_data(res)))
-    table = pd.DataFrame(data["rows"], columns=data["columns"])
+    table = table_from_columns(data["table"])
     assert len(table) == len(res.table)
     for col in ("layer", "head", "offset", "rank", "value", "ci_low", "ci_high"):
         a = pd.to_numeric(table[col], errors="coerce").to_numpy(dtype=float)
@@ -291,7 +292,7 @@ def test_scores_past_a_sliding_window_are_nan_in_tables_and_null_on_the_page():
     att = res.table[(res.table.metric == "kernel_attention") & (-res.table.offset > window)]
     assert (att.value == 0).all()
     data = _page_data(inspect_page(res, "t", "f"))
-    table = pd.DataFrame(data["rows"], columns=data["columns"])
+    table = table_from_columns(data["table"])
     past_rows = table[(table.metric == "kernel_score") & (-table.offset > window)]
     assert len(past_rows) == len(past) and past_rows.value.isna().all()
 

@@ -25,6 +25,7 @@ from posinterp.dashboard.inspect_html import inspect_page
 from posinterp.interventions import QKIntervention, intervene
 from posinterp.models import backend
 from tests.analysis.test_frequencies import _constructed_heads
+from posinterp.dashboard.columns import table_from_columns
 from tests.dashboard.test_inspect import _page_data
 from tests.helpers import random_tokens, tiny_model
 
@@ -33,7 +34,7 @@ VECTOR = {"kernel_attention", "kernel_score", "eigenvalue_real", "eigenvalue_ima
 
 def _page_table(res) -> pd.DataFrame:
     data = _page_data(inspect_page(res, "t", "f"))
-    return pd.DataFrame(data["rows"], columns=data["columns"]), data["meta"]
+    return table_from_columns(data["table"]), data["meta"]
 
 
 @pytest.fixture(scope="module")

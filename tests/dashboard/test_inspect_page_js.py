@@ -25,7 +25,7 @@ from posinterp.dashboard.inspect_html import (
     inspect_page,
     pattern_data,
 )
-from tests.dashboard.test_compare_schemes import _js_function, _node
+from tests.dashboard.test_compare_schemes import _js_function, _node, page_script_head
 from tests.helpers import random_tokens, tiny_model
 
 NODE = shutil.which("node")
@@ -158,8 +158,7 @@ def test_the_pages_views_decode_to_the_inspections_patterns(selected):
 
 @needs_node
 def test_the_grid_lists_the_selected_layers_and_heads(selected):
-    js = files("posinterp.dashboard").joinpath("inspect.js").read_text(encoding="utf-8")
-    head = js[:js.index("// A score column's value as text")]
+    head = page_script_head()
     payload = inspect_data(selected)
     code = ("const document = {getElementById: () => ({textContent: " + json.dumps(json.dumps(payload))
             + "})};\n" + head

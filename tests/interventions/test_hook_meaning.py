@@ -333,3 +333,45 @@ def test_an_unverified_pattern_hook_is_refused_by_name(monkeypatch):
         backend.run_cached(model, toks, None, lambda n: n.endswith("hook_pattern"))
     with pytest.raises(ValueError, match=r"blocks\.1\.attn\.hook_pattern"):
         pi.previous_token_scores(model, toks)
+
+
+def _sequential_edits(model, tokens, clean, edits):
+    """The probe's edit checks one forward pass per edit, on the same sequence, with the
+    same noise (the reference for the batched checks)."""
+    from posinterp.models.backend import probe
+    return [probe._changes_output(model, tokens[:1], clean[:1], [(n, probe._noise(s))])
+            for n, s in edits]
+
+
+@pytest.mark.parametrize("kind", ["toy-rotary", "toy-alibi", "gpt2", "bloom", "llama", "opt",
+                                  "gptneo-local"])
+def test_batched_edit_checks_give_the_one_edit_per_pass_verdicts(kind, folders, monkeypatch):
+    """The probe checks its edits in batched passes (copy c of the probe batch carries edit c);
+    every layer's verdict, messages included, equals checking them one pass per edit. OPT and
+    GPT-Neo are the models where some edits are discarded (TL 4), so both outcomes occur."""
+    from posinterp.models.backend import probe
+    model = _model(kind, folders)
+    with torch.no_grad():
+        batched = probe._probe(model)
+        monkeypatch.setattr(probe, "_edits_change_output", _sequential_edits)
+        assert probe._probe(model) == batched
+
+
+def test_batched_edit_checks_fall_back_where_batch_elements_interact(folders, monkeypatch):
+    """A model whose batch elements interact (a hook adding the batch mean to the residual
+    stream) breaks the batched check's premise; the unedited copies then differ from the
+    clean run and every edit is checked in its own pass: same verdicts as the reference."""
+    from posinterp.models.backend import probe
+    model = _model("gpt2", folders)
+
+    def couple(x, hook):
+        return x + x.mean(0, keepdim=True)
+    model.blocks[0].hook_resid_mid.register_forward_hook(lambda m, i, o: couple(o, None))
+    passes = []
+    seq = probe._changes_output
+    monkeypatch.setattr(probe, "_changes_output", lambda *a: passes.append(1) or seq(*a))
+    with torch.no_grad():
+        batched = probe._probe(model)
+        assert passes  # the fallback ran
+        monkeypatch.setattr(probe, "_edits_change_output", _sequential_edits)
+        assert probe._probe(model) == batched

@@ -126,11 +126,67 @@ def _changes_output(model, tokens, clean, hooks) -> bool:
     return not torch.allclose(out.double(), clean.double(), rtol=0, atol=1e-6)
 
 
-def _noise(seed):
+def _noise(seed, rows: slice | None = None):
+    """A hook adding seeded N(0, 1) noise to the whole activation, or (``rows``) to one
+    copy of the probe batch only, with the same draw."""
     def hook(x, hook):
         g = torch.Generator().manual_seed(seed)
-        return x + torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.device, x.dtype)
+        part = x if rows is None else x[rows]
+        noise = torch.randn(part.shape, generator=g, dtype=torch.float64).to(x.device, x.dtype)
+        if rows is None:
+            return x + noise
+        x = x.clone()
+        x[rows] += noise
+        return x
     return hook
+
+
+_EDITS_PER_PASS = 32
+
+
+def _edits_change_output(model, tokens, clean, edits: list[tuple[str, int]]) -> list[bool]:
+    """For each edit ``(hook name, noise seed)``: does adding that noise at that hook
+    change the logits (as :func:`_changes_output` with :func:`_noise`)?
+
+    Batched, because one forward pass per edit made the probe cost ~90 passes on a
+    30-layer model: copy c of the probe batch carries edit c alone, two unedited copies
+    (first and last) stand for the clean run. Batch elements do not interact, which is
+    checked: on the first probe sequence, the unedited copies must equal the unbatched clean logits to the tolerance,
+    and any pass that fails (or whose hook sees no batch dimension) is redone one edit at
+    a time. The tolerance covers the rounding by which rows of one batched matmul may
+    differ (1e-4 of the largest |logit|); an edit that takes effect moves the logits by
+    far more (N(0, 1) noise on a score, query or head output).
+    """
+    tokens, clean = tokens[:1], clean[:1].double()  # one sequence shows an edit's effect
+    b = 1
+    tol = max(1e-6, 1e-4 * float(clean.abs().max()))
+    out: list[bool] = []
+    for start in range(0, len(edits), _EDITS_PER_PASS):
+        group = edits[start:start + _EDITS_PER_PASS]
+        k = len(group)
+        batch = tokens.repeat(k + 2, 1)
+        by_name: dict[str, list] = {}
+        for c, (name, seed) in enumerate(group, start=1):
+            by_name.setdefault(name, []).append(_noise(seed, slice(c * b, (c + 1) * b)))
+        seen_shapes = []
+
+        def chain(fns):
+            def hook(x, hook):
+                seen_shapes.append(x.shape[0])
+                for f in fns:
+                    x = f(x, hook)
+                return x
+            return hook
+        logits = model.run_with_hooks(batch, fwd_hooks=[(n, chain(f)) for n, f in by_name.items()])
+        logits = logits.double()
+        copies = logits.reshape(k + 2, b, *logits.shape[1:])
+        if (logits.shape[0] != batch.shape[0] or any(s != batch.shape[0] for s in seen_shapes)
+                or (copies[0] - clean).abs().max() > tol or (copies[-1] - clean).abs().max() > tol):
+            out += [_changes_output(model, tokens, clean, [(n, _noise(s))]) for n, s in group]
+            continue
+        ref = copies[0]
+        out += [bool((copies[c] - ref).abs().max() > tol) for c in range(1, k + 1)]
+    return out
 
 
 def hook_meaning(model, layer: int) -> HookMeaning:
@@ -204,32 +260,31 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
     # MLA: hook_q/hook_k hold [nope | rope] concatenations of another width than d_head and
     # hook_z values of v_head_dim; no q/k/z meaning is probed (readers refuse by name)
     mla = mla_settings(model)
-    out = {}
+    # First what the clean cache shows; the edits whose effect decides a verdict are then
+    # checked together (_edits_change_output), the pattern's only where no score hook is.
+    seen, edits = {}, []
     for layer in range(model.cfg.n_layers):
         p = f"blocks.{layer}.attn."
         found = []
         pattern = cache.get(p + "hook_pattern")
         if pattern is None:
-            out[layer] = HookMeaning(None, None, False, None, None, None, "hook_pattern does not fire")
             continue
+        r = seen[layer] = {"found": found, "scores": None, "q": None, "z": None,
+                           "content_qk": None, "rot_found": []}
         scale = attn_scale(model, layer)
-        cap = attn_soft_cap(model, layer)
+        cap = r["cap"] = attn_soft_cap(model, layer)
         if cap is not None:
             found.append(f"q/k checked through the attention soft-cap ({_soft_cap_setting(model, layer)})")
         # pre-softmax scores
-        scores_name = None
         s = cache.get(p + "hook_attn_scores")
         if s is None:
             found.append("hook_attn_scores does not fire")
         elif not torch.allclose(s.double().softmax(-1), pattern.double(), atol=1e-5, rtol=1e-4):
             found.append("hook_attn_scores holds the post-softmax pattern" if torch.allclose(s, pattern)
                          else "softmax of hook_attn_scores is not hook_pattern")
-        elif not _changes_output(model, tokens, clean, [(p + "hook_attn_scores", _noise(layer))]):
-            found.append("edits of hook_attn_scores are discarded")
         else:
-            scores_name = p + "hook_attn_scores"
+            r["scores"] = (p + "hook_attn_scores", layer)
         # q/k whose product is the content term
-        content_qk = query_qk = None
         if mla:
             found.append("multi-head latent attention (MLA): hook_q/hook_k/hook_z not probed")
         elif p + "hook_q" in cache and p + "hook_k" in cache:
@@ -238,32 +293,61 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
                 spec = rotary_spec(model, layer)
                 pos = torch.arange(n)[None].expand(2, n)
                 q, k = rope_rotate(q, spec, pos), rope_rotate(k, spec, pos)
-            if _explains(pattern, _content(q, k, scale, cap), allowed, rtol) and _changes_output(
-                    model, tokens, clean, [(p + "hook_q", _noise(100 + layer))]):
-                query_qk = (p + "hook_q", p + "hook_k")
-            else:
-                found.append("hook_q/hook_k do not give the scores' q·k term")
-            if not rotary:
-                content_qk = query_qk
+            r["q_found"] = "hook_q/hook_k do not give the scores' q·k term"
+            if _explains(pattern, _content(q, k, scale, cap), allowed, rtol):
+                r["q"] = (p + "hook_q", 100 + layer)
         if rotary and not mla:
             if p + "hook_rot_q" in cache and p + "hook_rot_k" in cache:
                 q, k = _qk(cache, p + "hook_rot_q", p + "hook_rot_k", H)
                 if _explains(pattern, _content(q, k, scale, cap), allowed, rtol):
-                    content_qk = (p + "hook_rot_q", p + "hook_rot_k")
+                    r["content_qk"] = (p + "hook_rot_q", p + "hook_rot_k")
                 else:
-                    found.append("hook_rot_q/hook_rot_k do not give the scores' q·k term")
+                    r["rot_found"].append("hook_rot_q/hook_rot_k do not give the scores' q·k term")
             else:
-                found.append("hook_rot_q/hook_rot_k do not fire")
+                r["rot_found"].append("hook_rot_q/hook_rot_k do not fire")
+        if p + "hook_z" in cache and p + "hook_v" in cache and not mla:
+            v = cache[p + "hook_v"].double()
+            v = v if v.shape[2] == H else torch.repeat_interleave(v, H // v.shape[2], dim=2)
+            pv = torch.einsum("bhij,bjhd->bihd", pattern.double(), v)
+            if pv.shape == cache[p + "hook_z"].shape and torch.allclose(
+                    pv, cache[p + "hook_z"].double(), atol=1e-5, rtol=1e-4):
+                r["z"] = (p + "hook_z", 300 + layer)
+        edits += [r[t] for t in ("scores", "q", "z") if r[t] is not None]
+    takes = dict(zip(edits, _edits_change_output(model, tokens, clean, edits)))
+    patterns = [(f"blocks.{layer}.attn.hook_pattern", 200 + layer) for layer, r in seen.items()
+                if not takes.get(r["scores"], False)]
+    takes.update(zip(patterns, _edits_change_output(model, tokens, clean, patterns)))
+    out = {}
+    for layer in range(model.cfg.n_layers):
+        p = f"blocks.{layer}.attn."
+        if layer not in seen:
+            out[layer] = HookMeaning(None, None, False, None, None, None, "hook_pattern does not fire")
+            continue
+        r = seen[layer]
+        found = r["found"]
+        scores_name = None
+        if r["scores"] is not None and takes[r["scores"]]:
+            scores_name = r["scores"][0]
+        elif r["scores"] is not None:
+            found.append("edits of hook_attn_scores are discarded")
+        query_qk = None
+        if r["q"] is not None and takes[r["q"]]:
+            query_qk = (p + "hook_q", p + "hook_k")
+        elif "q_found" in r:
+            found.append(r["q_found"])
+        found += r["rot_found"]
+        content_qk = query_qk if not rotary else r["content_qk"]
+        if rotary and not mla and content_qk is None:
             tables = (p + "hook_q", p + "hook_k", p + "hook_cos", p + "hook_sin")
-            if content_qk is None and all(t in cache for t in tables):
+            if all(t in cache for t in tables):
                 # GPT-NeoX bridges fire the cos/sin each call used (positions from the mask)
                 q, k = content_qk_from(tables, cache, H)
-                if _explains(pattern, _content(q, k, scale, cap), allowed, rtol):
+                if _explains(cache[p + "hook_pattern"], _content(
+                        q, k, attn_scale(model, layer), r["cap"]), allowed, rtol):
                     content_qk = tables
                     found.append("hook_q/hook_k rotated by hook_cos/hook_sin give the scores")
         pattern_name, output_edit = None, False
-        if scores_name is None and _changes_output(model, tokens, clean,
-                                                   [(p + "hook_pattern", _noise(200 + layer))]):
+        if scores_name is None and takes[(p + "hook_pattern", 200 + layer)]:
             pattern_name = p + "hook_pattern"
         elif scores_name is None:
             found.append("edits of hook_pattern are discarded")
@@ -272,18 +356,12 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
             if not output_edit:
                 found.append("its attention module's output cannot be edited with the pattern")
         z_name = None
-        if p + "hook_z" in cache and p + "hook_v" in cache and not mla:
-            v = cache[p + "hook_v"].double()
-            v = v if v.shape[2] == H else torch.repeat_interleave(v, H // v.shape[2], dim=2)
-            pv = torch.einsum("bhij,bjhd->bihd", pattern.double(), v)
-            if pv.shape == cache[p + "hook_z"].shape and torch.allclose(
-                    pv, cache[p + "hook_z"].double(), atol=1e-5, rtol=1e-4) and _changes_output(
-                    model, tokens, clean, [(p + "hook_z", _noise(300 + layer))]):
-                z_name = p + "hook_z"
-            else:
-                found.append("hook_z is not the pattern-weighted values or edits are discarded")
+        if r["z"] is not None and takes[r["z"]]:
+            z_name = p + "hook_z"
+        elif p + "hook_z" in cache and p + "hook_v" in cache and not mla:
+            found.append("hook_z is not the pattern-weighted values or edits are discarded")
         out[layer] = HookMeaning(scores_name, pattern_name, output_edit, content_qk, query_qk,
-                                 z_name, "; ".join(found), cap)
+                                 z_name, "; ".join(found), r["cap"])
     return out
 
 

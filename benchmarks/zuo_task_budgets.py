@@ -1,0 +1,68 @@
+"""How many steps (and which settings) the three Zuo tasks the --quick budget leaves
+untrained (addition, indexing, ordering) need to reach 0.9 exact match on the `small`
+preset, one thread. An exploration for issue 37 item 2: its figures choose the budgets of
+the reproduction, so that choice is made after seeing these results (the page says so).
+
+    OMP_NUM_THREADS=1 python benchmarks/zuo_task_budgets.py --out /work/runs/zuo-budgets
+
+Resumes: each (task, setting, seed) trains into its own checkpoint folder and writes
+OUT/<tag>.json (step, test_accuracy) when done; a finished tag is skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from posinterp.experiments.zuo2024 import TASK_LENGTHS, THRESHOLDS
+from posinterp.models import preset
+from posinterp.tasks import TaskConfig, make_task_data
+from posinterp.training import TrainConfig, train
+
+SETTINGS = {
+    # name: (TrainConfig overrides)
+    "lr1e-3": {},
+    "lr3e-4": {"lr": 3e-4},
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--tasks", nargs="+", default=["addition", "indexing", "ordering"])
+    p.add_argument("--settings", nargs="+", default=["lr1e-3"])
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for setting in a.settings:
+        for task in a.tasks:
+            for seed in a.seeds:
+                tag = f"{task}-{setting}-steps{a.steps}-seed{seed}"
+                if (out / f"{tag}.json").exists():
+                    continue
+                lo, hi = TASK_LENGTHS[task]
+                data = make_task_data(TaskConfig(task, min_digits=lo, max_digits=hi, seed=seed))
+                trc = TrainConfig(max_steps=a.steps, eval_every=100, warmup_steps=50,
+                                  target_accuracy=THRESHOLDS["target_accuracy"], seed=seed,
+                                  **SETTINGS[setting])
+                t0 = time.time()
+                res = train(preset("small", seed=seed), data, trc,
+                            checkpoint_dir=out / "checkpoints" / tag, progress=False)
+                h = res.history[res.history.metric == "test_accuracy"]
+                rec = {"task": task, "setting": setting, "seed": seed, "steps": res.steps,
+                       "reached": res.reached_target, "seconds": time.time() - t0,
+                       "threads": os.environ.get("OMP_NUM_THREADS"),
+                       "curve": [[int(s), float(v)] for s, v in zip(h.step, h.value)]}
+                tmp = out / f".{tag}.json.tmp"
+                tmp.write_text(json.dumps(rec))
+                tmp.replace(out / f"{tag}.json")
+                print(tag, res.steps, res.reached_target, round(rec["curve"][-1][1], 3),
+                      f"{rec['seconds']:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
