@@ -56,7 +56,7 @@ def main() -> None:
                 rec = {"task": task, "setting": setting, "seed": seed, "steps": res.steps,
                        "reached": res.reached_target, "seconds": time.time() - t0,
                        "threads": os.environ.get("OMP_NUM_THREADS"),
-                       "curve": [[int(s), float(v)] for s, v in zip(h.step, h.value)]}
+                       "curve": [[int(s), float(v)] for s, v in zip(h.step, h.value, strict=True)]}
                 tmp = out / f".{tag}.json.tmp"
                 tmp.write_text(json.dumps(rec))
                 tmp.replace(out / f"{tag}.json")

@@ -24,7 +24,8 @@ A pattern's base64 holds its little-endian float32 bytes, row-major; with ``"tri
 Version 3 stored the table as columns (:mod:`posinterp.dashboard.columns`: a row per
 list repeated every string and wrote floats as decimals, 42 MB for SmolLM2 on two short
 paragraphs) and causal patterns as their lower triangles; versions 1 and 2 (``columns``,
-``dtypes``, ``rows``: ``[[value, ...]]``) still load. Version 2 added ``pattern_views`` (the page's sequence picker beyond sequence 0:
+``dtypes``, ``rows``: ``[[value, ...]]``) still load. Version 2 added ``pattern_views``
+(the page's sequence picker beyond sequence 0:
 :class:`~posinterp.dashboard.inspect.PatternView`) and the table rows
 ``induction_score``/``induction_score_input`` (rows, not columns: the columns are
 unchanged); a version 1 file loads with no pattern views. A loader refuses a file of

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from ..io import atomic_write_text, json_value
-from .columns import table_to_columns
 from ..viz.circuits import script_json, script_safe_js, split_local_src
+from .columns import table_to_columns
 from .explain import explain_block
 from .schema import _UNIT_SCORES, _VECTOR_METRICS, head_wide
 

@@ -118,5 +118,6 @@ def test_the_pages_decoder_reads_what_python_reads():
     out = subprocess.run([shutil.which("node"), "-e", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout)
-    want = [{c: json_value(v) for c, v in zip(t.columns, r)} for r in t.itertuples(index=False, name=None)]
+    want = [{c: json_value(v) for c, v in zip(t.columns, r, strict=True)}
+            for r in t.itertuples(index=False, name=None)]
     assert rows == want

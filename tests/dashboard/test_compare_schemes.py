@@ -250,7 +250,6 @@ def test_comparing_one_scheme_skips_nothing():
 @pytest.mark.skipif(NODE is None, reason="node is not installed (apt-get install nodejs); the "
                     "page's score keys are checked by running its own script")
 def test_the_inspect_page_reads_its_vector_metrics_from_its_data():
-    from importlib.resources import files
 
     model = _toy("rotary")
     res = inspect_heads(model, random_tokens(model, 2, 8), n_null=N_NULL)

@@ -10,8 +10,8 @@ import torch
 
 from posinterp.analysis.heads import previous_token_score
 from posinterp.analysis.kernels import attention_kernel, head_scores, t_interval
-from posinterp.dashboard.inspect import inspect_heads
 from posinterp.dashboard.columns import table_from_columns
+from posinterp.dashboard.inspect import inspect_heads
 from posinterp.dashboard.inspect_html import inspect_data, inspect_page
 from posinterp.dashboard.schema import head_wide
 from posinterp.models import alibi_slopes

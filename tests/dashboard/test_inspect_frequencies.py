@@ -20,12 +20,12 @@ from posinterp.analysis.frequencies import (
     positional_symbolic_score,
     rope_frequency_profile,
 )
+from posinterp.dashboard.columns import table_from_columns
 from posinterp.dashboard.inspect import _band_kinds, inspect_heads
 from posinterp.dashboard.inspect_html import inspect_page
 from posinterp.interventions import QKIntervention, intervene
 from posinterp.models import backend
 from tests.analysis.test_frequencies import _constructed_heads
-from posinterp.dashboard.columns import table_from_columns
 from tests.dashboard.test_inspect import _page_data
 from tests.helpers import random_tokens, tiny_model
 

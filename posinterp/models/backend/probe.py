@@ -150,12 +150,13 @@ def _edits_change_output(model, tokens, clean, edits: list[tuple[str, int]]) -> 
 
     Batched, because one forward pass per edit made the probe cost ~90 passes on a
     30-layer model: copy c of the probe batch carries edit c alone, two unedited copies
-    (first and last) stand for the clean run. Batch elements do not interact, which is
-    checked: on the first probe sequence, the unedited copies must equal the unbatched clean logits to the tolerance,
-    and any pass that fails (or whose hook sees no batch dimension) is redone one edit at
-    a time. The tolerance covers the rounding by which rows of one batched matmul may
-    differ (1e-4 of the largest |logit|); an edit that takes effect moves the logits by
-    far more (N(0, 1) noise on a score, query or head output).
+    (first and last) stand for the clean run, all of the first probe sequence. Batch
+    elements do not interact, which is checked: the unedited copies must equal the
+    unbatched clean logits to the tolerance, and any pass that fails (or whose hook sees
+    no batch dimension) is redone one edit at a time. The tolerance covers the rounding
+    by which rows of one batched matmul may differ (1e-4 of the largest |logit|); an edit
+    that takes effect moves the logits by far more (N(0, 1) noise on a score, query or
+    head output).
     """
     tokens, clean = tokens[:1], clean[:1].double()  # one sequence shows an edit's effect
     b = 1
@@ -168,11 +169,11 @@ def _edits_change_output(model, tokens, clean, edits: list[tuple[str, int]]) -> 
         by_name: dict[str, list] = {}
         for c, (name, seed) in enumerate(group, start=1):
             by_name.setdefault(name, []).append(_noise(seed, slice(c * b, (c + 1) * b)))
-        seen_shapes = []
+        seen_shapes: list[int] = []
 
-        def chain(fns):
+        def chain(fns, seen=seen_shapes):
             def hook(x, hook):
-                seen_shapes.append(x.shape[0])
+                seen.append(x.shape[0])
                 for f in fns:
                     x = f(x, hook)
                 return x
@@ -313,10 +314,10 @@ def _probe(model, rtol: float = 1e-3) -> dict[int, HookMeaning]:
                     pv, cache[p + "hook_z"].double(), atol=1e-5, rtol=1e-4):
                 r["z"] = (p + "hook_z", 300 + layer)
         edits += [r[t] for t in ("scores", "q", "z") if r[t] is not None]
-    takes = dict(zip(edits, _edits_change_output(model, tokens, clean, edits)))
+    takes = dict(zip(edits, _edits_change_output(model, tokens, clean, edits), strict=True))
     patterns = [(f"blocks.{layer}.attn.hook_pattern", 200 + layer) for layer, r in seen.items()
                 if not takes.get(r["scores"], False)]
-    takes.update(zip(patterns, _edits_change_output(model, tokens, clean, patterns)))
+    takes.update(zip(patterns, _edits_change_output(model, tokens, clean, patterns), strict=True))
     out = {}
     for layer in range(model.cfg.n_layers):
         p = f"blocks.{layer}.attn."
