@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import atomic_path
+from .io import atomic_path, cpu_facts
 from .specs import cache_home
 
 __all__ = ["CACHE_ENV", "cache_root", "cached_arrays"]
@@ -51,19 +51,11 @@ def cache_root() -> Path | None:
 
 
 def _cpu() -> str:
-    """The CPU's model and instruction-set flags (kernels round by what the CPU offers:
-    a cache shared by machines of one architecture but other CPUs must not mix them)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
-    first = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        if key.strip() in wanted and key.strip() not in first:
-            first[key.strip()] = value.strip()
-    return hashlib.sha256(json.dumps(first, sort_keys=True).encode()).hexdigest()[:16]
+    """The CPU's model and instruction-set flags, as a digest (kernels round by what the
+    CPU offers: a cache shared by machines of one architecture but other CPUs must not mix
+    them)."""
+    facts = cpu_facts()
+    return facts["cpu_flags"] or facts["cpu"]
 
 
 def _environment() -> dict:

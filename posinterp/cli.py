@@ -623,8 +623,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--pes", nargs="+", default=None, choices=["nope", "absolute", "rotary", "alibi"],
                     help="positional schemes (default: absolute rotary)")
     ex.add_argument("--constraints", nargs="+", default=None, metavar="NAME",
-                    help="constraints (default: none ban_positive_real ban_negative_real "
-                         "ban_complex tied symmetric); also antisymmetric, left_half_plane, "
+                    help="constraints (default: none; the channel bans ban_positive_real, "
+                         "ban_negative_real, ban_complex, each with its controls rank_matched_<c> "
+                         "(a fixed random subspace of the ban's rank at init) and rank_tracked_<c> "
+                         "(one resized to the ban's rank as it changes; needs its ban); tied, "
+                         "symmetric); also antisymmetric, left_half_plane, "
                          "right_half_plane, and on RoPE (--pes rotary) frequency-band bans "
                          "ban_band_p0, ban_band_p0-1, ... (rotary pairs, pair 0 the fastest)")
     _executor_options(ex, "processes sharing the cells, one torch thread each (default 2)",

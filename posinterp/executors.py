@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import pickle
+import platform
 import re
 import signal
 import threading
@@ -42,13 +43,16 @@ from .io import (
     atomic_path,
     atomic_write_json,
     clean_temporaries,
+    cpu_facts,
     folder_lock,
     read_json_record,
     set_aside,
+    versions,
 )
 
-__all__ = ["EXECUTORS", "Cell", "CellsFailed", "Executor", "LocalExecutor", "ProcessExecutor",
-           "RayExecutor", "cell_done", "gpus_for", "make_executor", "run_cells"]
+__all__ = ["ENVIRONMENT_FILE", "EXECUTORS", "Cell", "CellsFailed", "Executor", "LocalExecutor",
+           "ProcessExecutor", "RayExecutor", "cell_done", "cell_environment", "cell_environments",
+           "gpus_for", "make_executor", "run_cells"]
 
 EXECUTORS = ("local", "process", "ray")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]*(/[A-Za-z0-9][A-Za-z0-9._+=-]*)*")
@@ -129,11 +133,24 @@ def cell_done(cell: Cell, out_dir: str | os.PathLike, fmt: str = "json") -> bool
     return stored.exists() and stored.read_text() == _key_text(cell.key)
 
 
+def cell_environment(threads: int) -> dict:
+    """Where a cell's numbers were computed: torch's thread count during the cell, the CPU
+    (:func:`posinterp.io.cpu_facts`: model and instruction-set digest) and the versions
+    that change numbers (:func:`posinterp.io.versions`). A trained cell is reproducible
+    bit for bit only under the same facts; a rerun report compares them."""
+    import torch
+
+    return {"torch_threads": int(threads), **cpu_facts(), "machine": platform.machine(),
+            **versions(), "device_count_cuda": int(torch.cuda.device_count())}
+
+
 def _call(fn: Callable[..., Any], kwargs: Mapping[str, Any], threads: int) -> tuple:
     """Run one cell with ``threads`` torch threads; never raises.
 
-    Returns ``(True, result, seconds)`` or ``(False, formatted traceback, seconds)``: the
-    worker formats the traceback, so every executor reports a failure the same way.
+    Returns ``(True, result, seconds, environment)`` or ``(False, formatted traceback,
+    seconds, environment)`` (:func:`cell_environment`, taken in the worker that ran the
+    cell): the worker formats the traceback, so every executor reports a failure the
+    same way.
     """
     import torch
 
@@ -141,9 +158,10 @@ def _call(fn: Callable[..., Any], kwargs: Mapping[str, Any], threads: int) -> tu
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return True, fn(**kwargs), time.time() - t0
+        env = cell_environment(torch.get_num_threads())
+        return True, fn(**kwargs), time.time() - t0, env
     except Exception:  # reported by the driver with the cell's name
-        return False, traceback.format_exc(), time.time() - t0
+        return False, traceback.format_exc(), time.time() - t0, None
     finally:
         torch.set_num_threads(before)
 
@@ -153,12 +171,13 @@ def _threads(cell: Cell) -> int:
 
 
 class Executor:
-    """Runs cells; :meth:`submit_all` yields ``(cell, ok, result_or_traceback, seconds)``
+    """Runs cells; :meth:`submit_all` yields ``(cell, ok, result_or_traceback, seconds,
+    environment)``
     in completion order. Use as a context manager (or call :meth:`close`)."""
 
     name = "executor"
 
-    def submit_all(self, cells: Sequence[Cell]) -> Iterator[tuple[Cell, bool, Any, float]]:
+    def submit_all(self, cells: Sequence[Cell]) -> Iterator[tuple[Cell, bool, Any, float, Any]]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -213,7 +232,7 @@ class ProcessExecutor(Executor):
                 try:
                     result = fut.result()
                 except Exception:  # the worker died (killed, out of memory): not the cell's own error
-                    result = False, traceback.format_exc(), float("nan")
+                    result = False, traceback.format_exc(), float("nan"), None
                 yield (futures[fut], *result)
             finished = True
         finally:
@@ -300,7 +319,7 @@ class RayExecutor(Executor):
             try:
                 yield (cell, *ray.get(ready[0]))
             except Exception:  # the task's worker died: not the cell's own error
-                yield cell, False, traceback.format_exc(), float("nan")
+                yield cell, False, traceback.format_exc(), float("nan"), None
 
     def close(self):
         if self._started and self._ray.is_initialized():
@@ -426,7 +445,8 @@ def run_cells(cells: Sequence[Cell], out_dir: str | os.PathLike, executor: Execu
     others go through ``executor`` (default :class:`LocalExecutor`); each result is
     written atomically by this driver as it arrives (``fmt``: ``json`` for dicts, ``csv``
     for DataFrames, ``pickle`` for anything else) and its compute seconds are added to
-    ``<out_dir>/<seconds_file>`` (``None``: not recorded). Every result returned is read
+    ``<out_dir>/<seconds_file>`` (``None``: not recorded), and the environment it ran in
+    (:func:`cell_environment`) to ``<out_dir>/_environment.json``. Every result returned is read
     back from its file, so a fresh run and a resumed one hand on the same values.
 
     While it runs, the driver holds :func:`posinterp.io.folder_lock` on ``out_dir``
@@ -481,7 +501,7 @@ def _run_cells(cells, out, executor, fmt, progress, desc, seconds_file, log, ver
         executor = executor or LocalExecutor()
         arriving = executor.submit_all(todo)
         try:
-            for cell, ok, value, seconds in arriving:
+            for cell, ok, value, seconds, env in arriving:
                 if ok:
                     if cell.key is not None:  # the old key goes first: never a stale pair
                         _key_path(path[cell.name]).unlink(missing_ok=True)
@@ -491,6 +511,7 @@ def _run_cells(cells, out, executor, fmt, progress, desc, seconds_file, log, ver
                             tmp.write_text(_key_text(cell.key))
                     if seconds_file is not None:
                         _add_seconds(out / seconds_file, cell.name, seconds)
+                        _add_environment(out / ENVIRONMENT_FILE, cell.name, env)
                 else:
                     failures[cell.name] = value
                 if log is not None:
@@ -558,6 +579,35 @@ def _sigterm_interrupts():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+#: Beside the seconds file: each finished cell's :func:`cell_environment`.
+ENVIRONMENT_FILE = "_environment.json"
+
+
+def _add_environment(path: Path, name: str, env: dict | None) -> None:
+    table = read_json_record(path) or {}
+    table[name] = env
+    atomic_write_json(path, table)
+
+
+def cell_environments(out_dir: str | Path, names: Sequence[str]) -> dict:
+    """The environments the cells ``names`` of ``out_dir`` were computed in, compactly:
+    ``{"environments": [env, ...], "cells": {name: index or None}}`` (None: a cell written
+    before environments were recorded, or restored from committed outputs). Raises
+    nothing: an unreadable record reads as empty."""
+    table = read_json_record(Path(out_dir) / ENVIRONMENT_FILE) or {}
+    envs: list[dict] = []
+    cells: dict[str, int | None] = {}
+    for n in names:
+        env = table.get(n)
+        if env is None:
+            cells[n] = None
+            continue
+        if env not in envs:
+            envs.append(env)
+        cells[n] = envs.index(env)
+    return {"environments": envs, "cells": cells}
 
 
 def _add_seconds(path: Path, name: str, seconds: float) -> None:

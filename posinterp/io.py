@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["POSINTERP_VERSION", "FolderInUse", "atomic_dir", "atomic_path", "atomic_write_json",
+__all__ = ["POSINTERP_VERSION", "cpu_facts", "FolderInUse", "atomic_dir", "atomic_path", "atomic_write_json",
            "atomic_write_text", "check_out_dir", "clean_temporaries", "describe_os_error", "dumps_json",
            "folder_lock", "json_ready", "json_value", "locks_output", "output_lock", "read_json_record",
            "set_aside", "sha256_file", "versions"]
@@ -366,6 +366,28 @@ def locks_output(param: str = "out_dir"):
                 return fn(*args, **kwargs)
         return locked
     return wrap
+
+
+def cpu_facts() -> dict[str, str]:
+    """The CPU a number was computed on: ``{"cpu": model name, "cpu_flags": a 16-hex digest
+    of its instruction-set flags}`` (kernels round by what the CPU offers, so two CPUs of
+    one architecture can give results that differ in the last bits; a cache or a rerun
+    report must be able to tell them apart). From /proc/cpuinfo where there is one, else
+    :func:`platform.processor` (no flags)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return {"cpu": platform.processor() or platform.machine(), "cpu_flags": ""}
+    wanted = ("model name", "flags", "Features", "CPU implementer", "CPU part")
+    first: dict[str, str] = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in wanted and key.strip() not in first:
+            first[key.strip()] = value.strip()
+    name = first.get("model name") or " ".join(
+        first.get(k, "") for k in ("CPU implementer", "CPU part")).strip() or platform.machine()
+    return {"cpu": name,
+            "cpu_flags": hashlib.sha256(json.dumps(first, sort_keys=True).encode()).hexdigest()[:16]}
 
 
 def versions() -> dict[str, str]:

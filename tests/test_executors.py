@@ -114,6 +114,32 @@ def test_a_cell_runs_with_its_num_cpus_as_torch_threads(tmp_path):
     assert res["two"]["threads"] == 2 and torch.get_num_threads() == before  # restored
 
 
+def test_each_cell_records_the_environment_it_ran_in(executor, tmp_path):
+    """Threads, CPU and versions of the worker that ran each cell (issue 37 item 1: a
+    trained cell reproduces bit for bit only under the same facts), kept across resumes;
+    cell_environments maps each cell to one of the distinct environments."""
+    from posinterp.executors import cell_environments
+    from posinterp.io import cpu_facts, versions
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    cells = [Cell(f"c{i}", square, dict(x=i, calls=str(calls)), num_cpus=1 + i % 2) for i in range(3)]
+    run_cells(cells[:2], tmp_path / "out", executor, progress=False)
+    run_cells(cells, tmp_path / "out", executor, progress=False)  # resumes: only c2 runs
+    table = json.loads((tmp_path / "out" / "_environment.json").read_text())
+    assert sorted(table) == ["c0", "c1", "c2"]
+    for i in range(3):
+        env = table[f"c{i}"]
+        assert env["torch_threads"] == 1 + i % 2
+        assert {k: env[k] for k in ("cpu", "cpu_flags")} == cpu_facts()
+        assert env["torch"] == versions()["torch"] and env["posinterp"] == versions()["posinterp"]
+    envs = cell_environments(tmp_path / "out", ["c0", "c1", "c2", "never-ran"])
+    assert len(envs["environments"]) == 2  # one thread and two threads
+    assert envs["cells"]["c0"] == envs["cells"]["c2"] != envs["cells"]["c1"]
+    assert envs["cells"]["never-ran"] is None
+    executor.close()
+
+
 def test_results_in_other_formats_round_trip(tmp_path):
     pd = pytest.importorskip("pandas")
     res = run_cells([Cell("table", pd.DataFrame, dict(data={"a": [1.5, 2.25]}))], tmp_path,

@@ -346,6 +346,24 @@ def test_rank_matched_controls_remove_the_bans_rank_and_are_compared(tmp_path):
     assert len(row) == 1 and row.verdict.iloc[0] == "undetermined"  # all censored at 4 steps
     page = (tmp_path / "page.md").read_text()
     assert page == render_markdown(tmp_path) and "## Rank-matched controls of the bans" in page
+    # the removed rank through training (issue 37 item 6): per head at init and at each
+    # change (ranks.csv); its totals bound the row's and end at the final rank
+    ranks = pd.read_csv(tmp_path / "ranks.csv")
+    assert set(ranks.constraint) == {"ban_complex", "rank_matched_complex"}
+    for (c, seed), g in ranks.groupby(["constraint", "seed"]):
+        row = runs[(runs.constraint == c) & (runs.seed == seed)].iloc[0]
+        at_init = g[g.step == 0]
+        assert len(at_init) == grid.n_layers * grid.n_heads
+        assert at_init.removed_rank.sum() == row.init_removed_rank
+        last = g.sort_values("step").groupby(["layer", "head"]).removed_rank.last()
+        assert last.sum() == row.final_removed_rank
+        assert row.removed_rank_min <= min(row.init_removed_rank, row.final_removed_rank)
+        assert row.removed_rank_max >= max(row.init_removed_rank, row.final_removed_rank)
+    assert (ranks[ranks.constraint == "rank_matched_complex"].step == 0).all()  # fixed subspace
+    # every cell says where it ran
+    env = json.loads((tmp_path / "run.json").read_text())["cell_environments"]
+    assert len(env["environments"]) == 1 and set(env["cells"].values()) == {0}
+    assert env["environments"][0]["torch_threads"] == 1
 
 
 def test_committed_outputs_are_restored_as_finished_cells(tmp_path):
@@ -356,18 +374,22 @@ def test_committed_outputs_are_restored_as_finished_cells(tmp_path):
 
     from posinterp.experiments.qk_constraints import restore_run
 
-    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "symmetric")}, workers=1)
+    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "ban_complex", "symmetric")}, workers=1)
     run_qk_constraints(grid, tmp_path / "first", progress=False)
+    assert len(pd.read_csv(tmp_path / "first" / "ranks.csv"))  # the ban's trace comes back too
     data = tmp_path / "data"
     data.mkdir()
-    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "run.json"):
+    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "run.json", "ranks.csv"):
         shutil.copyfile(tmp_path / "first" / name, data / name)
-    assert len(restore_run(data, tmp_path / "again")) == 4
+    assert len(restore_run(data, tmp_path / "again")) == 6
     run_qk_constraints(grid, tmp_path / "again", progress=False)
-    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv"):
+    first_env = json.loads((tmp_path / "first" / "run.json").read_text())["cell_environments"]
+    again_env = json.loads((tmp_path / "again" / "run.json").read_text())["cell_environments"]
+    assert again_env == first_env  # restored with the cells
+    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "ranks.csv"):
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "first" / name).read_bytes()
     run = json.loads((tmp_path / "again" / "run.json").read_text())
-    assert [c["cells_run"] for c in run["calls"]] == [4, 0]
+    assert [c["cells_run"] for c in run["calls"]] == [6, 0]
     assert restore_run(data, tmp_path / "again") == []  # nothing overwritten
     budget = json.loads((tmp_path / "again" / "grid.json").read_text())
     del budget["n_layers"]  # as written before the field existed (its default then: 2)
@@ -442,3 +464,66 @@ def test_tables_of_the_finished_cells_name_the_pending_ones(tmp_path):
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["pending"] == [] and run["calls"][-1]["cells_run"] == 2
     assert "Pending" not in render_markdown(tmp_path)
+
+
+def test_rank_tracked_controls_follow_their_bans_rank(tmp_path):
+    """Issue 37 item 6: a rank-tracked control starts as the rank-matched control of its
+    seed and removes, after each evaluation, a random subspace of the rank its ban (same pe
+    and seed) removed at that step; its own logged trace is the ban's, and the ban is
+    compared with it."""
+    grid = ConstraintGrid(**{**TINY, "max_steps": 12, "constraints": (
+        "none", "ban_complex", "rank_matched_complex", "rank_tracked_complex")}, workers=1)
+    summary = run_qk_constraints(grid, tmp_path, progress=False)
+    runs = pd.read_csv(tmp_path / "runs.csv").set_index(["constraint", "seed"])
+    ranks = pd.read_csv(tmp_path / "ranks.csv")
+    for seed in range(grid.seeds):
+        ban = ranks[(ranks.constraint == "ban_complex") & (ranks.seed == seed)]
+        ctrl = ranks[(ranks.constraint == "rank_tracked_complex") & (ranks.seed == seed)]
+        last = max(runs.loc[("rank_tracked_complex", seed), "steps"], 0)
+        # the control's rank at each of its evaluations is the ban's at that step (the ban
+        # stops at its own step count; the control keeps its last rank after that)
+        for step in range(0, int(last) + 1, grid.eval_every):
+            def at(trace, s=step):
+                return (trace[trace.step <= s].sort_values("step")
+                        .groupby(["layer", "head"]).removed_rank.last())
+            assert at(ctrl).equals(at(ban)), (seed, step)
+        assert (runs.loc[("rank_tracked_complex", seed), "init_removed_rank"]
+                == runs.loc[("rank_matched_complex", seed), "init_removed_rank"])
+        assert runs.loc[("rank_tracked_complex", seed), "final_max_removed_energy"] < 1e-10
+    assert ("ban_complex", "rank_tracked_complex") in set(zip(summary.constraint, summary.control,
+                                                              strict=True))
+    with pytest.raises(ValueError, match="needs .*ban_complex"):
+        ConstraintGrid(**{**TINY, "constraints": ("none", "rank_tracked_complex")})
+
+
+def test_resized_subspaces_are_nested_and_follow_the_requested_ranks():
+    from posinterp.experiments.qk_constraints import _cell_config
+    from posinterp.interventions.constraints import (
+        constrain_qk,
+        removed_ranks,
+        resize_removed_subspaces,
+    )
+    from posinterp.models import build_model
+    from posinterp.models.backend import qk_slots
+
+    model = build_model(_cell_config(ConstraintGrid(**TINY), "absolute", 0))
+    constrain_qk(model, "ban_random_subspace", rank=3, generator=torch.Generator().manual_seed(0))
+    q = qk_slots(model, 0)["W_Q"]
+
+    def projector():
+        return q.module.parametrizations[q.name][0].removed.double().clone()
+    before = projector()
+    ranks = torch.tensor([[5, 1], [3, 0]])
+    gen = torch.Generator().manual_seed(1)
+    assert resize_removed_subspaces(model, ranks, gen) == 3  # (1, 1) keeps its rank 3
+    assert torch.equal(removed_ranks(model), ranks)
+    after = projector()
+    for h, grew in ((0, True), (1, False)):
+        small, big = (before[h], after[h]) if grew else (after[h], before[h])
+        assert torch.allclose(big @ small, small, atol=1e-12)  # nested: small inside big
+        assert torch.allclose(after[h] @ after[h], after[h], atol=1e-12)  # still a projector
+    with pytest.raises(ValueError, match="ranks must be"):
+        resize_removed_subspaces(model, torch.tensor([[17, 0], [0, 0]]), gen)
+    with pytest.raises(ValueError, match="no random-subspace ban"):
+        resize_removed_subspaces(build_model(_cell_config(ConstraintGrid(**TINY), "absolute", 0)),
+                                 ranks, gen)

@@ -38,6 +38,7 @@ as a Ray task (:mod:`posinterp.executors`), so its numbers do not depend on wher
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -62,7 +63,17 @@ from ..analysis.spectral import (
 )
 from ..analysis.survival import EXACT_LIMIT, N_RESAMPLES, kaplan_meier, km_median, logrank_test
 from ..devices import model_device, resolve_device, to_device
-from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
+from ..executors import (
+    ENVIRONMENT_FILE,
+    Cell,
+    Executor,
+    LocalExecutor,
+    ProcessExecutor,
+    cell_done,
+    cell_environments,
+    gpus_for,
+    run_cells,
+)
 from ..interventions.constraints import (
     BAND_BAN,
     BANS,
@@ -73,6 +84,7 @@ from ..interventions.constraints import (
     qk_norms,
     removed_energy,
     removed_ranks,
+    resize_removed_subspaces,
 )
 from ..io import (
     atomic_path,
@@ -109,6 +121,16 @@ def band_of(constraint: str) -> tuple[int, ...] | None:
     return parse_band_label(constraint[len(BAND_BAN_PREFIX):])
 
 
+#: Controls that remove a random subspace of the rank the paired ban (same pe and seed)
+#: removes at each evaluation (issue 37 item 6): at init the rank-matched control, then
+#: resized (nested) whenever the ban's rank changed (ranks.csv of the ban's cell).
+RANK_TRACKED = tuple(f"rank_tracked_{b.removeprefix('ban_')}" for b in BANS)
+
+
+def _tracked_ban(constraint: str) -> str:
+    return "ban_" + constraint.removeprefix("rank_tracked_")
+
+
 def _untied_ban(constraint: str) -> bool:
     """A ban on untied weights, compared with the untied model ``none``."""
     return constraint in BANS or band_of(constraint) is not None
@@ -135,8 +157,11 @@ class ConstraintGrid:
 
     pes: tuple[str, ...] = ("absolute", "rotary")
     constraints: tuple[str, ...] = ("none", "ban_positive_real", "rank_matched_positive_real",
+                                    "rank_tracked_positive_real",
                                     "ban_negative_real", "rank_matched_negative_real",
-                                    "ban_complex", "rank_matched_complex", "tied", "symmetric")
+                                    "rank_tracked_negative_real",
+                                    "ban_complex", "rank_matched_complex", "rank_tracked_complex",
+                                    "tied", "symmetric")
     seeds: int = 5
     n_ctx: int = 32
     d_vocab: int = 32
@@ -161,7 +186,8 @@ class ConstraintGrid:
             raise ValueError(f"d_vocab must be >= n_ctx // 2 = {self.n_ctx // 2} (a period holds "
                              f"that many distinct tokens), got {self.d_vocab}")
         n_pairs = (self.d_model // self.n_heads) // 2  # the cells' full-rotary heads
-        for name, allowed in (("pes", tuple(PE_SCHEMES)), ("constraints", ("none", *CONSTRAINTS))):
+        for name, allowed in (("pes", tuple(PE_SCHEMES)),
+                              ("constraints", ("none", *CONSTRAINTS, *RANK_TRACKED))):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"{name} must be a non-empty tuple without repeats, got {values}")
@@ -181,6 +207,10 @@ class ConstraintGrid:
                 raise ValueError(f"constraints: {c!r} bans pairs {band}, but the cells' heads "
                                  f"(d_head = d_model // n_heads = {2 * n_pairs}) have rotary pairs "
                                  f"0..{n_pairs - 1}")
+        lone = [c for c in self.constraints if c in RANK_TRACKED and _tracked_ban(c) not in self.constraints]
+        if lone:
+            raise ValueError(f"constraints: {lone} track the rank of their ban through training, "
+                             f"so the grid needs {[_tracked_ban(c) for c in lone]} too")
         if bands and set(self.pes) != {"rotary"}:
             raise ValueError(f"constraints {tuple(bands)} ban RoPE frequency bands, which exist "
                              f"only with pe 'rotary'; pes must be ('rotary',), got {self.pes} "
@@ -325,32 +355,51 @@ def _cell_config(grid: ConstraintGrid, pe: str, seed: int) -> ToyModelConfig:
 
 
 def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, device=None,
-                keep_model: bool = False):
-    """One cell's row of runs.csv (and, with ``keep_model``, the trained model too)."""
+                keep_model: bool = False, ban_trace: list | None = None):
+    """One cell's row of runs.csv (and, with ``keep_model``, the trained model too).
+    ``ban_trace``: a rank-tracked control's paired ban's ``removed_rank_trace``."""
     model = build_model(_cell_config(grid, pe, seed), device=device)
     target_norms = grid.init_scale * qk_norms(model)  # the untied model's, this seed
     banned = constraint.removeprefix("ban_") if constraint in BANS else None
     band = band_of(constraint)
+    tracked = constraint in RANK_TRACKED
+    if tracked and ban_trace is None:
+        raise ValueError(f"{constraint!r} needs ban_trace, the trace of its ban's cell")
     if band is not None:
         constrain_qk(model, BAND_BAN, band=band)
+    elif tracked:  # starts as the rank-matched control of its seed (the same subspace)
+        constrain_qk(model, "rank_matched_" + constraint.removeprefix("rank_tracked_"),
+                     generator=torch.Generator().manual_seed(seed))
     elif constraint != "none":
         constrain_qk(model, constraint, generator=torch.Generator().manual_seed(seed))
     match_qk_norm(model, target_norms)
     init = {**_channel_summary(model, "init", banned), **_band_summary(model, "init", band)}
     # rank removed from q over the model's heads: a ban's Π_c at init (it follows the
     # weights), its rank-matched control's fixed random subspace
-    removes = constraint in (*BANS, *RANK_MATCHED)
+    removes = constraint in (*BANS, *RANK_MATCHED, *RANK_TRACKED)
     if removes:
-        init["init_removed_rank"] = int(removed_ranks(model).sum())
+        init_ranks = removed_ranks(model)
+        init["init_removed_rank"] = int(init_ranks.sum())
     eval_gen = torch.Generator().manual_seed(10_000 + seed)
     eval_tokens, eval_mask = to_device(induction_batch(eval_gen, EVAL_SEQUENCES, grid.n_ctx,
                                                        grid.d_vocab),
                                        model_device(model))
 
+    resize_gen = torch.Generator().manual_seed(30_000 + seed)
+    evaluations = [0]
+
     @torch.no_grad()
     def evaluate(m):
         _, acc = _loss_and_accuracy(m, eval_tokens, eval_mask)
-        return {"test_accuracy": acc.item()}
+        out = {"test_accuracy": acc.item()}
+        evaluations[0] += 1
+        if tracked:  # the ban's rank after as many steps, in effect until the next evaluation
+            step = min(evaluations[0] * grid.eval_every, grid.max_steps)
+            resize_removed_subspaces(m, _ranks_at(ban_trace, step, init_ranks.shape), resize_gen)
+        if removes:  # the rank each head's constraint removes now (a ban's follows the weights)
+            out.update({f"{RANK_METRIC}{layer}H{head}": float(r)
+                        for (layer, head), r in np.ndenumerate(removed_ranks(m).numpy())})
+        return out
 
     train_cfg = TrainConfig(max_steps=grid.max_steps, batch_size=grid.batch_size, lr=grid.lr,
                             warmup_steps=10, min_lr_ratio=1.0, eval_every=grid.eval_every,
@@ -371,9 +420,76 @@ def _train_cell(grid: ConstraintGrid, pe: str, constraint: str, seed: int, devic
             **init, **_channel_summary(model, "final", banned), **_band_summary(model, "final", band)}
     if removes:
         row["final_removed_rank"] = int(removed_ranks(model).sum())
-    if constraint in RANK_MATCHED:
+        row.update(_rank_trace(history, init_ranks))
+    if constraint in (*RANK_MATCHED, *RANK_TRACKED):
         row["final_max_removed_energy"] = float(removed_energy(model).max())
     return (row, model) if keep_model else row
+
+
+RANK_METRIC = "removed_rank_L"  # evaluation metric: removed_rank_L{layer}H{head}
+
+
+def _rank_trace(history: pd.DataFrame, init_ranks: torch.Tensor) -> dict:
+    """The removed rank through training (issue 37 item 6), from the evaluations' metrics:
+    ``removed_rank_min``/``_max``/``_mean`` of the model's total over init and every
+    evaluation, and ``removed_rank_trace``: ``[[step, layer, head, rank], ...]`` at init
+    (step 0) and wherever a head's rank changed (ranks.csv)."""
+    ranks = history[history.metric.str.startswith(RANK_METRIC)]
+    trace = [[0, layer, head, int(r)] for (layer, head), r in np.ndenumerate(init_ranks.numpy())]
+    last = {(layer, head): r for _, layer, head, r in trace}
+    totals = [int(init_ranks.sum())]
+    for step, at in ranks.groupby("step", sort=True):
+        total = 0
+        for metric, value in zip(at.metric, at.value, strict=True):
+            layer, head = (int(x) for x in metric.removeprefix(RANK_METRIC).split("H"))
+            r = int(round(value))
+            total += r
+            if last[(layer, head)] != r:
+                trace.append([int(step), layer, head, r])
+                last[(layer, head)] = r
+        totals.append(total)
+    return {"removed_rank_min": min(totals), "removed_rank_max": max(totals),
+            "removed_rank_mean": float(np.mean(totals)), "removed_rank_trace": trace}
+
+
+def _tracked_cells(grid: ConstraintGrid, named_cells, done: dict, device) -> list[Cell]:
+    """The rank-tracked control cells among ``named_cells`` (``[(name, (pe, constraint,
+    seed))]``) whose ban (same pe and seed) is finished with a trace; each is keyed by that
+    trace, so a rerun ban reruns its control."""
+    out = []
+    for name, (pe, c, seed) in named_cells:
+        ban = done.get(f"{pe}-{_tracked_ban(c)}-seed{seed}") if c in RANK_TRACKED else None
+        trace = ban.get("removed_rank_trace") if isinstance(ban, dict) else None
+        if isinstance(trace, list):
+            out.append(Cell(name, _train_cell, dict(grid=grid, pe=pe, constraint=c, seed=seed,
+                                                    device=device, ban_trace=trace),
+                            num_cpus=1, num_gpus=gpus_for(device),
+                            key={"ban_trace": hashlib.sha256(json.dumps(trace).encode()).hexdigest()}))
+    return out
+
+
+def _ranks_at(trace: list, step: int, shape) -> torch.Tensor:
+    """``[n_layers, n_heads]`` ranks of a ``removed_rank_trace`` after ``step`` steps."""
+    out = torch.zeros(tuple(shape), dtype=torch.int64)
+    for t, layer, head, r in trace:  # in step order
+        if t <= step:
+            out[layer, head] = r
+    return out
+
+
+def ranks_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """``ranks.csv``: ``pe, constraint, seed, step, layer, head, removed_rank``, one row per
+    head at init and one wherever its removed rank changed (the rank at a step is that of
+    the head's last row at or before it), for every cell whose constraint removes rank and
+    that logged its trace."""
+    cols = ["pe", "constraint", "seed", "step", "layer", "head", "removed_rank"]
+    rows = []
+    if "removed_rank_trace" in runs:
+        for r in runs.itertuples(index=False):
+            trace = r.removed_rank_trace
+            if isinstance(trace, list):
+                rows += [[r.pe, r.constraint, r.seed, *t] for t in trace]
+    return pd.DataFrame(rows, columns=cols)
 
 
 @torch.no_grad()
@@ -480,10 +596,13 @@ def _summarize(runs: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
         # bans act on untied weights: their control is the untied model, and a channel
         # ban's rank-matched random-subspace control (same rank removed, another subspace);
         # the tied family is compared with its own control and with the untied model
+        # and its rank-tracked control (a random subspace of the ban's current rank)
+        channel = constraint.removeprefix("ban_")
         controls = ([] if constraint == "none"
-                    else ["none", "rank_matched_" + constraint.removeprefix("ban_")]
+                    else ["none", "rank_matched_" + channel, "rank_tracked_" + channel]
                     if constraint in BANS
-                    else ["none"] if _untied_ban(constraint) or constraint in (*RANK_MATCHED, "tied")
+                    else ["none"] if _untied_ban(constraint) or constraint in (
+                        *RANK_MATCHED, *RANK_TRACKED, "tied")
                     else ["tied", "none"])
         controls = [c for c in controls if (runs[runs.pe == pe].constraint == c).any()]
         if not controls:
@@ -772,9 +891,10 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
                          f"(stored vs requested: {diff}); use a new out_dir")
     atomic_write_json(grid_file, budget)
     names = ["{}-{}-seed{}".format(*cell) for cell in cells]
+    cell_of = dict(zip(names, cells, strict=True))
     specs = [Cell(name, _train_cell, dict(grid=grid, pe=pe, constraint=c, seed=s, device=device),
                   num_cpus=1, num_gpus=gpus_for(device))
-             for name, (pe, c, s) in zip(names, cells, strict=True)]
+             for name, (pe, c, s) in zip(names, cells, strict=True) if c not in RANK_TRACKED]
     todo = [n for n in names if not _readable(out / "cells" / f"{n}.json")]  # damaged: rerun
     pending = todo if only_finished else []
     if only_finished:
@@ -789,9 +909,23 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
         executor = LocalExecutor() if grid.workers == 1 else ProcessExecutor(grid.workers)
     try:
         done = run_cells(specs, out / "cells", executor, progress=progress, desc="qk-constraints")
+        # then the rank-tracked controls, each following its finished ban's trace
+        tracked = _tracked_cells(grid, [(n, cell_of[n]) for n in names], done, device)
+        if only_finished:  # a control whose ban was rerun since is stale: pending, not run
+            stale = [c.name for c in tracked if not cell_done(c, out / "cells")]
+            pending += stale
+            names = [n for n in names if n not in stale]
+            tracked = [c for c in tracked if c.name not in stale]
+        done.update(run_cells(tracked, out / "cells", executor, progress=progress,
+                              desc="qk-constraints, rank-tracked controls"))
     finally:
         if own:
             executor.close()
+    untracked = [n for n in names if n not in done]  # a ban without a trace: cannot run
+    if untracked:
+        raise ValueError(f"cells {untracked} track a ban whose cell holds no removed-rank trace "
+                         "(restored from outputs without ranks.csv); rerun those bans into a new "
+                         "out_dir")
     results = [done[n] for n in names]
     runs = pd.DataFrame(results)
     # cells read back from JSON come with sorted keys; keep one column order
@@ -799,13 +933,14 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
              "prev_score", "induction_head", "induction_score"]
     # compute seconds stay out of runs.csv, so that file is the same under every executor
     cell_seconds = _cell_seconds(out / "cells", names, results)
+    ranks = ranks_table(runs)
     runs = runs[[c for c in first if c in runs]
-                + sorted(c for c in runs if c not in first and c != "cell_seconds")]
+                + sorted(c for c in runs if c not in (*first, "cell_seconds", "removed_rank_trace"))]
     summary = _summarize(runs)
     heads = heads_table(runs)
     claims = claims_table(summary, grid, heads)
     for name, df in (("runs.csv", runs), ("summary.csv", summary), ("heads.csv", heads),
-                     ("claims.csv", claims)):
+                     ("claims.csv", claims), ("ranks.csv", ranks)):
         with atomic_path(out / name) as tmp:
             df.to_csv(tmp, index=False)
     run_file = out / "run.json"
@@ -818,6 +953,9 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
     atomic_write_json(run_file, {"grid": asdict(grid), "versions": versions(),
                                  "induction_ceiling": ceiling, "qk_convention": QK_CONVENTION,
                                  "cells": len(cells), "calls": calls, "pending": pending,
+                                 # where each cell's numbers were computed (threads, CPU,
+                                 # versions); None for cells restored from committed data
+                                 "cell_environments": cell_environments(out / "cells", names),
                                  "cell_seconds": cell_seconds,
                                  "seconds": round(sum(c["seconds"] for c in calls
                                                       if c["cells_run"]), 1)})
@@ -855,7 +993,9 @@ def restore_run(data_dir, out_dir) -> list[str]:
     docs/reproductions/data/qk-constraints, which keeps no ``cells/``). Every row of
     runs.csv becomes ``out_dir/cells/<pe>-<constraint>-seed<s>.json`` (its non-empty
     fields: a cell's row is its result), its compute seconds (a ``cell_seconds`` column,
-    or none) go to ``cells/_seconds.json``, the budget to ``grid.json``, and run.json and
+    or none) go to ``cells/_seconds.json``, the removed-rank traces of ``ranks.csv`` back
+    into their cells, the cells' environments (run.json's ``cell_environments``) to
+    ``cells/_environment.json``, the budget to ``grid.json``, and run.json and
     phase.csv are copied, so :func:`run_qk_constraints` into ``out_dir`` runs only the
     cells the data lacks. Sub-grids under ``data_dir/sensitivity/<name>`` are restored
     into ``out_dir/sensitivity/<name>`` the same way. A cell file already in ``out_dir``
@@ -889,19 +1029,33 @@ def restore_run(data_dir, out_dir) -> list[str]:
                              "use a new out_dir")
     atomic_write_json(grid_file, budget)
     written, seconds = [], (read_json_record(cells / "_seconds.json") or {})
+    traces = {}
+    if (data / "ranks.csv").exists():
+        ranks = pd.read_csv(data / "ranks.csv")
+        for (pe, c, seed), g in ranks.groupby(["pe", "constraint", "seed"], sort=False):
+            traces[f"{pe}-{c}-seed{int(seed)}"] = g[["step", "layer", "head", "removed_rank"]
+                                                   ].astype(int).values.tolist()
+    envs = run.get("cell_environments") or {"environments": [], "cells": {}}
+    environment = read_json_record(cells / ENVIRONMENT_FILE) or {}
     for row in runs.to_dict("records"):
         name = f"{row['pe']}-{row['constraint']}-seed{int(row['seed'])}"
         if "cell_seconds" in row and pd.notna(row["cell_seconds"]):
             seconds.setdefault(name, float(row["cell_seconds"]))
+        if envs["cells"].get(name) is not None:
+            environment.setdefault(name, envs["environments"][envs["cells"][name]])
         path = cells / f"{name}.json"
         if path.exists():
             continue
         cell = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in row.items()
                 if k != "cell_seconds" and not (isinstance(v, float) and math.isnan(v))}
+        if name in traces:
+            cell["removed_rank_trace"] = traces[name]
         atomic_write_json(path, cell)
         written.append(name)
     if seconds:
         atomic_write_json(cells / "_seconds.json", seconds)
+    if environment:
+        atomic_write_json(cells / ENVIRONMENT_FILE, environment)
     if not (out / "run.json").exists():
         atomic_write_json(out / "run.json", run)
     if (data / "phase.csv").exists() and not (out / "phase.csv").exists():

@@ -82,6 +82,7 @@ from ..analysis.spectral import CHANNELS
 __all__ = ["BANS", "BandBan", "CONSTRAINTS", "RANDOM_SUBSPACE", "RANK_MATCHED",
            "TIED_CONSTRAINTS", "ChannelBan", "SubspaceBan", "TiedKey", "banned_ranks",
            "constrain_qk", "effective_x", "match_qk_norm", "qk_norms", "random_subspaces",
+           "resize_removed_subspaces",
            "removed_energy", "removed_ranks"]
 
 TIED_CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "left_half_plane", "right_half_plane")
@@ -290,6 +291,74 @@ class SubspaceBan(nn.Module):
         P = self.keep.to(x.dtype)
         out = torch.einsum("hd,hde->he", x, P) if x.ndim == 2 else x @ P  # b_Q / W_Q
         return out if slot is None else slot.from_tl(out)
+
+
+def _resized(P: torch.Tensor, r: int, generator) -> torch.Tensor:
+    """Π_U grown or shrunk to rank ``r``, nested: kept directions stay (growing adds
+    Haar-random ones orthogonal to U; shrinking keeps a Haar-random r-dim subspace of U)."""
+    d = P.shape[-1]
+    w, V = torch.linalg.eigh(P)
+    U = V[:, w > 0.5]
+    now = U.shape[1]
+    if r > now:
+        G = torch.randn(d, r - now, generator=generator, dtype=torch.float64)
+        G = G - U @ (U.mT @ G)
+        Q, R = torch.linalg.qr(G)
+        U = torch.cat([U, Q * torch.sign(torch.diagonal(R))], dim=1)
+    elif r < now:
+        G = torch.randn(now, now, generator=generator, dtype=torch.float64)
+        Q, R = torch.linalg.qr(G)
+        U = U @ (Q * torch.sign(torch.diagonal(R)))[:, :r]
+    return U @ U.mT
+
+
+@torch.no_grad()
+def resize_removed_subspaces(model, ranks, generator: torch.Generator | None = None) -> int:
+    """Set each head's removed random subspace (a :class:`SubspaceBan`:
+    ``rank_matched_<channel>``, ``ban_random_subspace``) to rank ``ranks[layer, head]``
+    (``[n_layers, n_heads]`` ints in [0, d_head]), nested: a growing subspace keeps its
+    directions and adds Haar-random ones orthogonal to them, a shrinking one keeps a
+    Haar-random subspace of itself. The query weight W_Q° (I - Π_U) changes only in the
+    directions added or released. The rank-tracked controls of the learning-speed
+    experiment call this as the paired ban's rank changes (issue 37 item 6).
+
+    Returns:
+        The number of heads whose rank changed.
+
+    Raises:
+        ValueError: ``ranks`` of another shape or outside [0, d_head], or a layer whose
+            W_Q has no :class:`SubspaceBan`.
+    """
+    from ..models.backend import qk_slots
+
+    shape, d = (model.cfg.n_layers, model.cfg.n_heads), model.cfg.d_head
+    ranks = torch.as_tensor(ranks)
+    if (tuple(ranks.shape) != shape or ranks.is_floating_point()
+            or bool(((ranks < 0) | (ranks > d)).any())):
+        raise ValueError(f"ranks must be [n_layers, n_heads] = {list(shape)} ints in "
+                         f"[0, d_head = {d}], got {ranks.tolist()!r}")
+    bans = []
+    for layer in range(shape[0]):
+        slots = qk_slots(model, layer)
+        found = [s.module.parametrizations[s.name][0] for s in (slots["W_Q"], slots["b_Q"])
+                 if s is not None and parametrize.is_parametrized(s.module, s.name)]
+        if not found or not isinstance(found[0], SubspaceBan):
+            raise ValueError(f"layer {layer}'s W_Q has no random-subspace ban to resize "
+                             f"(constrain_qk with {RANK_MATCHED[0]!r} or {RANDOM_SUBSPACE!r} first)")
+        bans.append(found)
+    changed = 0
+    for layer, found in enumerate(bans):
+        removed = found[0].removed.detach().cpu().double()
+        new = removed.clone()
+        for head in range(shape[1]):
+            r = int(ranks[layer, head])
+            if round(float(torch.diagonal(removed[head]).sum())) != r:
+                new[head] = _resized(removed[head], r, generator)
+                changed += 1
+        for ban in found:  # W_Q's and b_Q's share the subspace
+            ban.removed.copy_(new.to(ban.removed))
+            ban.keep.copy_((torch.eye(d, dtype=torch.float64) - new).to(ban.keep))
+    return changed
 
 
 @torch.no_grad()
