@@ -56,6 +56,7 @@ from ..stats import bh_qvalues, t_critical
 from ..stats import mean_t_interval as mean_ci  # mean over seeds (docs/concepts.md: >= 3)
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
 from ..training import TrainConfig, evaluate, latest_checkpoint, load_checkpoint, train
+from ._disclosure import Choice, disclosure_section
 
 __all__ = ["PRIMARY_POINT", "THRESHOLDS", "ReproConfig", "depth_width_configs", "render_markdown",
            "run_zuo2024"]
@@ -66,11 +67,38 @@ THRESHOLDS = {"chance": 0.05, "high": 0.8, "vanishes": 0.6, "matters_little": 0.
 POINTS = {"attn_out": "blocks.0.hook_attn_out", "resid_mid": "blocks.0.hook_resid_mid",
           "resid_post": "blocks.0.hook_resid_post"}
 #: The measurement point whose verdicts are the reproduction's; the other two are shown
-#: beside it. Fixed in the code before the three were compared side by side: the paper's
-#: argument is about the first attention output (a convex mix of earlier values), while
-#: resid_mid adds the embedding and resid_post the MLP, so their scores also depend on
-#: norm ratios that the argument does not address.
+#: beside it. Named primary (74ddf94) after results at attn_out and resid_mid had been
+#: computed side by side (940c718): a choice made after seeing results (the page lists it).
+#: Its reason does not depend on the figures: the paper's argument is about the first
+#: attention output (a convex mix of earlier values), while resid_mid adds the embedding
+#: and resid_post the MLP, so their scores also depend on norm ratios that the argument
+#: does not address.
 PRIMARY_POINT = "attn_out"
+
+#: Settings chosen or changed after results of this reproduction were seen (the page's
+#: "Choices made after seeing results"; issue 37 item 3).
+CHOICES_AFTER_RESULTS = (
+    Choice("Reversal trains on fixed 6-digit strings in --quick (the paper: variable lengths)",
+           "variable-length reversal (4-8 digits) reached exact match 0.57, 0.01 and 0.02 in "
+           "500 steps; 6 digits was the length that trained in budget (DESIGN §7)",
+           "572af35", "2026-11-30"),
+    Choice("`attn_out` is the primary measurement point",
+           "the adjacency scores at attn_out and resid_mid, computed side by side by the run "
+           "of 940c718; earlier versions of this page said the point was fixed before the "
+           "points were compared, which was not so", "74ddf94", "2026-12-01"),
+    Choice("`variance_matched` (the variance probe with the cosine probe's feature count) is "
+           "the primary probe comparison",
+           "the probe results of 940c718 (count-matched controls, one probe family); whether "
+           "they informed the choice is not recorded", "74ddf94", "2026-12-01"),
+    Choice("Reversal also trained at depths 6 and 12 (width 192)",
+           "the init-only depth result (depth cannot change layer 0 at init)",
+           "74ddf94", "2026-12-01"),
+)
+FIXED_BEFORE = ("Fixed before any result of this reproduction: the thresholds (chance 0.5 ± "
+                "0.05, high ≥ 0.8, vanishes ≤ 0.6, matters little ± 0.1, trained ≥ 0.9 exact "
+                "match: the first implementation, a7c2057, 2026-11-30), the model preset and "
+                "the init grid; the no-leak margin (± 0.01) came with the probes' controls "
+                "(67117ee) before their first run.")
 EMBED = "blocks.0.hook_resid_pre"
 # --quick training lengths. Reversal is fixed at 6 digits, the length the 4-layer, 192-wide
 # NoPE model trains to the target in ~500 steps on 2 CPU cores (../shared/DESIGN.md §7);
@@ -965,14 +993,16 @@ def render_markdown(out_dir) -> str:
           f"**Three measurement points; `{primary}` is primary.** `attn_out` is the first "
           "attention output alone (`blocks.0.hook_attn_out`), `resid_mid` the residual "
           "stream after it (embedding + attention output), `resid_post` the block's output "
-          "(+ MLP output). The primary point was fixed in the code (`PRIMARY_POINT`) before "
-          "the three were compared side by side, for a reason that does not depend on the "
-          "figures: the paper's argument is about the first attention output, a convex mix "
+          "(+ MLP output). The primary point (`PRIMARY_POINT`) was named after results "
+          "at two of the points had been computed side by side (listed below among the "
+          "choices made after seeing results). Its reason does not depend on the figures: "
+          "the paper's argument is about the first attention output, a convex mix "
           "of earlier values; the other two add the embedding and the MLP, so their scores "
           "also depend on norm ratios the argument does not address "
           "(docs/concepts.md, \"Where the adjacency pattern is measured\"). "
           "The reproduction's verdicts are the "
           "primary column; the others show how much the choice of point matters.\n",
+          *disclosure_section(CHOICES_AFTER_RESULTS, FIXED_BEFORE),
           "## Claims\n"]
     c = claims.assign(figure=claims.figure.fillna(""), detail=claims.detail.fillna(""),
                       probe=claims.probe.fillna(""))
