@@ -632,15 +632,16 @@ CHOICES_AFTER_RESULTS = (
     Choice("Rank-matched random-subspace controls of the bans",
            "the bans' slowdowns against the untied model", "148a07d", "2026-12-01"),
     Choice("The sensitivity grids of the symmetrization claim (init scale 0.5 and 2, lr 0.001 "
-           "and 0.01, 3 layers, d_model 128)", "the main grid's 'fails' for the ~2.9x claim",
+           "and 0.01, 3 layers, d_model 128)", "the main grid's verdicts for the ~2.9x claim",
            "148a07d", "2026-12-01"),
     Choice("10 seeds per cell (the main grid had 5)", "the 5-seed grid's tables and p floors",
            "4c8e462", "2026-12-01"),
     Choice("10 seeds in each sensitivity grid (they had 5)",
            "rows at the 5-vs-5 p floor of 0.004", "7f737b6", "2026-12-01"),
     Choice("A head whose whole d_head a constraint removed stays at M = 0 (match_qk_norm)",
-           "rank-matched complex controls of seeds 3 and 8 with a full-norm head of float32 "
-           "noise (issue 37 item 5); those cells were recomputed", "3692f53", "2026-12-02"),
+           "rank-matched complex controls of seeds 3 and 8 (absolute and rotary) with a "
+           "full-norm head of float32 noise (issue 37 item 5); those four cells were "
+           "recomputed with the fix", "3692f53", "2026-12-02"),
     Choice("Rank-tracked controls (a random subspace resized to the ban's current rank) and "
            "the removed rank logged through training",
            "the bans' removed rank growing during training (96 to 120 of 128 query dims for "
