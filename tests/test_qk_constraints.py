@@ -360,6 +360,7 @@ def test_rank_matched_controls_remove_the_bans_rank_and_are_compared(tmp_path):
         assert row.removed_rank_min <= min(row.init_removed_rank, row.final_removed_rank)
         assert row.removed_rank_max >= max(row.init_removed_rank, row.final_removed_rank)
     assert (ranks[ranks.constraint == "rank_matched_complex"].step == 0).all()  # fixed subspace
+    assert (runs.init_emptied_heads >= 0).all()  # counted by each cell
     # every cell says where it ran
     env = json.loads((tmp_path / "run.json").read_text())["cell_environments"]
     assert len(env["environments"]) == 1 and set(env["cells"].values()) == {0}

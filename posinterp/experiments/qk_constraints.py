@@ -80,6 +80,7 @@ from ..interventions.constraints import (
     CONSTRAINTS,
     RANK_MATCHED,
     constrain_qk,
+    emptied_heads,
     match_qk_norm,
     qk_norms,
     removed_energy,
@@ -318,11 +319,16 @@ def induction_scores(model, tokens: torch.Tensor, target_mask: torch.Tensor) -> 
 
 @torch.no_grad()
 def _channel_summary(model, prefix: str, banned: str | None) -> dict:
-    """Mean channel masses over every head (effective M(0)), max of the banned one, mean ||M||_F."""
+    """Mean channel masses over every head (effective M(0)), max of the banned one, mean
+    ||M||_F, and the number of heads a constraint emptied (M = 0 up to rounding: their
+    masses count as 0, not as the spectrum of the rounding residue)."""
     lam = torch.stack([eigenvalues(*qk_weights(model, layer)) for layer in range(model.cfg.n_layers)])
     masses = channel_masses(lam)  # each [n_layers, n_heads]
+    empty = emptied_heads(model)
+    masses = {c: torch.where(empty, torch.zeros_like(m), m) for c, m in masses.items()}
     out = {f"{prefix}_mass_{c}": float(masses[c].mean()) for c in CHANNELS}
     out[f"{prefix}_norm_M"] = float(qk_norms(model).mean())
+    out[f"{prefix}_emptied_heads"] = int(empty.sum())
     if banned is not None:
         out[f"{prefix}_max_banned_mass"] = float(masses[banned].max())
     return out
@@ -522,17 +528,36 @@ def uniform_previous_token_score(n: int) -> float:
 
 @torch.no_grad()
 def _phase_row(model, row: dict, seed: int) -> dict:
+    """The phase ablation of one model: its strongest previous-token head, and its strongest
+    above layer 0 (``*_above``), each scored with RoPE removed from that head alone.
+
+    A layer-0 head of a model without absolute PE reads token embeddings only, so on
+    random tokens without its rotation its logits cannot depend on position: its score must
+    fall to uniform, whatever the claim (a control that cannot fail). Above layer 0 the
+    input already carries position (the lower layers' rotated attention), so the outcome is
+    not forced (issue 37 item 4)."""
     from ..interventions.phase import rope_removed_hooks
 
-    layer, head = (int(v) for v in row["prev_head"][1:].split("H"))
     tokens = random_tokens(model, 64, model.cfg.n_ctx, seed=20_000 + seed, bos=False)
-    with model.hooks(fwd_hooks=rope_removed_hooks(model, layer, [head])):
-        scores = previous_token_scores(model, tokens)
-    cut = scores[(scores.layer == layer) & (scores["head"] == head)].value.iloc[0]
-    return {"seed": seed, "steps": row["steps"], "censored": row["censored"],
-            "prev_head": row["prev_head"], "prev_score": row["prev_score"],
-            "prev_score_without_rope": float(cut),
-            "uniform_score": uniform_previous_token_score(model.cfg.n_ctx)}
+    scores = previous_token_scores(model, tokens)
+
+    def cut(layer, head):
+        with model.hooks(fwd_hooks=rope_removed_hooks(model, layer, [head])):
+            after = previous_token_scores(model, tokens)
+        return float(after[(after.layer == layer) & (after["head"] == head)].value.iloc[0])
+
+    layer, head = (int(v) for v in row["prev_head"][1:].split("H"))
+    out = {"seed": seed, "steps": row["steps"], "censored": row["censored"],
+           "prev_head": row["prev_head"], "prev_score": row["prev_score"],
+           "prev_score_without_rope": cut(layer, head),
+           "uniform_score": uniform_previous_token_score(model.cfg.n_ctx)}
+    upper = scores[scores.layer >= 1]
+    if len(upper):
+        best = upper.loc[upper.value.idxmax()]
+        la, he = int(best["layer"]), int(best["head"])
+        out.update({"prev_head_above": f"L{la}H{he}", "prev_score_above": float(best["value"]),
+                    "prev_score_above_without_rope": cut(la, he)})
+    return out
 
 
 def run_phase_ablation(out_dir, constraint: str = "symmetric", device=None,
@@ -775,7 +800,7 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
         slower = ("holds" if r.q_bh <= 0.05 else
                   UNTESTABLE if permutation_p_floor(int(r.n), n_ctrl) > 0.05 else "fails")
         rows.append(dict(claim=f"{r.pe}: {r.constraint} slows learning (q <= 0.05 vs none)",
-                         measured=f"{_fmt_ratio(r)}x, "
+                         measured=f"{_fmt_ratio(r, 'x')}, "
                                   f"q = {r.q_bh:.3g}, censored {int(r.censored)}/{r.n} vs "
                                   f"{int(r.control_censored)}/{r.n}",
                          verdict="undetermined" if blind and r.censored == r.n else slower))
@@ -1424,14 +1449,14 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _fmt_ratio(r) -> str:
+def _fmt_ratio(r, unit: str = "") -> str:
     if not np.isfinite(r.ratio):
         return ""
     _, bound = _ratio_verdict(r, CLAIMED_SLOWDOWN)
     if bound == "? ":
         return "no information (both sides censored)"
     ci = f" [{r.ci_low:.2f}, {r.ci_high:.2f}]" if np.isfinite(r.ci_low) else ""
-    return f"{bound.strip()} {r.ratio:.2f}{ci}".strip()
+    return f"{bound.strip()} {r.ratio:.2f}{unit}{ci}".strip()
 
 
 def _ceiling_with_repeats(n_ctx: int, d_vocab: int, n: int = 256) -> float:
@@ -1511,7 +1536,36 @@ def _phase_section(phase: pd.DataFrame) -> list[str]:
         f"Removing the phase lowers the score by {mean:.3f} [{lo:.3f}, {hi:.3f}] (mean, 95% t "
         f"interval over {len(phase)} seeds); what remains is {a_mean:+.4f} [{a_lo:+.4f}, "
         f"{a_hi:+.4f}] from the uniform level. These heads' M(0) is symmetric, so their "
-        "previous-token attention came through RoPE's phase.\n"]
+        "previous-token attention came through RoPE's phase.\n",
+        *_phase_above_text(phase)]
+
+
+def _phase_above_text(phase: pd.DataFrame) -> list[str]:
+    """The phase ablation above layer 0, where its outcome is not forced (phase.csv's
+    ``*_above`` columns; none in a phase.csv written before them)."""
+    layer0 = phase.prev_head.str.startswith("L0H").sum()
+    forced = (f"{layer0} of these {len(phase)} heads are in layer 0, whose input (no "
+              "absolute PE) is the token embedding alone: on random tokens without the "
+              "rotation their logits cannot depend on position, so their score must fall to "
+              "uniform whatever the claim. For them this ablation is a control that cannot "
+              "fail.")
+    if "prev_score_above" not in phase:
+        return [forced + " The same ablation above layer 0 was not run for this page.\n"]
+    drop = mean_t_interval((phase.prev_score_above - phase.prev_score_above_without_rope)
+                           .to_numpy(float))[:3]
+    kept = mean_t_interval((phase.prev_score_above_without_rope - phase.uniform_score)
+                           .to_numpy(float))[:3]
+    return [forced + " Above layer 0 the input already carries position (layer 0's rotated "
+            "attention), so the outcome is not forced; the strongest previous-token head "
+            "there, per model:\n",
+            _md_table(pd.DataFrame({
+                "seed": phase.seed, "head": phase.prev_head_above,
+                "previous-token score": phase.prev_score_above.map("{:.3f}".format),
+                "without RoPE in that head": phase.prev_score_above_without_rope.map("{:.4f}".format),
+                "uniform": phase.uniform_score.map("{:.4f}".format)})) + "\n",
+            f"There, removing the phase changes the score by {-drop[0]:+.3f} [{-drop[2]:+.3f}, "
+            f"{-drop[1]:+.3f}] and leaves {kept[0]:+.4f} [{kept[1]:+.4f}, {kept[2]:+.4f}] above "
+            f"uniform (mean, 95% t interval over {len(phase)} seeds).\n"]
 
 
 def km_figure(runs: pd.DataFrame, max_steps: int):
@@ -1646,9 +1700,12 @@ def render_markdown(out_dir) -> str:
              f"model's times init_scale = {g['init_scale']}. Mean over heads, median over "
              "seeds; spectral mass = share of sum |lambda| per channel at init:\n")
     n_heads_total = g["n_heads"] * n_layers
-    # a head whose whole spectrum lies in the banned channel has M = 0 (masses all 0)
-    runs = runs.assign(dead=((1 - runs[[f"init_mass_{c}" for c in CHANNELS]].sum(axis=1))
-                             * n_heads_total).round().astype(int))
+    # a head whose whole spectrum lies in the banned channel has M = 0 (masses all 0);
+    # cells that count them (init_emptied_heads) also count a control's rounding residue
+    dead = ((1 - runs[[f"init_mass_{c}" for c in CHANNELS]].sum(axis=1)) * n_heads_total).round()
+    if "init_emptied_heads" in runs:
+        dead = runs.init_emptied_heads.where(runs.init_emptied_heads.notna(), dead)
+    runs = runs.assign(dead=dead.astype(int))
     init = runs.groupby(["pe", "constraint"], sort=False).agg(
         norm=("init_norm_M", "median"), pos=("init_mass_positive_real", "median"),
         neg=("init_mass_negative_real", "median"), cplx=("init_mass_complex", "median"),

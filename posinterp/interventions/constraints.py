@@ -82,7 +82,7 @@ from ..analysis.spectral import CHANNELS
 __all__ = ["BANS", "BandBan", "CONSTRAINTS", "RANDOM_SUBSPACE", "RANK_MATCHED",
            "TIED_CONSTRAINTS", "ChannelBan", "SubspaceBan", "TiedKey", "banned_ranks",
            "constrain_qk", "effective_x", "match_qk_norm", "qk_norms", "random_subspaces",
-           "resize_removed_subspaces",
+           "emptied_heads", "resize_removed_subspaces",
            "removed_energy", "removed_ranks"]
 
 TIED_CONSTRAINTS = ("tied", "symmetric", "antisymmetric", "left_half_plane", "right_half_plane")
@@ -612,9 +612,15 @@ EMPTIED_RTOL = 1e-5
 
 
 @torch.no_grad()
-def _emptied_heads(model) -> torch.Tensor:
+def emptied_heads(model) -> torch.Tensor:
     """``[n_layers, n_heads]`` bool: heads whose ban left M = 0 up to rounding (see
-    :data:`EMPTIED_RTOL`). Only a ban (a parametrized W_Q = W_Q° P) can empty a head."""
+    :data:`EMPTIED_RTOL`). Only a ban (a parametrized W_Q = W_Q° P) can empty a head.
+    A scale-free measure of such a head (channel masses, symmetry) is one of rounding
+    residue: report it as that of M = 0.
+
+    Raises:
+        Nothing beyond what :func:`qk_norms` raises.
+    """
     from ..models.backend import qk_slots
 
     now = qk_norms(model)
@@ -657,7 +663,7 @@ def match_qk_norm(model, target: torch.Tensor, rtol: float = 1e-6, max_iter: int
     if tuple(target.shape) != shape or not (target > 0).all():
         raise ValueError(f"target must be a positive [n_layers, n_heads] = {list(shape)} tensor, "
                          f"got shape {list(target.shape)}")
-    emptied = _emptied_heads(model)
+    emptied = emptied_heads(model)
     for _ in range(max_iter):
         now = qk_norms(model)
         ratio = torch.where((now > 0) & ~emptied, target / now.clamp_min(1e-300),

@@ -458,3 +458,6 @@ def test_a_head_whose_whole_d_head_is_removed_is_not_scaled_into_noise():
     others = torch.ones_like(target, dtype=torch.bool)
     others[0, 1] = False
     torch.testing.assert_close(reached[others], target[others], rtol=1e-5, atol=0)
+    from posinterp.interventions.constraints import emptied_heads
+
+    assert torch.equal(emptied_heads(model), ~others)  # reported as M = 0, the others not
