@@ -1020,6 +1020,9 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
                                  # where each cell's numbers were computed (threads, CPU,
                                  # versions); None for cells restored from committed data
                                  "cell_environments": cell_environments(out / "cells", names),
+                                 # each cell's compute seconds, so a restored folder keeps them
+                                 "cell_seconds_each": {n: t for n, t in (read_json_record(
+                                     out / "cells" / "_seconds.json") or {}).items() if n in names},
                                  "cell_seconds": cell_seconds,
                                  "seconds": round(sum(c["seconds"] for c in calls
                                                       if c["cells_run"]), 1)})
@@ -1093,6 +1096,8 @@ def restore_run(data_dir, out_dir) -> list[str]:
                              "use a new out_dir")
     atomic_write_json(grid_file, budget)
     written, seconds = [], (read_json_record(cells / "_seconds.json") or {})
+    for name, t in (run.get("cell_seconds_each") or {}).items():
+        seconds.setdefault(name, t)
     traces = {}
     if (data / "ranks.csv").exists():
         ranks = pd.read_csv(data / "ranks.csv")
@@ -1565,7 +1570,14 @@ def _phase_above_text(phase: pd.DataFrame) -> list[str]:
                 "uniform": phase.uniform_score.map("{:.4f}".format)})) + "\n",
             f"There, removing the phase changes the score by {-drop[0]:+.3f} [{-drop[2]:+.3f}, "
             f"{-drop[1]:+.3f}] and leaves {kept[0]:+.4f} [{kept[1]:+.4f}, {kept[2]:+.4f}] above "
-            f"uniform (mean, 95% t interval over {len(phase)} seeds).\n"]
+            f"uniform (mean, 95% t interval over {len(phase)} seeds)."
+            + ("" if phase.prev_score_above.max() >= ROUTES_BY_POSITION else
+               f" No head above layer 0 routes by position here (best previous-token score "
+               f"{phase.prev_score_above.max():.3f} < {ROUTES_BY_POSITION}), so the test that "
+               "could fail has no routing head to test in these models: the evidence for "
+               "claim 3 is the layer-0 heads' previous-token score with a symmetric M(0) "
+               "(Claims), which shows that such a head can route by position, not this "
+               "ablation.") + "\n"]
 
 
 def km_figure(runs: pd.DataFrame, max_steps: int):
@@ -1641,8 +1653,11 @@ def render_markdown(out_dir) -> str:
     claims = pd.read_csv(out / "claims.csv")
     run = json.loads((out / "run.json").read_text())
     g = run["grid"]
-    command = next((c["command"] for c in reversed(run["calls"]) if c.get("command")),
-                   "posinterp experiment qk-constraints")
+    # the command of the call that ran the most cells (a later one may have redone a few;
+    # run.json lists every call and its command)
+    with_command = [c for c in run["calls"] if c.get("command")]
+    command = (max(reversed(with_command), key=lambda c: c.get("cells_run") or 0)["command"]
+               if with_command else "posinterp experiment qk-constraints")
     n_layers = g.get("n_layers", 2)  # grids before the field was added had 2
     n_pes, n_con = len(g["pes"]), len(g["constraints"])
     untied = runs[runs.constraint == "none"]
@@ -1671,7 +1686,9 @@ def render_markdown(out_dir) -> str:
              + (f"the cells' own times sum to {runs.cell_seconds.sum() / 60:.1f} min. "
                 if "cell_seconds" in runs else
                 f"the cells' own times sum to {run['cell_seconds'] / 60:.1f} min. "
-                if run.get("cell_seconds") is not None else "")
+                if run.get("cell_seconds") is not None else
+                "the cells' own times are not all recorded (a cell restored from outputs "
+                "committed before run.json kept each cell's time has none). ")
              +
              "Outputs: `runs.csv` (one row per cell), `summary.csv`, `heads.csv`, `claims.csv`, "
              "`run.json`, `report.html`"
