@@ -8,6 +8,8 @@
   :func:`bootstrap_percentile_ci` (scipy's percentile bootstrap of a statistic of samples).
 * Permutation tests: :func:`permutation_p_floor`, the smallest p a two-group design can
   reach (exact enumeration or sampled relabellings).
+* Power: :func:`t_detectable_shift` (noncentral t), :func:`permutation_power` and
+  :func:`permutation_detectable_shift` (the exact permutation test, simulated).
 
 A foundation: numpy, scipy and pandas only, no other posinterp module, so every layer may
 import it. Each function reproduces, operation for operation, the copy it replaced
@@ -24,7 +26,8 @@ import pandas as pd
 from scipy import stats as _sps
 
 __all__ = ["bh_qvalues", "bootstrap_percentile_ci", "mean_t_interval", "percentile_interval",
-           "permutation_p_floor", "stratified_bootstrap_means", "t_critical"]
+           "permutation_detectable_shift", "permutation_p_floor", "permutation_power",
+           "stratified_bootstrap_means", "t_critical", "t_detectable_shift"]
 
 
 # --- Student-t ------------------------------------------------------------------------------
@@ -229,3 +232,98 @@ def permutation_p_floor(n_a: int, n_b: int, n_resamples: int | None = None) -> f
             raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
         return 1.0 / (n_resamples + 1)
     return 1 / math.comb(n_a + n_b, n_a)
+
+
+# --- Power ----------------------------------------------------------------------------------
+
+def t_detectable_shift(n: int, sd: float, power: float = 0.8, level: float = 0.05) -> float:
+    """The smallest distance |mean − threshold| a one-sided one-sample t-test of ``n`` values
+    with standard deviation ``sd`` detects at ``level`` with probability ``power``: δ with
+    P(T > t_{1−level, n−1}) = power for T ~ noncentral t(n − 1, δ √n / sd). In the units of
+    the values.
+
+    For a verdict that needs the two-sided 95% interval wholly on one side of a threshold,
+    pass ``level=0.025``.
+
+    Raises:
+        ValueError: for ``n < 2``, ``sd < 0`` or ``power``/``level`` outside (0, 1).
+
+    Source: the noncentral-t power of Student's test (e.g. Cohen 1988, §2.3; scipy.stats.nct).
+    """
+    from scipy.optimize import brentq
+
+    if n < 2:
+        raise ValueError(f"n must be >= 2, got {n}")
+    if not sd >= 0:
+        raise ValueError(f"sd must be >= 0, got {sd}")
+    for name, v in (("power", power), ("level", level)):
+        if not 0 < v < 1:
+            raise ValueError(f"{name} must be in (0, 1), got {v}")
+    if sd == 0:
+        return 0.0
+    df = n - 1
+    crit = _sps.t.ppf(1 - level, df)
+
+    def gap(nc):
+        return _sps.nct.sf(crit, df, nc) - power
+    nc = brentq(gap, 0.0, 100.0 + 10 * crit)
+    return float(nc * sd / math.sqrt(n))
+
+
+def permutation_power(n_a: int, n_b: int, shift: float, sd: float, level: float = 0.05,
+                      n_sims: int = 2000, seed: int = 0) -> float:
+    """Power of the exact one-sided permutation test of "mean of a > mean of b" (difference
+    of means, every relabelling enumerated: :func:`posinterp.analysis.fingerprint_test`'s
+    test) when a ~ N(``shift``, ``sd``²) and b ~ N(0, ``sd``²): the share of ``n_sims``
+    seeded simulated designs with p ≤ ``level``. Monte Carlo error about
+    sqrt(P (1 − P) / n_sims).
+
+    Raises:
+        ValueError: for a group of fewer than 2 units, ``sd <= 0``, ``n_sims < 1``, or more
+            than 20,000 relabellings (use a sampled test's power there).
+
+    Source: Fisher's randomization test; power by simulation (e.g. Good 2005, "Permutation,
+    Parametric and Bootstrap Tests of Hypotheses", §3.5).
+    """
+    import itertools
+
+    if n_a < 2 or n_b < 2:
+        raise ValueError(f"each group needs >= 2 units, got {n_a} and {n_b}")
+    if not sd > 0 or n_sims < 1:
+        raise ValueError(f"sd must be > 0 and n_sims >= 1, got sd={sd}, n_sims={n_sims}")
+    n = n_a + n_b
+    if math.comb(n, n_a) > 20_000:
+        raise ValueError(f"C({n}, {n_a}) = {math.comb(n, n_a)} relabellings: too many to enumerate")
+    groups = np.zeros((math.comb(n, n_a), n), dtype=bool)
+    for i, idx in enumerate(itertools.combinations(range(n), n_a)):
+        groups[i, list(idx)] = True
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, sd, (n_sims, n))
+    x[:, :n_a] += shift
+    total = x.sum(1, keepdims=True)
+    sum_a = x @ groups.T.astype(float)  # [sims, relabellings]
+    stat = sum_a / n_a - (total - sum_a) / n_b
+    observed = x[:, :n_a].mean(1) - x[:, n_a:].mean(1)
+    p = (stat >= observed[:, None] - 1e-12 * np.abs(observed[:, None])).mean(1)
+    return float((p <= level).mean())
+
+
+def permutation_detectable_shift(n_a: int, n_b: int, sd: float, power: float = 0.8,
+                                 level: float = 0.05, n_sims: int = 2000, seed: int = 0) -> float:
+    """The smallest mean shift (in units of the values) that :func:`permutation_power` finds
+    with probability ≥ ``power``, to 1% of ``sd`` by bisection on the seeded power; inf if
+    even 20 sd falls short (a design whose p floor is above ``level``).
+
+    Raises:
+        ValueError: as :func:`permutation_power`.
+    """
+    if permutation_power(n_a, n_b, 20 * sd, sd, level, n_sims, seed) < power:
+        return math.inf
+    lo, hi = 0.0, 20 * sd
+    while hi - lo > 0.01 * sd:
+        mid = (lo + hi) / 2
+        if permutation_power(n_a, n_b, mid, sd, level, n_sims, seed) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return float(hi)

@@ -112,3 +112,51 @@ def test_bootstrap_percentile_ci_is_scipys():
     want = stats.bootstrap((a, b), ratio, vectorized=False, n_resamples=300, method="percentile",
                            random_state=np.random.default_rng(3)).confidence_interval
     assert (lo, hi) == (want.low, want.high) and lo <= ratio(a, b) <= hi
+
+
+# --- power (issue 37 item 5) ---------------------------------------------------------------
+
+def test_t_detectable_shift_has_the_stated_power_and_the_normal_limit():
+    from scipy import stats as sps
+
+    from posinterp.stats import t_detectable_shift
+
+    for n, sd, level in ((3, 0.03, 0.025), (10, 1.0, 0.05), (30, 2.5, 0.01)):
+        d = t_detectable_shift(n, sd, power=0.8, level=level)
+        crit = sps.t.ppf(1 - level, n - 1)
+        assert abs(sps.nct.sf(crit, n - 1, d * np.sqrt(n) / sd) - 0.8) < 1e-9
+    z = sps.norm.ppf(0.95) + sps.norm.ppf(0.8)  # large n: the z-test's (z_a + z_b) sd / sqrt(n)
+    assert abs(t_detectable_shift(2000, 1.0) / (z / np.sqrt(2000)) - 1) < 2e-3
+    assert t_detectable_shift(5, 0.0) == 0.0
+    with pytest.raises(ValueError, match="n must be"):
+        t_detectable_shift(1, 1.0)
+
+
+def test_permutation_power_matches_scipys_permutation_test_and_its_size():
+    """Each simulated design's decision equals scipy's exact permutation test's; at shift 0
+    the rejection rate is at most the level (an exact test), and power grows with the shift."""
+    from scipy import stats as sps
+
+    from posinterp.stats import permutation_power
+
+    n_a, n_b, sd, shift = 4, 5, 1.0, 1.5
+    rng = np.random.default_rng(0)  # the function's own draws, reproduced
+    x = rng.normal(0.0, sd, (40, n_a + n_b))
+    x[:, :n_a] += shift
+    want = np.mean([sps.permutation_test(
+        (row[:n_a], row[n_a:]), lambda a, b, axis: a.mean(axis) - b.mean(axis), vectorized=True,
+        permutation_type="independent", alternative="greater", n_resamples=np.inf).pvalue <= 0.05
+        for row in x])
+    assert permutation_power(n_a, n_b, shift, sd, n_sims=40, seed=0) == want
+    assert permutation_power(5, 6, 0.0, 1.0, n_sims=4000) <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 4000)
+    powers = [permutation_power(5, 6, s, 1.0, n_sims=1000) for s in (0.5, 1.0, 2.0)]
+    assert powers == sorted(powers) and powers[-1] > 0.8
+
+
+def test_permutation_detectable_shift_is_where_the_power_crosses():
+    from posinterp.stats import permutation_detectable_shift, permutation_power
+
+    d = permutation_detectable_shift(5, 6, 1.0, n_sims=1000)
+    assert permutation_power(5, 6, d, 1.0, n_sims=1000) >= 0.8
+    assert permutation_power(5, 6, d - 0.02, 1.0, n_sims=1000) < 0.8
+    assert permutation_detectable_shift(2, 2, 1.0, n_sims=200) == np.inf  # floor 1/6 > 0.05

@@ -31,7 +31,7 @@ from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import load_model
 from ..specs import parse_zoo_spec, zoo_home, zoo_model_dir
-from ..stats import permutation_p_floor
+from ..stats import permutation_detectable_shift, permutation_p_floor, permutation_power
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
 from .dynamics import dynamics_section
@@ -578,6 +578,7 @@ def _families_section(fam: Path) -> list[str]:
     prim = t[t.analysis == "primary"].iloc[0]
     if prim.n_rope and prim.n_other:
         shown = prim.p_permutation <= 0.05 and prim.mean_rope > prim.mean_other
+        pw1 = _power(units, int(prim.n_rope), int(prim.n_other))
         direction = ("higher" if prim.mean_rope > prim.mean_other else "not higher")
         p.append(f"**Reading.** In the primary test the RoPE units' previous-token heads sit "
                  f"{direction} in the Ginibre null than the other units' (mean percentile "
@@ -585,13 +586,8 @@ def _families_section(fam: Path) -> list[str]:
                  f"{int(prim.n_other)} units, p = {prim.p_permutation:.3g}, smallest reachable "
                  f"{prim.min_possible_p:.3g}). "
                  + ("This supports the claim's first part on these small byte-level models."
-                    if shown else "The claim's first part (RoPE previous-token heads are "
-                    "rotational, the others' are not) is **not supported** by these units; "
-                    "where the study's summary reports a separation, our measurement does "
-                    "not reproduce it. Possible reasons: the study's models were pretrained "
-                    "at scale, ours are small byte-level models trained for a few hundred "
-                    "steps, and its spectra may not have used the effective (norm-folded) "
-                    "weights (the stored-weights row).")
+                    if shown else _not_shown(pw1))
+                 + _power_sentence(pw1)
                  + (" Both groups sit below the null's median (50): their previous-token heads "
                     "are less rotational than random heads of their shape."
                     if max(prim.mean_rope, prim.mean_other) < 50 else "")
@@ -607,6 +603,54 @@ def _families_section(fam: Path) -> list[str]:
              "(group `apart`), not tested except in the `NoPE as other` row.\n")
     p.append(_units_table(units, run) + "\n")
     return p
+
+
+#: The effect a page states power for: a shift of this many points of mean null
+#: percentile between RoPE and other units (issue 37 item 5 names it).
+POWER_SHIFT = 20.0
+
+
+def _power(units: pd.DataFrame, n_r: int, n_o: int) -> tuple[float, float, float] | None:
+    """(pooled within-group sd, power at :data:`POWER_SHIFT`, shift detectable with 80%
+    power) of the primary test at its units (units.csv's primary values), or None where a
+    group has fewer than 2 units."""
+    prim = units[(units.analysis == "primary") & units.value.notna() & units.group.notna()]
+    groups = [prim[prim.group == g].value.to_numpy(float) for g in ("rope", "other")]
+    if min(n_r, n_o) < 2 or any(len(x) < 2 for x in groups):
+        return None
+    sd = float(np.sqrt(sum(((x - x.mean()) ** 2).sum() for x in groups)
+                       / (sum(len(x) for x in groups) - 2)))
+    return (sd, permutation_power(n_r, n_o, POWER_SHIFT, sd),
+            permutation_detectable_shift(n_r, n_o, sd))
+
+
+def _power_sentence(pw) -> str:
+    if pw is None:
+        return ""
+    sd, at, shift = pw
+    return (f" Power (exact permutation test, normal units with the groups' pooled sd "
+            f"{sd:.1f} points; 2,000 seeded simulations): {at:.2f} for a {POWER_SHIFT:.0f}-point "
+            f"shift in mean null percentile; the shift it detects with 80% power is "
+            + (f"{shift:.0f} points." if np.isfinite(shift) else "beyond reach (p floor above 0.05)."))
+
+
+def _not_shown(pw, short: bool = False) -> str:
+    """The verdict where the primary test did not reach p <= 0.05 in the claim's direction:
+    *inconclusive* when the design had under 80% power for a :data:`POWER_SHIFT`-point
+    shift (it could not have detected such an effect), else *not supported*."""
+    if pw is not None and pw[1] < 0.8:
+        return ("The test is **inconclusive** on the claim's first part (RoPE previous-token "
+                "heads are rotational, the others' are not): with these units it had under "
+                f"80% power for a {POWER_SHIFT:.0f}-point shift (below), so an effect of that "
+                "size would usually have been missed; this is not evidence against the claim.")
+    head = ("The claim's first part (RoPE previous-token heads are rotational, the others' "
+            "are not) is **not supported** by these units")
+    if short:
+        return head + "."
+    return (head + "; where the study's summary reports a separation, our measurement does "
+            "not reproduce it. Possible reasons: the study's models were pretrained at scale, "
+            "ours are small byte-level models trained for a few hundred steps, and its spectra "
+            "may not have used the effective (norm-folded) weights (the stored-weights row).")
 
 
 def _unit_tests_table(t: pd.DataFrame) -> str:
@@ -693,6 +737,7 @@ def _design2_section(fam: Path, design1: Path) -> list[str]:
     if prim.n_rope and prim.n_other:
         n_r, n_o = int(prim.n_rope), int(prim.n_other)
         shown = prim.p_permutation <= 0.05 and prim.mean_rope > prim.mean_other
+        pw2 = _power(units, n_r, n_o)
         p2 = min(1.0, 2 * prim.p_permutation)
         sens = tests[tests.analysis != "primary"]
         hit = sens[(sens.p_permutation <= 0.05) & (sens.mean_rope > sens.mean_other)]
@@ -721,8 +766,8 @@ def _design2_section(fam: Path, design1: Path) -> list[str]:
                                  ", but not at 0.05 once p is doubled for the two designs")
                      + ". ")
         else:
-            text += ("The claim's first part (RoPE previous-token heads are rotational, the "
-                     "others' are not) is **not supported** by these units. ")
+            text += _not_shown(pw2, short=True) + " "
+        text += _power_sentence(pw2).strip() + " "
         text += (f"Against random heads of their shape (null median 50), the RoPE units' "
                  f"mean lies {side[bool(prim.mean_rope > 50)]} the median and the other "
                  f"units' {side[bool(prim.mean_other > 50)]} it. Sensitivity rows with "

@@ -52,7 +52,7 @@ from ..executors import (
 )
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import build_model, preset
-from ..stats import bh_qvalues, t_critical
+from ..stats import bh_qvalues, t_critical, t_detectable_shift
 from ..stats import mean_t_interval as mean_ci  # mean over seeds (docs/concepts.md: >= 3)
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
 from ..training import TrainConfig, evaluate, latest_checkpoint, load_checkpoint, train
@@ -630,6 +630,36 @@ def _verdict(lo: float, hi: float, test: _Test) -> str:
     return "CI spans"
 
 
+def _power_section(claims: pd.DataFrame, primary: str) -> list[str]:
+    """What each verdict row at the primary point (and the embedding) could detect: from its
+    95% t-interval, the seeds' sd, and the distance δ80 from the threshold (or from a band's
+    edge) at which a *yes* or *no* is reached with 80% probability (two one-sided 2.5%
+    t-tests: :func:`posinterp.stats.t_detectable_shift`). A *CI spans* row whose true
+    mean lies closer to its threshold than δ80 was likely to span: such a row is
+    inconclusive, not evidence either way (issue 37 item 5)."""
+    rows = claims[claims.point.isin([primary, "embedding"]) & claims.n.notna()
+                  & claims.ci_low.notna() & (claims.n >= 2)]
+    if not len(rows):
+        return []
+    out = []
+    for r in rows.itertuples():
+        n = int(r.n)
+        sd = (r.ci_high - r.ci_low) / 2 / t_critical(0.95, n - 1) * math.sqrt(n)
+        d80 = t_detectable_shift(n, sd, power=0.8, level=0.025)
+        out.append({"claim": r.claim + (f" ({r.probe})" if r.probe else ""), "point": r.point,
+                    "n": n, "sd over seeds": f"{sd:.3g}", "δ80": f"{d80:.3g}",
+                    "verdict": r.holds})
+    return ["## Power\n",
+            "Every verdict above reads a 95% t-interval over n seeds, so it can only be as "
+            "sharp as n allows. δ80 is the distance between the true mean and the threshold "
+            "(or a band's edge) at which the row reaches *yes* or *no* with 80% probability, "
+            "from the seeds' sd (the interval's half-width × √n / t): a *CI spans* row whose "
+            "effect is smaller than δ80 was likely to span, so it is inconclusive, not "
+            "evidence for or against the claim. A t-test has no p floor; its resolution is "
+            "δ80. Primary point and embedding rows:\n",
+            _md_table(pd.DataFrame(out)) + "\n"]
+
+
 def _fmt(m, lo, hi, n) -> str:
     if n == 0:
         return "not run"
@@ -1027,6 +1057,14 @@ def render_markdown(out_dir) -> str:
         "; ".join(f"{claim} (" + ", ".join(f"{pt}: {r.get(pt, '')}" for pt in POINTS) + ")"
                   for claim, r in differ.iterrows())
         if len(differ) else "none") + ".\n")
+    against = c[(c.point == primary) & (c.holds == "no")]
+    p.append("**Where our numbers contradict the paper** (a *no* at the primary point: the "
+             "interval lies wholly on the other side of the claim's threshold): " + (
+                 "; ".join(f"the paper's \"{r.claim}\" is contradicted here: we measure "
+                           f"{r.figure} at {r.point}" + (f" ({r.detail})" if r.detail else "")
+                           for r in against.itertuples())
+                 + ". This is a measured disagreement on our models and budget, not a "
+                 "failure to test" if len(against) else "nowhere") + ".\n")
     p.append("### Probe claims (C5)\n")
     p.append(f"NRMSE differences, cosine minus the other feature set (negative: cosine reads "
              f"position better). The primary comparison is against `{primary_probe}`; the "
@@ -1058,6 +1096,7 @@ def render_markdown(out_dir) -> str:
                      f"{r.claim} ({r.point}{', ' + r.probe if r.probe else ''}: {r.holds}, "
                      f"q={r.q:.3g})" for r in lost.itertuples())
                  if len(lost) else "; every one does") + ".\n")
+    p.extend(_power_section(c, primary))
     p.append("## Training\n")
     p.append("Exact match on every held-out sample; `steps` is where training stopped "
              "(early at the target). Adjacency at layer 0 on held-out task strings, before "
