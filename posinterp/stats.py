@@ -8,6 +8,7 @@
   :func:`bootstrap_percentile_ci` (scipy's percentile bootstrap of a statistic of samples).
 * Permutation tests: :func:`permutation_p_floor`, the smallest p a two-group design can
   reach (exact enumeration or sampled relabellings).
+* Equivalence: :func:`ratio_equivalence` (TOST on paired log ratios).
 * Power: :func:`t_detectable_shift` (noncentral t), :func:`permutation_power` and
   :func:`permutation_detectable_shift` (the exact permutation test, simulated).
 
@@ -27,7 +28,7 @@ from scipy import stats as _sps
 
 __all__ = ["bh_qvalues", "bootstrap_percentile_ci", "mean_t_interval", "percentile_interval",
            "permutation_detectable_shift", "permutation_p_floor", "permutation_power",
-           "stratified_bootstrap_means", "t_critical", "t_detectable_shift"]
+           "ratio_equivalence", "stratified_bootstrap_means", "t_critical", "t_detectable_shift"]
 
 
 # --- Student-t ------------------------------------------------------------------------------
@@ -327,3 +328,55 @@ def permutation_detectable_shift(n_a: int, n_b: int, sd: float, power: float = 0
         else:
             lo = mid
     return float(hi)
+
+
+# --- Equivalence ------------------------------------------------------------------------------
+
+def ratio_equivalence(a, b, claimed: float, margin: float, level: float = 0.05) -> dict:
+    """Is the paired ratio a / b equivalent to ``claimed`` within ×/÷ ``margin``? Two one-sided
+    t-tests (TOST) on the paired log ratios log(a_i / b_i), whose mean is the log of the
+    paired geometric-mean ratio.
+
+    Returns a dict: ``ratio`` (the geometric mean), ``ci_low``/``ci_high`` (its 100(1 − 2
+    level)% interval, the one TOST reads), ``p_tost`` (the larger one-sided p: equivalence is
+    shown at ``level`` when it is ≤ ``level``), ``p_outside`` (the smaller one-sided p of
+    "the ratio is beyond a margin edge", against inside), ``n`` and ``verdict``:
+    ``"equivalent"`` (p_tost ≤ level), ``"not equivalent"`` (the interval lies wholly
+    outside [claimed / margin, claimed × margin]) or ``"inconclusive"``.
+
+    Args:
+        a, b: paired positive values (e.g. steps to target of two constraints, one pair
+            per seed), equal lengths ≥ 2.
+        claimed: the ratio claimed (> 0). margin: > 1.
+
+    Raises:
+        ValueError: for unpaired, non-positive or too few values, or a bad claimed/margin.
+
+    Source: Schuirmann (1987), J. Pharmacokinet. Biopharm. 15(6), the TOST procedure; on
+    log ratios as for average bioequivalence (FDA guidance, 2001).
+    """
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 2:
+        raise ValueError(f"a and b must be paired 1-D samples of >= 2 values, got {a.shape} and {b.shape}")
+    if not (np.all(a > 0) and np.all(b > 0)):
+        raise ValueError("a and b must be positive (ratios are taken on the log scale)")
+    if not (claimed > 0 and margin > 1):
+        raise ValueError(f"need claimed > 0 and margin > 1, got {claimed} and {margin}")
+    d = np.log(a) - np.log(b)
+    n = len(d)
+    m, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
+    lo_edge, hi_edge = math.log(claimed / margin), math.log(claimed * margin)
+    crit = float(_sps.t.ppf(1 - level, n - 1))
+    if se == 0:
+        p_low = 0.0 if m > lo_edge else 1.0
+        p_high = 0.0 if m < hi_edge else 1.0
+    else:
+        p_low = float(_sps.t.sf((m - lo_edge) / se, n - 1))  # H0: ratio <= claimed / margin
+        p_high = float(_sps.t.cdf((m - hi_edge) / se, n - 1))  # H0: ratio >= claimed * margin
+    ci = (m - crit * se, m + crit * se)
+    p_tost = max(p_low, p_high)
+    verdict = ("equivalent" if p_tost <= level else
+               "not equivalent" if ci[1] < lo_edge or ci[0] > hi_edge else "inconclusive")
+    return {"ratio": math.exp(m), "ci_low": math.exp(ci[0]), "ci_high": math.exp(ci[1]),
+            "p_tost": p_tost, "p_outside": min(1 - p_low, 1 - p_high), "n": n,
+            "verdict": verdict}

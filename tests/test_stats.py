@@ -160,3 +160,26 @@ def test_permutation_detectable_shift_is_where_the_power_crosses():
     assert permutation_power(5, 6, d, 1.0, n_sims=1000) >= 0.8
     assert permutation_power(5, 6, d - 0.02, 1.0, n_sims=1000) < 0.8
     assert permutation_detectable_shift(2, 2, 1.0, n_sims=200) == np.inf  # floor 1/6 > 0.05
+
+
+def test_ratio_equivalence_is_tost_on_paired_log_ratios():
+    """Against an independent TOST: scipy's one-sample t-tests of the log ratios at each
+    margin edge; the interval is the (1 - 2 alpha) t-interval of the geometric mean."""
+    from posinterp.stats import ratio_equivalence
+
+    rng = np.random.default_rng(0)
+    b = rng.uniform(100, 140, 10)
+    for true, want in ((2.9, "equivalent"), (1.9, "not equivalent")):
+        a = b * true * np.exp(rng.normal(0, 0.05, 10))
+        r = ratio_equivalence(a, b, 2.9, 1.25)
+        d = np.log(a / b)
+        p_low = stats.ttest_1samp(d, np.log(2.9 / 1.25), alternative="greater").pvalue
+        p_high = stats.ttest_1samp(d, np.log(2.9 * 1.25), alternative="less").pvalue
+        assert math.isclose(r["p_tost"], max(p_low, p_high), rel_tol=1e-10)
+        lo, hi = stats.t.interval(0.9, 9, loc=d.mean(), scale=stats.sem(d))
+        assert math.isclose(r["ci_low"], math.exp(lo)) and math.isclose(r["ci_high"], math.exp(hi))
+        assert math.isclose(r["ratio"], stats.gmean(a / b)) and r["verdict"] == want
+    noisy = ratio_equivalence(b * 2.9 * np.exp(rng.normal(0, 0.6, 10)), b, 2.9, 1.25)
+    assert noisy["verdict"] == "inconclusive"  # too noisy to show either
+    with pytest.raises(ValueError, match="positive"):
+        ratio_equivalence([1.0, -1.0], [1.0, 1.0], 2.9, 1.25)
