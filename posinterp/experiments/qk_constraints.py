@@ -681,7 +681,7 @@ CHOICES_AFTER_RESULTS = (
     Choice(f"Claim 2 tested for equivalence: paired geometric-mean ratio within "
            f"{CLAIMED_SLOWDOWN} x/÷ {EQUIVALENCE_MARGIN} by TOST (before: 'holds' when the "
            "ratio-of-medians CI covered 2.9)",
-           "every grid's ratios (main and sensitivity; issue 37 item 7)", "this page's commit",
+           "every grid's ratios (main and sensitivity; issue 37 item 7)", "3288e35",
            "2026-12-02"),
     Choice("Rank-tracked controls (a random subspace resized to the ban's current rank) and "
            "the removed rank logged through training",
