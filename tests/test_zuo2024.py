@@ -1,5 +1,7 @@
+import json
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 import torch
 
@@ -47,6 +49,15 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     probe = claims[claims.point == "probe"]
     assert set(probe.probe) == {"ridge", "mlp"}
     assert probe.claim.str.contains("variance_matched (primary)", regex=False).sum() == 4
+    # C1 on each task's strings too (a control that can fail), one value per init seed
+    c1 = claims[claims.claim.str.contains(" strings, init seeds")]
+    assert len(c1) == len(SMOKE.task_lengths) and (c1.n == len(SMOKE.task_string_seeds)).all()
+    strings = pd.read_csv(tmp_path / "run" / "init_task_strings.csv")
+    assert set(strings.task) == set(SMOKE.task_lengths) and (strings.layer == -1).all()
+    # every cell says where it ran (threads, CPU, versions)
+    env = json.loads((tmp_path / "run" / "run.json").read_text())["cell_environments"]
+    assert env["environments"] and all(v is not None for v in env["cells"].values())
+    assert {e["torch_threads"] for e in env["environments"]} == {1}
     # BH q-values exactly where there is a p, never below it
     assert claims.q.notna().equals(claims.p.notna())
     assert (claims.q.dropna() >= claims.p.dropna() - 1e-12).all()

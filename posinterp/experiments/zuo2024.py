@@ -47,6 +47,7 @@ from ..executors import (
     LocalExecutor,
     ProcessExecutor,
     cell_done,
+    cell_environments,
     gpus_for,
     run_cells,
 )
@@ -134,6 +135,10 @@ class ReproConfig:
     train_steps: int = 500
     train_seeds: tuple[int, ...] = (0, 1, 2)
     init_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    # C1 on task strings (issue 37 item 4): the embedding's score at init on each task's
+    # held-out strings, where a fixed template can make a position-free embedding score
+    # away from 0.5 (on iid random tokens 0.5 is exact in expectation: it cannot fail)
+    task_string_seeds: tuple[int, ...] = tuple(range(10))
     grid_seeds: tuple[int, ...] = (0, 1, 2)
     n_samples: int = 20_000  # train and (disjoint) test samples per task
     n_sequences: int = 64
@@ -276,6 +281,21 @@ def _init_cell(config: ReproConfig, device=None) -> pd.DataFrame:
         for mc in _init_models(config)])
 
 
+def _task_strings_cell(config: ReproConfig, device=None) -> pd.DataFrame:
+    """C1 on task strings: adjacency at the embedding (layer -1) on each task's held-out
+    strings (their own padding mask), for every ``task_string_seeds`` init model."""
+    out = []
+    for task, (lo, hi) in config.task_lengths.items():
+        data = make_task_data(TaskConfig(task, min_digits=lo, max_digits=hi, seed=0,
+                                         n_train=config.n_sequences, n_test=config.n_sequences))
+        toks, mask = data.test.tokens, data.test.attention_mask
+        for s in config.task_string_seeds:
+            model = build_model(preset(config.model_preset, seed=s), device=device)
+            adj = adjacency_by_layer(model, toks, mask)
+            out.append(adj[adj.hook == EMBED].assign(seed=s, task=task))
+    return pd.concat(out, ignore_index=True)
+
+
 def _depth_width_cell(config: ReproConfig, device=None) -> pd.DataFrame:
     """4. Depth x width at init, independent seeds, every layer."""
     rand, _ = _random_tokens(config.n_sequences, config.n_tokens, seed=1234)
@@ -375,6 +395,11 @@ def _cells(config: ReproConfig, out: Path, progress: bool, device) -> list[list[
                   num_gpus=gpus, key=_key("init_grid", dtype=config.grid_dtype,
                                           models=[asdict(m) for m in _grid_models(config)],
                                           tokens=[config.n_sequences, config.n_tokens, 1234])),
+             Cell("init_task_strings", _task_strings_cell, dict(config=config, device=device),
+                  num_gpus=gpus, key=_key("task_strings", lengths=config.task_lengths,
+                                          n=config.n_sequences,
+                                          models=[asdict(preset(config.model_preset, seed=s))
+                                                  for s in config.task_string_seeds])),
              Cell("depth_width_init", _depth_width_cell, dict(config=config, device=device),
                   num_gpus=gpus, key=_key("depth_width", models=[
                       asdict(mc) for *_, mc in depth_width_configs(config)],
@@ -498,6 +523,7 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
         probe = pd.DataFrame(columns=["hook", "layer", "metric", "value", "feature", "seed",
                                       "probe", "dataset", "state"])
     tables = _summaries(init, adjacency, dw, grid, probe)
+    tables["init_task_strings"] = done["init_task_strings"]
     claims = _claims(init, tables, grid, probe, pd.DataFrame(
         [w for w in waiting if w["cell"].startswith("train_")], columns=["cell", "task", "seed"]))
     for name, df in {**tables, "claims": claims}.items():
@@ -511,7 +537,10 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
                                          "primary_probe": PRIMARY_PROBE,
                                          "pending": waiting,
                                          "seconds": round(time.time() - t0, 1),
-                                         "cell_seconds": _cell_seconds(out, pending)})
+                                         "cell_seconds": _cell_seconds(out, pending),
+                                         # threads, CPU and versions each cell ran with
+                                         "cell_environments": cell_environments(
+                                             out / "cells", [c.name for st in stages for c in st])})
     _report(config, claims, tables).save(out / "report.html")
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
@@ -713,7 +742,16 @@ def _claims(init, tables, grid, probe, pending: pd.DataFrame | None = None) -> p
     rows = []
     score = init.metric == "adjacency_score"
     rows.append(_row("embedding score ~0.5 (chance), random tokens, init seeds", "embedding",
-                     init[score & (init.hook == EMBED)].value, _Test("within", 0.5, T["chance"])))
+                     init[score & (init.hook == EMBED)].value, _Test("within", 0.5, T["chance"]),
+                     detail="a control that cannot fail: on iid random tokens 0.5 is the exact "
+                            "expectation for any position-free embedding"))
+    strings = tables.get("init_task_strings")
+    if strings is not None and len(strings):
+        for task, g in strings[strings.metric == "adjacency_score"].groupby("task", sort=False):
+            rows.append(_row(f"embedding score ~0.5 (chance), {task} strings, init seeds",
+                             "embedding", g.value, _Test("within", 0.5, T["chance"]),
+                             detail="held-out task strings: a fixed template can move a "
+                                    "position-free embedding's score, so this can fail"))
     for point, hook in POINTS.items():
         rows.append(_row("after the first attention >= 0.8 at init (std 0.02), random tokens",
                          point, init[score & (init.hook == hook)].value, high))
