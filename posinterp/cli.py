@@ -366,6 +366,17 @@ def _experiment(args: argparse.Namespace) -> int:
         write_page,
     )
 
+    if args.verify is not None:
+        from .experiments.qk_constraints import verify_cells
+
+        if args.restore_from is None:
+            raise SystemExit("posinterp experiment: --verify K needs --restore-from DATA "
+                             "(the committed outputs whose cells are re-run)")
+        table = verify_cells(args.restore_from, args.verify, device=args.device,
+                             progress=not args.no_progress)
+        print(_table(table))
+        print(table.attrs["summary"])
+        return 0 if table.within.all() else 1
     grid = ConstraintGrid.quick() if args.quick else ConstraintGrid()
     if args.pes is not None:
         grid = dataclasses.replace(grid, pes=tuple(args.pes))
@@ -619,6 +630,10 @@ def build_parser() -> argparse.ArgumentParser:
                  _experiment, "finished cells")
     ex.add_argument("name", choices=["qk-constraints"], help="which experiment (choices: qk-constraints)")
     ex.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
+    ex.add_argument("--verify", type=pos1, default=None, metavar="K",
+                    help="with --restore-from DATA: re-run K seeded-random cells of DATA's grid "
+                         "here and report how many reproduce within the page's precision "
+                         "(exit 1 if one does not); writes nothing")
     ex.add_argument("--seeds", type=pos1, default=None, help="seeds per cell (default 5)")
     ex.add_argument("--pes", nargs="+", default=None, choices=["nope", "absolute", "rotary", "alibi"],
                     help="positional schemes (default: absolute rotary)")

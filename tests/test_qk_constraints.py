@@ -528,3 +528,31 @@ def test_resized_subspaces_are_nested_and_follow_the_requested_ranks():
     with pytest.raises(ValueError, match="no random-subspace ban"):
         resize_removed_subspaces(build_model(_cell_config(ConstraintGrid(**TINY), "absolute", 0)),
                                  ranks, gen)
+
+
+def test_verify_reruns_committed_cells_and_reports_the_ones_that_differ(tmp_path, capsys):
+    """--verify K re-runs K seeded-random cells of committed outputs and compares them with
+    their rows at the page's precision: an untouched grid reproduces; a row whose steps were
+    edited is reported as differing (exit 1)."""
+    import shutil
+
+    from posinterp.cli import main
+    from posinterp.experiments.qk_constraints import verify_cells
+
+    grid = ConstraintGrid(**{**TINY, "constraints": ("none", "symmetric")}, workers=1)
+    run_qk_constraints(grid, tmp_path / "run", progress=False)
+    table = verify_cells(tmp_path / "run", 2, progress=False)
+    assert table.within.all() and table.cell.nunique() == 2
+    assert table.attrs["summary"] == "2 of 2 cells reproduce within the page's precision"
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("runs.csv", "run.json"):
+        shutil.copyfile(tmp_path / "run" / name, data / name)
+    runs = pd.read_csv(data / "runs.csv")
+    runs["steps"] += 2
+    runs.to_csv(data / "runs.csv", index=False)
+    assert main(["experiment", "qk-constraints", "--verify", "1", "--restore-from", str(data),
+                 "--no-progress"]) == 1
+    assert "0 of 1 cells reproduce" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="k must be in"):
+        verify_cells(data, 99, progress=False)

@@ -1111,6 +1111,63 @@ def _phase_done(out: Path, runs: pd.DataFrame, constraint: str = "symmetric") ->
     return len(done) == len(want) and bool((done.astype(str) == want.astype(str)).all().all())
 
 
+#: What --verify compares, with the precision the page prints each at (half its last
+#: digit): steps exactly (the page prints steps), the rest to 3 decimals.
+VERIFY_FIELDS = {"steps": 0.0, "censored": 0.0, "final_accuracy": 5e-4, "prev_score": 5e-4,
+                 "induction_score": 5e-4, "init_norm_M": 5e-5}
+
+
+def verify_cells(data_dir, k: int, seed: int = 0, device=None, progress: bool = True
+                 ) -> pd.DataFrame:
+    """Re-run ``k`` cells drawn (seeded) from a committed grid's ``runs.csv`` on this machine
+    with the current code, and compare each with its committed row at the precision the
+    page prints (:data:`VERIFY_FIELDS`). Rank-tracked controls are left out of the draw
+    (they need their ban's trace); sensitivity grids are not drawn from.
+
+    Returns:
+        Tidy rows ``cell, field, committed, rerun, tolerance, within`` (one per cell and
+        field the committed row has); ``.attrs["summary"]``: "m of k cells reproduce".
+
+    Raises:
+        FileNotFoundError: without ``runs.csv`` or ``run.json`` in ``data_dir``.
+        ValueError: for ``k < 1`` or more cells than the grid has.
+
+    Source: issue 37 item 1 (a trained cell must reproduce within the page's precision).
+    """
+    data = Path(data_dir)
+    runs = pd.read_csv(data / "runs.csv")
+    run = json.loads((data / "run.json").read_text())
+    g = run["grid"]
+    grid = ConstraintGrid(**{f: tuple(v) if isinstance(v, list) else v for f, v in g.items()
+                             if f in ConstraintGrid.__dataclass_fields__})
+    pool = runs[~runs.constraint.isin(RANK_TRACKED)].reset_index(drop=True)
+    if not 1 <= k <= len(pool):
+        raise ValueError(f"k must be in [1, {len(pool)}] (the grid's cells), got {k}")
+    picked = pool.loc[np.random.default_rng(seed).choice(len(pool), size=k, replace=False)]
+    rows = []
+    for r in picked.itertuples(index=False):
+        name = f"{r.pe}-{r.constraint}-seed{int(r.seed)}"
+        t0 = time.time()
+        new = _train_cell(grid, r.pe, r.constraint, int(r.seed), device=device)
+        for field, tol in VERIFY_FIELDS.items():
+            old = getattr(r, field, None)
+            if old is None or (isinstance(old, float) and math.isnan(old)):
+                continue
+            got = new[field]
+            within = (bool(old) == bool(got)) if field == "censored" else abs(float(got) - float(old)) <= tol
+            rows.append(dict(cell=name, field=field, committed=float(old), rerun=float(got),
+                             tolerance=tol, within=within))
+        if progress:
+            ok = all(x["within"] for x in rows if x["cell"] == name)
+            print(f"[posinterp] verify {name}: {'reproduces' if ok else 'DIFFERS'} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+    table = pd.DataFrame(rows)
+    per_cell = table.groupby("cell", sort=False).within.all()
+    table.attrs["summary"] = (f"{int(per_cell.sum())} of {len(per_cell)} cells reproduce within "
+                              "the page's precision")
+    return table
+
+
 @locks_output()
 def restore_run(data_dir, out_dir) -> list[str]:
     """Turn committed run outputs back into a resumable run folder; returns the cells written.
