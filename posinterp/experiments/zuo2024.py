@@ -526,7 +526,12 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     tables["init_task_strings"] = done["init_task_strings"]
     claims = _claims(init, tables, grid, probe, pd.DataFrame(
         [w for w in waiting if w["cell"].startswith("train_")], columns=["cell", "task", "seed"]))
-    for name, df in {**tables, "claims": claims}.items():
+    # per-seed rows behind every summary table, so paired differences and intervals can be
+    # re-derived from committed data (issue 37 item 1)
+    per_seed = {f"{name}_per_seed": df[df.metric == "adjacency_score"] if "metric" in df else df
+                for name, df in (("init", init), ("init_grid", grid), ("depth_width", dw))}
+    per_seed["probes_per_seed"] = probe
+    for name, df in {**tables, **per_seed, "claims": claims}.items():
         with atomic_path(out / f"{name}.csv") as tmp:
             df.to_csv(tmp, index=False)
     atomic_write_json(out / "run.json", {"config": json.loads(json.dumps(asdict(config))),
