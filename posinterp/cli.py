@@ -345,6 +345,15 @@ def _inspect(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from .experiments.zuo2024 import ReproConfig, run_zuo2024
 
+    if args.verify is not None:
+        from .experiments.zuo2024 import verify_trainings
+
+        data = args.verify_data or "docs/reproductions/data/zuo2024"
+        table = verify_trainings(data, args.verify, device=args.device,
+                                 progress=not args.no_progress)
+        print(_table(table))
+        print(table.attrs["summary"])
+        return 0 if table.within.all() else 1
     cfg = ReproConfig.full() if args.full else ReproConfig()
     command = ("posinterp reproduce zuo2024 " + ("--full" if args.full else "--quick")
                + f" --out {args.out}" + (f" --markdown {args.markdown}" if args.markdown else ""))
@@ -609,6 +618,12 @@ def build_parser() -> argparse.ArgumentParser:
                  "zuo2024: Zuo, Guerzhoy & Guerzhoy 2024 (arXiv 2501.00073), claim by claim.",
                  _reproduce, "finished cells")
     rp.add_argument("paper", choices=["zuo2024"], help="which paper (choices: zuo2024)")
+    rp.add_argument("--verify", type=pos1, default=None, metavar="K",
+                    help="re-train K seeded-random trainings of committed outputs here and "
+                         "report how many reproduce within the page's precision (exit 1 if "
+                         "one does not); writes nothing")
+    rp.add_argument("--verify-data", default=None, metavar="DATA",
+                    help="the outputs --verify reads (default docs/reproductions/data/zuo2024)")
     mode = rp.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true",
                       help="the CPU protocol, the default (wall time on 2 shared cores: "

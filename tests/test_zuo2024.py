@@ -226,3 +226,29 @@ def test_cli_table_accepts_pandas_display_options():
 
     text = _table(pd.DataFrame({"claim": ["x" * 120], "n": [3]}), **{"display.max_colwidth": 90})
     assert "claim" in text and text.rstrip().endswith("3")
+
+
+def test_verify_retrains_committed_trainings_and_reports_differences(tmp_path, monkeypatch, capsys):
+    """reproduce --verify K re-trains K seeded-random trainings of committed outputs and
+    compares steps exactly and scores at the page's precision: a fresh run's own outputs
+    reproduce; an edited accuracy is reported (exit 1)."""
+    import shutil
+
+    import posinterp.experiments.zuo2024 as z
+    from posinterp.cli import main
+
+    monkeypatch.setattr(z, "ProbeConfig", lambda: ProbeConfig(hidden=8, max_epochs=3))
+    run_zuo2024(SMOKE, tmp_path / "run", progress=False)
+    table = z.verify_trainings(tmp_path / "run", 2, progress=False)
+    assert table.within.all() and table.training.nunique() == 2
+    assert {"steps", "accuracy"} <= set(table.field)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("training.csv", "run.json"):
+        shutil.copyfile(tmp_path / "run" / name, data / name)
+    t = pd.read_csv(data / "training.csv")
+    t["accuracy"] += 0.01
+    t.to_csv(data / "training.csv", index=False)
+    assert main(["reproduce", "zuo2024", "--verify", "1", "--verify-data", str(data),
+                 "--no-progress"]) == 1
+    assert "0 of 1 trainings reproduce" in capsys.readouterr().out

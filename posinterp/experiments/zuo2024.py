@@ -29,10 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from scipy import stats
@@ -550,6 +552,88 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
     return claims
+
+
+def config_of_run(run: dict) -> ReproConfig:
+    """The :class:`ReproConfig` a run.json's ``config`` records (lists back to tuples)."""
+    cfg = dict(run["config"])
+    defaults = ReproConfig()
+    for f in fields(ReproConfig):
+        if f.name not in cfg:
+            continue
+        if isinstance(getattr(defaults, f.name), tuple):
+            cfg[f.name] = tuple(cfg[f.name])
+        elif f.name == "task_lengths":
+            cfg[f.name] = {k: tuple(v) for k, v in cfg[f.name].items()}
+    return ReproConfig(**{k: v for k, v in cfg.items() if k in {f.name for f in fields(ReproConfig)}})
+
+
+def _training_label(label: str) -> dict:
+    """training.csv's task label as ``_train_cell`` arguments: ``reversal L12`` (a depth),
+    ``addition (long run, <= 1500 steps)`` (a budget), or a task name."""
+    task = label.split()[0]
+    depth = re.search(r" L(\d+)$", label)
+    steps = re.search(r"<= (\d+) steps", label)
+    return {"task": task, "n_layers": int(depth.group(1)) if depth else None,
+            "steps": int(steps.group(1)) if steps else None}
+
+
+#: The precision the page prints training figures at (3 decimals: half the last digit).
+VERIFY_TOLERANCE = 5e-4
+
+
+def verify_trainings(data_dir, k: int, seed: int = 0, device=None, progress: bool = True
+                     ) -> pd.DataFrame:
+    """Re-train ``k`` trainings drawn (seeded) from a committed run's ``training.csv`` here,
+    with the current code and the run's recorded config, and compare each with its row:
+    steps exactly, accuracy and the layer-0 adjacency scores (init and trained, every
+    measurement point) to :data:`VERIFY_TOLERANCE`, the page's precision.
+
+    Returns:
+        Tidy rows ``training, field, committed, rerun, tolerance, within``;
+        ``.attrs["summary"]``: "m of k trainings reproduce".
+
+    Raises:
+        FileNotFoundError: without ``training.csv`` or ``run.json`` in ``data_dir``.
+        ValueError: for ``k`` outside [1, number of trainings].
+
+    Source: issue 37 item 1 (a trained cell must reproduce within the page's precision).
+    """
+    import tempfile
+
+    data = Path(data_dir)
+    training = pd.read_csv(data / "training.csv")
+    config = config_of_run(json.loads((data / "run.json").read_text()))
+    if not 1 <= k <= len(training):
+        raise ValueError(f"k must be in [1, {len(training)}] (the run's trainings), got {k}")
+    picked = training.loc[np.random.default_rng(seed).choice(len(training), size=k, replace=False)]
+    score_cols = [c for c in training.columns if c.startswith(("init:", "trained:"))]
+    rows = []
+    for r in picked.to_dict("records"):
+        name = f"{r['task']} seed {int(r['seed'])}"
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            new = _train_cell(config, Path(tmp), seed=int(r["seed"]), progress=False,
+                              device=device, **_training_label(r["task"]))
+        first = new[(new.metric == "adjacency_score") & new.layer.isin([-1, 0])]
+        got = {f"{st}:{h}": v for st, h, v in zip(first.state, first.hook, first.value, strict=True)}
+        got.update(accuracy=float(new.accuracy.iloc[0]), steps=int(new.steps.iloc[0]))
+        for col in ["steps", "accuracy", *score_cols]:
+            if col not in got or pd.isna(r.get(col)):
+                continue
+            tol = 0.0 if col == "steps" else VERIFY_TOLERANCE
+            rows.append(dict(training=name, field=col, committed=float(r[col]),
+                             rerun=float(got[col]), tolerance=tol,
+                             within=abs(float(got[col]) - float(r[col])) <= tol))
+        if progress:
+            ok = all(x["within"] for x in rows if x["training"] == name)
+            print(f"[posinterp] verify {name}: {'reproduces' if ok else 'DIFFERS'} "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+    table = pd.DataFrame(rows)
+    per = table.groupby("training", sort=False).within.all()
+    table.attrs["summary"] = (f"{int(per.sum())} of {len(per)} trainings reproduce within the "
+                              "page's precision")
+    return table
 
 
 def _cell_seconds(out: Path, pending=()) -> float | None:
