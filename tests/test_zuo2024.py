@@ -240,7 +240,7 @@ def test_verify_retrains_committed_trainings_and_reports_differences(tmp_path, m
     monkeypatch.setattr(z, "ProbeConfig", lambda: ProbeConfig(hidden=8, max_epochs=3))
     run_zuo2024(SMOKE, tmp_path / "run", progress=False)
     table = z.verify_trainings(tmp_path / "run", 2, progress=False)
-    assert table.within.all() and table.training.nunique() == 2
+    assert table.within.all() and table.cell.nunique() == 2
     assert {"steps", "accuracy"} <= set(table.field)
     data = tmp_path / "data"
     data.mkdir()

@@ -108,6 +108,7 @@ from ..stats import (
 )
 from ..training import TrainConfig, fit
 from ._disclosure import Choice, disclosure_section
+from ._verify import compare_rerun, report, verify_table
 
 __all__ = ["BAND_BAN_PREFIX", "SENSITIVITY", "ConstraintGrid", "band_of", "claims_table",
            "heads_table", "induction_batch", "induction_ceiling", "induction_scores", "km_figure",
@@ -1149,23 +1150,11 @@ def verify_cells(data_dir, k: int, seed: int = 0, device=None, progress: bool = 
         name = f"{r.pe}-{r.constraint}-seed{int(r.seed)}"
         t0 = time.time()
         new = _train_cell(grid, r.pe, r.constraint, int(r.seed), device=device)
-        for field, tol in VERIFY_FIELDS.items():
-            old = getattr(r, field, None)
-            if old is None or (isinstance(old, float) and math.isnan(old)):
-                continue
-            got = new[field]
-            within = (bool(old) == bool(got)) if field == "censored" else abs(float(got) - float(old)) <= tol
-            rows.append(dict(cell=name, field=field, committed=float(old), rerun=float(got),
-                             tolerance=tol, within=within))
+        old = {f: (bool(v) if f == "censored" else v) for f, v in r._asdict().items()}
+        rows += compare_rerun(name, old, {**new, "censored": bool(new["censored"])}, VERIFY_FIELDS)
         if progress:
-            ok = all(x["within"] for x in rows if x["cell"] == name)
-            print(f"[posinterp] verify {name}: {'reproduces' if ok else 'DIFFERS'} "
-                  f"({time.time() - t0:.0f} s)", flush=True)
-    table = pd.DataFrame(rows)
-    per_cell = table.groupby("cell", sort=False).within.all()
-    table.attrs["summary"] = (f"{int(per_cell.sum())} of {len(per_cell)} cells reproduce within "
-                              "the page's precision")
-    return table
+            print(report(name, rows, time.time() - t0), flush=True)
+    return verify_table(rows, "cells")
 
 
 @locks_output()

@@ -60,6 +60,7 @@ from ..stats import mean_t_interval as mean_ci  # mean over seeds (docs/concepts
 from ..tasks import CHAR_VOCAB, TaskConfig, make_task_data
 from ..training import TrainConfig, evaluate, latest_checkpoint, load_checkpoint, train
 from ._disclosure import Choice, disclosure_section
+from ._verify import compare_rerun, report, verify_table
 
 __all__ = ["PRIMARY_POINT", "THRESHOLDS", "ReproConfig", "depth_width_configs", "render_markdown",
            "run_zuo2024"]
@@ -590,7 +591,8 @@ def verify_trainings(data_dir, k: int, seed: int = 0, device=None, progress: boo
     measurement point) to :data:`VERIFY_TOLERANCE`, the page's precision.
 
     Returns:
-        Tidy rows ``training, field, committed, rerun, tolerance, within``;
+        Tidy rows ``cell, field, committed, rerun, tolerance, within`` (``cell``: the
+        training's task label and seed);
         ``.attrs["summary"]``: "m of k trainings reproduce".
 
     Raises:
@@ -618,22 +620,12 @@ def verify_trainings(data_dir, k: int, seed: int = 0, device=None, progress: boo
         first = new[(new.metric == "adjacency_score") & new.layer.isin([-1, 0])]
         got = {f"{st}:{h}": v for st, h, v in zip(first.state, first.hook, first.value, strict=True)}
         got.update(accuracy=float(new.accuracy.iloc[0]), steps=int(new.steps.iloc[0]))
-        for col in ["steps", "accuracy", *score_cols]:
-            if col not in got or pd.isna(r.get(col)):
-                continue
-            tol = 0.0 if col == "steps" else VERIFY_TOLERANCE
-            rows.append(dict(training=name, field=col, committed=float(r[col]),
-                             rerun=float(got[col]), tolerance=tol,
-                             within=abs(float(got[col]) - float(r[col])) <= tol))
+        tolerances = {"steps": 0.0, "accuracy": VERIFY_TOLERANCE,
+                      **dict.fromkeys(score_cols, VERIFY_TOLERANCE)}
+        rows += compare_rerun(name, r, got, tolerances)
         if progress:
-            ok = all(x["within"] for x in rows if x["training"] == name)
-            print(f"[posinterp] verify {name}: {'reproduces' if ok else 'DIFFERS'} "
-                  f"({time.time() - t0:.0f} s)", flush=True)
-    table = pd.DataFrame(rows)
-    per = table.groupby("training", sort=False).within.all()
-    table.attrs["summary"] = (f"{int(per.sum())} of {len(per)} trainings reproduce within the "
-                              "page's precision")
-    return table
+            print(report(name, rows, time.time() - t0), flush=True)
+    return verify_table(rows, "trainings")
 
 
 def _cell_seconds(out: Path, pending=()) -> float | None:
