@@ -1651,16 +1651,21 @@ def _phase_section(phase: pd.DataFrame) -> list[str]:
         "phase is gone and M(0) is untouched (`posinterp.interventions.phase`). Uniform "
         "causal attention scores "
         f"{phase.uniform_score.iloc[0]:.4f} (mean of 1/(i+1) over the queries).\n",
-        _md_table(pd.DataFrame({
-            "seed": phase.seed, "head": phase.prev_head,
-            "previous-token score": phase.prev_score.map("{:.3f}".format),
-            "without RoPE in that head": phase.prev_score_without_rope.map("{:.4f}".format),
-            "uniform": phase.uniform_score.map("{:.4f}".format)})) + "\n",
+        _phase_table(phase, "") + "\n",
         f"Removing the phase lowers the score by {mean:.3f} [{lo:.3f}, {hi:.3f}] (mean, 95% t "
         f"interval over {len(phase)} seeds); what remains is {a_mean:+.4f} [{a_lo:+.4f}, "
         f"{a_hi:+.4f}] from the uniform level. These heads' M(0) is symmetric, so their "
         "previous-token attention came through RoPE's phase.\n",
         *_phase_above_text(phase)]
+
+
+def _phase_table(phase: pd.DataFrame, which: str) -> str:
+    """phase.csv's heads (``which`` "": the strongest; "_above": above layer 0) as a table."""
+    return _md_table(pd.DataFrame({
+        "seed": phase.seed, "head": phase[f"prev_head{which}"],
+        "previous-token score": phase[f"prev_score{which}"].map("{:.3f}".format),
+        "without RoPE in that head": phase[f"prev_score{which}_without_rope"].map("{:.4f}".format),
+        "uniform": phase.uniform_score.map("{:.4f}".format)}))
 
 
 def _phase_above_text(phase: pd.DataFrame) -> list[str]:
@@ -1681,11 +1686,7 @@ def _phase_above_text(phase: pd.DataFrame) -> list[str]:
     return [forced + " Above layer 0 the input already carries position (layer 0's rotated "
             "attention), so the outcome is not forced; the strongest previous-token head "
             "there, per model:\n",
-            _md_table(pd.DataFrame({
-                "seed": phase.seed, "head": phase.prev_head_above,
-                "previous-token score": phase.prev_score_above.map("{:.3f}".format),
-                "without RoPE in that head": phase.prev_score_above_without_rope.map("{:.4f}".format),
-                "uniform": phase.uniform_score.map("{:.4f}".format)})) + "\n",
+            _phase_table(phase, "_above") + "\n",
             f"There, removing the phase changes the score by {-drop[0]:+.3f} [{-drop[2]:+.3f}, "
             f"{-drop[1]:+.3f}] and leaves {kept[0]:+.4f} [{kept[1]:+.4f}, {kept[2]:+.4f}] above "
             f"uniform (mean, 95% t interval over {len(phase)} seeds)."
