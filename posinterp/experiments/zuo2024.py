@@ -84,7 +84,7 @@ PRIMARY_POINT = "attn_out"
 CHOICES_AFTER_RESULTS = (
     Choice("Reversal trains on fixed 6-digit strings in --quick (the paper: variable lengths)",
            "variable-length reversal (4-8 digits) reached exact match 0.57, 0.01 and 0.02 in "
-           "500 steps; 6 digits was the length that trained in budget (DESIGN §7)",
+           "500 steps; 6 digits was the length that trained in --quick's step budget",
            "572af35", "2026-11-30"),
     Choice("`attn_out` is the primary measurement point",
            "the adjacency scores at attn_out and resid_mid, computed side by side by the run "
