@@ -105,6 +105,28 @@ def test_batched_ablations_on_a_loaded_hf_llama_with_grouped_query_heads(tmp_pat
     _check_exact(model, tokens, _padded_mask(3, 10))
 
 
+@pytest.mark.parametrize("name", ["bloom-12-heads", "gpt2", "opt", "gptneo-local", "neox",
+                                  "mistral-sliding-16", "qwen2",
+                                  "gptj-rotary-dim-4"])
+def test_batched_ablations_on_loaded_hf_models_with_their_own_block_inputs(tmp_path, name):
+    """Each causal architecture's blocks take their own inputs (BLOOM's ``alibi`` is
+    [batch * n_heads, 1, key], which TL 4 passes on and the reruns once left untiled: a
+    crash); the suffix reruns tile them as the batch is tiled, or fall back to full
+    passes, and equal one full pass per ablation."""
+    from posinterp.models import load_model
+    from tests.helpers import parity_cases
+
+    arch, make, _ = parity_cases()[name]
+    save_tiny_checkpoint(arch, make(), tmp_path / name)
+    model, _ = load_model(str(tmp_path / name), device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(4, 90, (3, 10), generator=gen)
+    abl = _all_ablations(model)
+    _, _, route = head_ablation_losses(model, tokens, _padded_mask(3, 10), abl)
+    _check_exact(model, tokens, _padded_mask(3, 10), route=route)
+    assert route == "suffix" or name not in ("bloom-12-heads", "gpt2")
+
+
 def test_bad_ablations_name_the_parameter():
     model = tiny_model("rotary")
     tokens = random_tokens(model, 2, 6)

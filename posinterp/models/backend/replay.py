@@ -87,20 +87,22 @@ def capture_block_inputs(model, tokens: Tensor, mask: Tensor | None) -> BlockInp
     return BlockInputs(resid, args, kwargs, logits, tokens.shape[0])
 
 
-def _tile(obj, batch: int, copies: int):
+def _tile(obj, batch: int, copies: int, n_heads: int = 0):
     """``obj`` with every tensor whose dim 0 is the batch repeated ``copies`` times along
-    it (copy g holds rows g*batch .. (g+1)*batch - 1); other values (and broadcast
-    tensors of dim 0 = 1 when batch > 1) unchanged."""
+    it (copy g holds rows g*batch .. (g+1)*batch - 1); also one whose dim 0 is batch x
+    ``n_heads``, batch-major (BLOOM's ``alibi``, ``[batch * n_heads, 1, key]``), whose
+    copies follow the same order. Other values (and broadcast tensors of dim 0 = 1 when
+    batch > 1) unchanged; :func:`suffix_replay_matches` checks the result."""
     if isinstance(obj, Tensor):
-        if copies > 1 and obj.ndim and obj.shape[0] == batch:
+        if copies > 1 and obj.ndim and obj.shape[0] in (batch, batch * n_heads):
             return obj.repeat(copies, *([1] * (obj.ndim - 1)))
         return obj
     if isinstance(obj, tuple):
-        return tuple(_tile(o, batch, copies) for o in obj)
+        return tuple(_tile(o, batch, copies, n_heads) for o in obj)
     if isinstance(obj, list):
-        return [_tile(o, batch, copies) for o in obj]
+        return [_tile(o, batch, copies, n_heads) for o in obj]
     if isinstance(obj, dict):
-        return {k: _tile(v, batch, copies) for k, v in obj.items()}
+        return {k: _tile(v, batch, copies, n_heads) for k, v in obj.items()}
     return obj
 
 
@@ -116,10 +118,10 @@ def run_blocks_from(model, inputs: BlockInputs, layer: int, resid: Tensor) -> Te
         raise ValueError(f"resid batch {resid.shape[0]} is not a multiple of the recorded "
                          f"batch {inputs.batch}")
     copies = resid.shape[0] // inputs.batch
-    x = resid
+    x, heads = resid, model.cfg.n_heads
     for j in range(layer, model.cfg.n_layers):
-        out = model.blocks[j](x, *_tile(inputs.args[j], inputs.batch, copies),
-                              **_tile(inputs.kwargs[j], inputs.batch, copies))
+        out = model.blocks[j](x, *_tile(inputs.args[j], inputs.batch, copies, heads),
+                              **_tile(inputs.kwargs[j], inputs.batch, copies, heads))
         x = out[0] if isinstance(out, tuple) else out
     return x
 
@@ -138,7 +140,10 @@ def suffix_replay_matches(model, inputs: BlockInputs, rtol: float = 1e-5) -> boo
     last = model.cfg.n_layers - 1
     with torch.no_grad(), eager(model), eval_mode(model):
         resid = inputs.resid_pre[last]
-        out = run_blocks_from(model, inputs, last, resid.repeat(2, 1, 1))
+        try:
+            out = run_blocks_from(model, inputs, last, resid.repeat(2, 1, 1))
+        except RuntimeError:  # an input of the block that _tile cannot tile: full passes
+            return False
         b = inputs.batch
         scale = float(inputs.logits.abs().max()) or 1.0
         for g in range(2):
