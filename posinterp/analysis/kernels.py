@@ -25,7 +25,7 @@ from .._disk_cache import cached_arrays
 from ..stats import t_critical
 from ._checks import check_attention_mask, lengths_from_mask, masked_scores
 from .heads import previous_token_score
-from .spectral import eigenvalues, random_heads
+from .spectral import random_small_forms, small_form_eigenvalues
 
 __all__ = ["attention_kernel", "block_labels", "compact_pattern", "head_scores", "null_band",
            "pool_pattern", "t_interval"]
@@ -199,8 +199,9 @@ def null_band(d_model: int, d_head: int, n_heads: int = 200, quantiles=(0.05, 0.
                       tuple(float(x) for x in quantiles), int(seed))
 
 
-# The band's algorithm version in the on-disk cache (posinterp._disk_cache).
-NULL_BAND_VERSION = 1
+# The band's algorithm version in the on-disk cache (posinterp._disk_cache). 2: drawn in
+# d_head space (spectral.random_small_forms), the same law as version 1.
+NULL_BAND_VERSION = 2
 
 
 @functools.lru_cache(maxsize=8)
@@ -208,9 +209,9 @@ def _null_band(d_model: int, d_head: int, n_heads: int, quantiles: tuple, seed: 
                ) -> tuple[float, float]:
     # seeded: drawn once per machine for each argument set (on disk), as ginibre_null
     def draw() -> dict[str, np.ndarray]:
-        gen = torch.Generator().manual_seed(seed)
-        mods = np.concatenate([eigenvalues(q, k).abs().flatten().numpy()
-                               for q, k in random_heads(gen, n_heads, d_model, d_head)])
+        rng = np.random.default_rng(seed)
+        mods = np.concatenate([small_form_eigenvalues(B).abs().flatten().numpy()
+                               for B, _, _ in random_small_forms(rng, n_heads, d_model, d_head)])
         return {"band": np.asarray(np.quantile(mods, quantiles), dtype=np.float64)}
 
     args = {"d_model": d_model, "d_head": d_head, "n_heads": n_heads,

@@ -52,7 +52,7 @@ __all__ = [
     "channel_masses",
     "effective_weights", "fold_qk_norm",
     "eigenvalues", "ginibre_null", "real_within_rounding", "null_percentiles", "qk_convention", "qk_spectrum",
-    "model_rotary_matrix", "qk_weights", "random_heads", "rotary_matrix", "rotational_measures",
+    "model_rotary_matrix", "qk_weights", "random_small_forms", "rotary_matrix", "rotational_measures",
     "spectral_measures",
     "directionality_score", "qk_geometry", "symmetry_score",
 ]
@@ -185,8 +185,14 @@ def antisymmetric_energy(W_Q: Float[Tensor, "... d_model d_head"],
 
 def _antisymmetric_energy(q: Tensor, k: Tensor, B: Tensor) -> Tensor:
     """:func:`antisymmetric_energy` of float64 q, k whose small form B = k^T q is at hand."""
+    return _antisymmetric_energy_from_forms(B, q.mT @ q, k.mT @ k)
+
+
+def _antisymmetric_energy_from_forms(B: Tensor, Gq: Tensor, Gk: Tensor) -> Tensor:
+    """:func:`antisymmetric_energy` from the d_head x d_head forms B = k^T q, G_Q = q^T q
+    and G_K = k^T k."""
     tr_b2 = (B * B.mT).sum((-1, -2))
-    norm2 = ((q.mT @ q) * (k.mT @ k)).sum((-1, -2))  # tr(Q^T Q K^T K), both symmetric
+    norm2 = (Gq * Gk).sum((-1, -2))  # tr(Q^T Q K^T K), both symmetric
     safe = torch.where(norm2 > 0, norm2, torch.ones_like(norm2))
     return torch.where(norm2 > 0, 0.5 * (1 - tr_b2 / safe), torch.zeros_like(norm2))
 
@@ -545,6 +551,61 @@ def qk_spectrum(model, layers: int | Sequence[int] | None = None,
     return _spectrum_frame(keys, lam)
 
 
+def _qk_only_forms(qk, layers, heads, offset, weights, grams: bool):
+    """:func:`_selected_forms` for :class:`~posinterp.models.qk_only.QKWeights`: each layer
+    is read and its d_model-sized products formed once, whatever the number of offsets.
+    With W_K' = W_K R^T, B' = R B and G_K' = R G_K R^T are d_head-sized; G_K is formed
+    once per KV head, not per query head. Rows come out by layer, then offset (the
+    caller restores offset-major order on its small results)."""
+    if offset is not None and qk.pe != "rotary":
+        raise ValueError(f"offset applies only to rotary heads; this model's positional scheme "
+                         f"is {qk.pe!r}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    offsets = [int(offset)] if offset is not None else ([0, -1] if qk.pe == "rotary" else [None])
+    layer_ids = _select("layers", layers, qk.n_layers)
+    head_ids = _select("heads", heads, qk.n_heads)
+    rot = {off: (rotary_matrix(qk.d_head, qk.rotary_dim, -off, adjacent_pairs=qk.adjacent_pairs,
+                               inv_freq=qk.inv_freq) if off else None) for off in offsets}
+    group = qk.n_heads // qk.n_kv_heads
+    kv = [h // group for h in head_ids]
+    first = sorted({k: i for i, k in reversed(list(enumerate(kv)))}.values())  # one per KV head
+    back = torch.tensor([[kv[i] for i in first].index(k) for k in kv])
+    for layer in layer_ids:  # read from the files now: one layer in memory at a time
+        W_Q, W_K = qk.W_Q[layer], qk.W_K[layer]
+        if weights == "effective":
+            W_Q = effective_weights(W_Q, qk.gain[layer], qk.center)
+            W_K = effective_weights(W_K, qk.gain[layer], qk.center)
+            W_Q, W_K = fold_qk_norm(W_Q, W_K, qk.qk_norm[layer] if qk.qk_norm else None)
+        q, k = qk_float64(W_Q[head_ids], W_K[head_ids])
+        B0 = k.mT @ q
+        Gq = q.mT @ q if grams else None
+        Gk = (k[first].mT @ k[first])[back] if grams else None
+        del q, k, W_Q, W_K
+        for off in offsets:
+            R = rot[off]
+            if R is None:
+                yield off, layer, head_ids, B0, Gq, Gk
+            else:
+                yield off, layer, head_ids, R @ B0, Gq, R @ Gk @ R.T if grams else None
+
+
+def _selected_forms(model, layers, heads, offset, weights, grams: bool):
+    """Yield ``(offset, layer, head_ids, B, G_Q, G_K)``: the d_head x d_head forms
+    B = W_K'^T W_Q, G_Q = W_Q^T W_Q, G_K = W_K'^T W_K' (float64, ``[heads, d_head,
+    d_head]``; the Gram matrices None without ``grams``) of every offset and selected
+    layer, as :func:`_selected_weights` forms the weights."""
+    from ..models.sources.qk_only import QKWeights
+
+    if isinstance(model, QKWeights):
+        yield from _qk_only_forms(model, layers, heads, offset, weights, grams)
+        return
+    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
+        q, k = qk_float64(W_Q, W_K)
+        yield (off, layer, head_ids, k.mT @ q, q.mT @ q if grams else None,
+               k.mT @ k if grams else None)
+
+
 def _spectra(model, layers, heads, offset, weights, antisymmetric: bool = True):
     """``(keys, eigenvalues, antisymmetric energies)`` of every selected head, where keys
     are ``(offset, layer, head_ids)`` in order and the tensors ``[sum heads, d_head]`` and
@@ -552,15 +613,19 @@ def _spectra(model, layers, heads, offset, weights, antisymmetric: bool = True):
     weights and one eigvals call for :func:`qk_spectrum` and :func:`spectral_measures`
     alike, so a caller that needs both (``inspect_heads``) solves each head once."""
     keys, lams, anti = [], [], []
-    for off, layer, head_ids, W_Q, W_K in _selected_weights(model, layers, heads, offset, weights):
-        q, k = qk_float64(W_Q, W_K)
+    for off, layer, head_ids, B, Gq, Gk in _selected_forms(model, layers, heads, offset, weights,
+                                                            grams=antisymmetric):
         keys.append((off, layer, head_ids))
-        B = k.mT @ q  # [heads, d_head, d_head]
         # solved as each layer comes: only eigenvalues are kept, so memory does not grow
         # with depth (a batched eigvals solves each matrix alone: the same numbers)
         lams.append(small_form_eigenvalues(B))
         if antisymmetric:
-            anti.append(_antisymmetric_energy(q, k, B))
+            anti.append(_antisymmetric_energy_from_forms(B, Gq, Gk))
+    # offset-major, as the tables are laid out (weights-only input comes layer-major)
+    offs = list(dict.fromkeys(key[0] for key in keys))
+    order = sorted(range(len(keys)), key=lambda i: offs.index(keys[i][0]))
+    keys, lams = [keys[i] for i in order], [lams[i] for i in order]
+    anti = [anti[i] for i in order] if antisymmetric else None
     return keys, torch.cat(lams), (torch.cat(anti) if antisymmetric else None)
 
 
@@ -693,68 +758,79 @@ def ginibre_null(d_model: int, d_head: int, n_heads: int = NULL_HEADS, std: floa
                          None if k_e is None else int(k_e), float(eps), int(seed)).copy()
 
 
-# Random heads are drawn in blocks of at most this many bytes per factor: at d_model 4096,
-# d_head 128 one head's W_Q is 4 MiB, so 256 heads at once held 2 GiB (docs/scale.md).
-RANDOM_HEAD_BLOCK_BYTES = 64 * 2**20
+# Random heads are drawn this many at a time: at d_head 128 a block's B, Gram matrices and
+# Bartlett factors are 6 x 32 MiB, whatever d_model (docs/scale.md).
+RANDOM_HEAD_BLOCK = 256
 
 
-def random_heads(gen: torch.Generator, n: int, d_model: int, d_head: int,
-                 block_bytes: int | None = None):
-    """Yield ``(q, k)`` blocks ``[b, d_model, d_head]`` (float64, N(0, 1) entries) of ``n``
-    random heads: the numbers of ``q = randn(n, ...); k = randn(n, ...)`` drawn from
-    ``gen``, in order, with at most ``block_bytes`` (default
-    :data:`RANDOM_HEAD_BLOCK_BYTES`) of each factor in memory.
+def _bartlett(rng: np.random.Generator, n: int, rows: int, cols: int) -> np.ndarray:
+    """``[n, cols, cols]`` upper-triangular R of the thin QR of ``n`` Gaussian
+    ``[rows, cols]`` matrices (``rows >= cols``), drawn directly: R_ii = sqrt(chi2 with
+    rows - i degrees of freedom), R_ij ~ N(0, 1) above the diagonal, all independent
+    (Bartlett 1933; Muirhead 1982, Thm 3.2.14). R^T R is then Wishart(rows, I_cols)."""
+    R = np.triu(rng.standard_normal((n, cols, cols)), 1)
+    diag = np.sqrt(rng.chisquare(rows - np.arange(cols), size=(n, cols)))
+    R[:, np.arange(cols), np.arange(cols)] = diag
+    return R
 
-    torch's CPU normal fills uniforms in order and transforms them 16 at a time (redrawing
-    the last 16 when the size is not a multiple of 16), so a draw split into parts of a
-    multiple of 16 numbers, the last part at least 16, gives the same numbers
-    (tests/analysis/test_spectral.py checks it). The k of block b lies after every q, so
-    each q block is drawn twice: once to move the generator past it (its state saved),
-    once from that state beside its k.
+
+def random_small_forms(rng: np.random.Generator, n: int, d_model: int, d_head: int,
+                       block: int = RANDOM_HEAD_BLOCK):
+    """Yield blocks ``(B, G_Q, G_K)``, each ``[b, d_head, d_head]`` float64 tensors, of
+    ``n`` random heads: B = W_K^T W_Q, G_Q = W_Q^T W_Q, G_K = W_K^T W_K for W_Q, W_K
+    ``[d_model, d_head]`` with i.i.d. N(0, 1) entries, drawn in d_head space.
+
+    The same joint law as forming the products from d_model-sized draws, at a
+    d_head/d_model fraction of the random numbers and none of the d_model-sized
+    products: W_K = Q R with R a Bartlett factor and Q Haar, independent of R; given Q,
+    A = Q^T W_Q is a d_head x d_head Gaussian and the rest of W_Q, (I - QQ^T) W_Q, a
+    Gaussian in the other d_model - d_head dimensions, independent of A. So B = R^T A,
+    G_K = R^T R and G_Q = A^T A + C^T C with C^T C ~ Wishart(d_model - d_head, I)
+    (itself a Bartlett R'^T R' when d_model - d_head >= d_head). Where d_model <=
+    d_head the d_model-sized draws are the small ones and are used as they are.
+    ``rng`` (numpy's seeded generator) fixes every number; ``block`` heads at a time
+    bound the memory. Source: product-Ginibre null, docs/spectra.md; issue 36.
     """
-    per = d_model * d_head
-    unit = 16 // math.gcd(16, per)  # heads per multiple of 16 numbers
-    size = max(unit, (block_bytes or RANDOM_HEAD_BLOCK_BYTES) // (8 * per) // unit * unit)
-    sizes = [min(size, n - i) for i in range(0, n, size)]
-    if len(sizes) > 1 and sizes[-1] * per < 16:  # a short last part would redraw differently
-        sizes[-2:] = [sizes[-2] + sizes[-1]]
-    if len(sizes) == 1:
-        q = torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64)
-        yield q, torch.randn(n, d_model, d_head, generator=gen, dtype=torch.float64)
-        return
-    states = []
-    for b in sizes:
-        states.append(gen.get_state())
-        torch.randn(b, d_model, d_head, generator=gen, dtype=torch.float64)
-    replay = torch.Generator()
-    for b, state in zip(sizes, states, strict=True):
-        replay.set_state(state)
-        q = torch.randn(b, d_model, d_head, generator=replay, dtype=torch.float64)
-        yield q, torch.randn(b, d_model, d_head, generator=gen, dtype=torch.float64)
+    for start in range(0, n, block):
+        b = min(block, n - start)
+        if d_model <= d_head:
+            q = rng.standard_normal((b, d_model, d_head))
+            k = rng.standard_normal((b, d_model, d_head))
+            B, Gq, Gk = k.transpose(0, 2, 1) @ q, q.transpose(0, 2, 1) @ q, k.transpose(0, 2, 1) @ k
+        else:
+            R = _bartlett(rng, b, d_model, d_head)
+            A = rng.standard_normal((b, d_head, d_head))
+            Rt = R.transpose(0, 2, 1)
+            B, Gk = Rt @ A, Rt @ R
+            rest = d_model - d_head
+            C = (_bartlett(rng, b, rest, d_head) if rest >= d_head
+                 else rng.standard_normal((b, rest, d_head)))
+            Gq = A.transpose(0, 2, 1) @ A + C.transpose(0, 2, 1) @ C
+        yield torch.from_numpy(B), torch.from_numpy(Gq), torch.from_numpy(Gk)
 
 
 # The null's algorithm version in the on-disk cache (posinterp._disk_cache): bump it
-# whenever a change to the draws or the measures changes its numbers.
-GINIBRE_NULL_VERSION = 1
+# whenever a change to the draws or the measures changes its numbers. 2: drawn in d_head
+# space (random_small_forms), the same law as version 1's d_model-sized draws.
+GINIBRE_NULL_VERSION = 2
 
 
 @functools.lru_cache(maxsize=8)
 def _ginibre_null(d_model: int, d_head: int, n_heads: int, std: float, k_e: int | None,
                   eps: float, seed: int) -> pd.DataFrame:
     # Seeded, so the same arguments always give the same frame: drawn once per machine
-    # (about 10 s for 2,500 heads at d_model 576), kept on disk and in this process, then
+    # (seconds for 2,500 heads, the eigenvalues' cost), kept on disk and in this process, then
     # copied out. A notebook that inspects one model several times, a zoo of one
     # architecture, or a second `posinterp inspect` pays for it once.
     def draw() -> dict[str, np.ndarray]:
-        gen = torch.Generator().manual_seed(seed)
+        rng = np.random.default_rng(seed)
         out = []
-        for start in range(0, n_heads, 256):
-            for q, k in random_heads(gen, min(256, n_heads - start), d_model, d_head):
-                q, k = q * std, k * std
-                B = k.mT @ q
-                m = rotational_measures(small_form_eigenvalues(B), k_e, eps)
-                m["antisymmetric_energy"] = _antisymmetric_energy(q, k, B)
-                out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
+        for B, Gq, Gk in random_small_forms(rng, n_heads, d_model, d_head):
+            var = std * std  # every form is quadratic in the weights
+            B, Gq, Gk = B * var, Gq * var, Gk * var
+            m = rotational_measures(small_form_eigenvalues(B), k_e, eps)
+            m["antisymmetric_energy"] = _antisymmetric_energy_from_forms(B, Gq, Gk)
+            out.append(pd.DataFrame({key: v.numpy() for key, v in m.items()}))
         frame = pd.concat(out, ignore_index=True)
         return {c: frame[c].to_numpy() for c in frame.columns}
 

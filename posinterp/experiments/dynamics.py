@@ -34,6 +34,7 @@ import pandas as pd
 
 from ..analysis.fingerprint import MIN_PREV_SCORE, head_table
 from ..analysis.onset import NULL_BAND, check_distinct_snapshots, head_onsets, onset_summary
+from ..analysis.spectral import GINIBRE_NULL_VERSION
 from ..executors import Cell, Executor, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, read_json_record, versions
 from ..specs import zoo_model_dir
@@ -282,7 +283,8 @@ def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign =
     atomic_write_json(out / "run.json", {
         "design": fixed, "status": "done", "command": command,
         "runs": sorted(set(traj.run), key=list(pd.unique(traj.run)).index),
-        "versions": versions(), "seconds": round(time.time() - t0, 1),
+        "versions": versions(), "null_version": GINIBRE_NULL_VERSION,
+        "seconds": round(time.time() - t0, 1),
         # training happens once, in the first invocation; reruns reuse it
         "seconds_all_invocations": round(_seconds_before(before) + time.time() - t0, 1)})
     return summary

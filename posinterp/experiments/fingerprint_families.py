@@ -29,6 +29,7 @@ import pandas as pd
 import torch
 
 from ..analysis.fingerprint import MIN_PREV_SCORE, PRIMARY_K, head_table, unit_table, unit_test
+from ..analysis.spectral import GINIBRE_NULL_VERSION
 from ..executors import Cell, Executor, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..tasks.corpus import stdlib_corpus
@@ -180,5 +181,6 @@ def run_families(out_dir: str | Path, root: str | Path | None = None,
                          "config": fset.families[n].config.to_dict()} for n in names},
         "done": [f"{f}/{p}" for f, p in done], "pending": [f"{f}/{p}" for f, p in pending],
         "models": cards, "command": command, "resume_command": resume_command,
-        "versions": versions(), "seconds": round(time.time() - t0, 1)})
+        "versions": versions(), "null_version": GINIBRE_NULL_VERSION,
+        "seconds": round(time.time() - t0, 1)})
     return tests_df
