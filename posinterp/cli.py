@@ -251,6 +251,8 @@ def _zoo_list(args: argparse.Namespace) -> int:
 
 
 def _spectrum(args: argparse.Namespace) -> int:
+    import json
+
     from .experiments.spectrum import run_spectrum
 
     if args.min_prev_score is not None and not 0 <= args.min_prev_score <= 1:
@@ -262,13 +264,30 @@ def _spectrum(args: argparse.Namespace) -> int:
         if args.dynamics or args.markdown or args.min_prev_score is not None:
             raise ValueError("--weights-only reads no activations: it cannot be combined with "
                              "--dynamics, --markdown or --min-prev-score")
-        heads = run_weights_only(args.specs, args.out, progress=not args.no_progress,
-                                 command=" ".join(["posinterp", *args.argv]))
-        cols = ["model", "layer", "head", "rotational_mass", "rotational_mass_null_percentile"]
-        print("heads with the largest rotational mass (offset 0):")
-        print(_table(heads.sort_values("rotational_mass", ascending=False)[cols].head(10)))
-        print(f"tables: {Path(args.out).resolve()} (heads.csv, spectrum.csv, run.json)")
-        return 0
+        with _executor(args) as executor:
+            heads = run_weights_only(args.specs, args.out, progress=not args.no_progress,
+                                     command=" ".join(["posinterp", *args.argv]),
+                                     revisions=args.revisions, executor=executor)
+        out = Path(args.out).resolve()
+        if len(heads):
+            cols = [c for c in ("model", "revision", "layer", "head", "rotational_mass",
+                                "rotational_mass_null_percentile") if c in heads]
+            print("heads with the largest rotational mass (offset 0):")
+            print(_table(heads.sort_values("rotational_mass", ascending=False)[cols].head(10)))
+        if args.revisions is None:
+            print(f"tables: {out} (heads.csv, spectrum.csv, run.json)")
+            return 0
+        run = json.loads((out / "run.json").read_text())
+        bad = [f"{m}@{r}: {e['status']}" for m, revs in run["revisions"].items()
+               for r, e in revs.items() if e["status"] != "ok"]
+        for line in bad:
+            print(line)
+        print(f"tables: {out} (series.parquet, series.html, heads.csv, run.json)")
+        # a damaged revision is an incomplete series: say so in the exit status
+        return 1 if any(": damaged" in line for line in bad) else 0
+    if args.revisions is not None:
+        raise ValueError("--revisions needs --weights-only (a series is read from the weights "
+                         "alone)")
     with _executor(args) as executor:
         res = run_spectrum(args.specs, args.out, K=args.top_k, dynamics=args.dynamics,
                            progress=not args.no_progress, units=args.units,
@@ -611,6 +630,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="read only the q/k projections and attention-norm gains (local HF "
                     "folders with safetensors, .gguf files): no forward pass, no full model in "
                     "memory; spectra and null percentiles, no previous-token ranking")
+    sp.add_argument("--revisions", default=None, metavar="REVS",
+                    help="with --weights-only and hub model names: a checkpoint series, "
+                    "'step0,step1000,...' or 'all' (every branch in the Hugging Face cache); "
+                    "revisions with identical q/k bytes are refused by name; writes "
+                    "series.parquet and series.html")
     _executor_options(sp, "--executor process: models analysed at once (default: one per core)")
     _no_progress(sp)
 

@@ -25,7 +25,7 @@ from ..analysis.fingerprint import (
     trajectory_correlations,
     unit_table,
 )
-from ..analysis.spectral import qk_spectrum, spectral_measures
+from ..analysis.spectral import GINIBRE_NULL_VERSION, qk_spectrum, spectral_measures
 from ..devices import resolve_device
 from ..executors import Cell, Executor, LocalExecutor, ProcessExecutor, gpus_for, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
@@ -34,7 +34,9 @@ from ..specs import parse_zoo_spec, zoo_home, zoo_model_dir
 from ..stats import permutation_detectable_shift, permutation_p_floor, permutation_power
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
+from ._null_shift import null_shift_section
 from .dynamics import dynamics_section
+from .weights_only import run_weights_only  # noqa: F401  (its home before the series)
 
 __all__ = ["SpectrumResult", "render_markdown", "run_spectrum", "run_weights_only"]
 
@@ -144,76 +146,13 @@ def run_spectrum(specs: list[str], out_dir: str | Path, K: int = 5,
         "min_prev_score": min_prev_score, "test_note": (tests.note.iloc[0] if len(tests)
                                                          else tests.attrs.get("note", "")),
         "command": command, "models": infos, "versions": versions(),
+        "null_version": GINIBRE_NULL_VERSION,
         "seconds": round(time.time() - t0, 1)})
     rep = _report(specs, heads, spectra, table, tests, dyn_df, infos, measure)
     result = SpectrumResult(head_df, table, tests, rep.save(out / "report.html"))
     if markdown is not None:
         Path(markdown).write_text(render_markdown(out))
     return result
-
-
-@locks_output()
-def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, progress: bool = True,
-                     command: str | None = None) -> pd.DataFrame:
-    """QK spectra from the q/k weights alone: no forward pass, no full model in memory.
-
-    Each spec (a local HF folder with safetensors, or a ``.gguf`` file) is read with
-    :func:`posinterp.models.qk_only.read_qk_weights` (only its q/k projections and
-    attention-norm gains), so a study over many large checkpoints costs their q/k bytes.
-    The numbers equal those of the fully loaded model (tests/models/test_qk_only.py).
-    Previous-token scores need a forward pass, so there is no head ranking and no
-    fingerprint test here. Writes ``spectrum.csv`` (every eigenvalue, offsets 0 and -1 for
-    rotary heads), ``heads.csv`` (rotational measures at offset 0 and their
-    product-Ginibre null percentiles, as ``posinterp spectrum`` without the
-    previous-token score) and ``run.json`` (what was read from each file).
-
-    Raises:
-        posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
-            before any work, writing nothing.
-        FileNotFoundError, ValueError: from ``read_qk_weights`` (missing path, an
-            unsupported architecture, a truncated file), before anything is written.
-    """
-    from ..analysis.fingerprint import _null
-    from ..analysis.spectral import (
-        DEFAULT_EPS,
-        NULL_HEADS,
-        _at_offset,
-        _measures_frame,
-        _spectra,
-        _spectrum_frame,
-        null_percentiles,
-    )
-    from ..models.sources.qk_only import read_qk_weights
-
-    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
-    out = check_out_dir(out_dir, "out_dir", create=False)
-    t0 = time.time()
-    heads, spectra, sources = [], [], {}
-    for spec in specs:
-        log(f"[posinterp] reading q/k weights of {spec}")
-        qk = read_qk_weights(spec)
-        # one read and one eigen-solve per head and offset for both tables
-        keys, lam, anti = _spectra(qk, None, None, None, "effective")
-        spectra.append(_spectrum_frame(keys, lam).assign(model=spec))
-        offset = 0 if qk.pe == "rotary" else None
-        meas = _measures_frame(*_at_offset(keys, lam, anti, offset), None, DEFAULT_EPS)
-        null = _null(qk.d_model, qk.d_head, NULL_HEADS, 0.02, None, seed)
-        long = pd.concat([meas, null_percentiles(meas, null)], ignore_index=True)
-        wide = long.pivot_table(index=["layer", "head"], columns="metric", values="value").reset_index()
-        wide.columns.name = None
-        heads.append(wide.assign(offset=pd.array([offset] * len(wide), dtype="Int64"), model=spec))
-        sources[spec] = {"architecture": qk.architecture, "pe": qk.pe, "n_layers": qk.n_layers,
-                         "n_heads": qk.n_heads, "n_kv_heads": qk.n_kv_heads, "d_head": qk.d_head,
-                         **qk.source}
-    out.mkdir(parents=True, exist_ok=True)
-    head_df = pd.concat(heads, ignore_index=True)
-    _write_csv(head_df, out / "heads.csv")
-    _write_csv(pd.concat(spectra, ignore_index=True), out / "spectrum.csv")
-    atomic_write_json(out / "run.json", {"specs": specs, "weights_only": True, "seed": seed,
-                                         "command": command, "models": sources,
-                                         "versions": versions(),
-                                         "seconds": round(time.time() - t0, 1)})
-    return head_df
 
 
 def _model_tables(spec: str, seed: int, dynamics: bool, device=None) -> dict:
@@ -464,6 +403,7 @@ def render_markdown(out_dir) -> str:
     elif not onsets:
         p.append("## Dynamics\n")
         p.append("Not run: the dynamics need training snapshots (`posinterp zoo dynamics`).\n")
+    p.extend(null_shift_section(out))
     zoo = [s for s in run["models"] if s.startswith("zoo:")]
     if not zoo and not (out / "families" / "run.json").exists():
         rope = table[(table.group == "rope")].drop_duplicates("model")
