@@ -16,9 +16,11 @@ Then, each in a fresh process with one thread:
   spectrum --weights-only``: spectrum.csv, heads.csv with the measures and their
   2,500-head Ginibre null percentiles, run.json).
 
-Prints each one's wall time and peak RSS, the ratio, and one head's eigenvalues checked
-against numpy's on the same weights. With ``--layers 8,32,80`` it shows whether peak RSS
-is flat in depth (the folders are written one after another and removed).
+Prints each one's wall time and peak RSS, the ratio, one head's eigenvalues checked
+against numpy's on the same weights, and projections from the measured seconds per layer:
+a whole Llama-70B and 154 Pythia-12B revisions on one machine and on 8 or 32 Ray workers.
+With ``--layers 8,32,80`` it shows whether peak RSS is flat in depth (the folders are
+written one after another and removed).
 
     OMP_NUM_THREADS=1 python benchmarks/weights_only.py --shape 8b
     OMP_NUM_THREADS=1 python benchmarks/weights_only.py --shape 70b --layers 8,16 --skip-floor
@@ -139,6 +141,31 @@ def _run(code: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# Pythia-12B's attention: 36 layers, d_model 5120, 40 heads of 128 (GPT-NeoX, no GQA), and
+# the 154 checkpoints of its training series
+PYTHIA_12B = dict(hidden_size=5120, num_attention_heads=40, head_dim=128, num_hidden_layers=36)
+PYTHIA_REVISIONS = 154
+RAY_WORKERS = (8, 32)
+
+
+def _projections(shape: dict, n_layers: int, seconds: float) -> dict:
+    """Projected, not measured: a layer's time taken as linear in n_heads x d_model (its
+    products W_K^T W_Q, W_Q^T W_Q: the d_model-sized work; the eigenvalues, n_heads x
+    d_head^3, are a few percent at these shapes), the null (drawn once per shape) and
+    imports left out; N Ray workers split the revisions (one cell each) with no I/O limit."""
+    per = seconds / n_layers / (shape["num_attention_heads"] * shape["hidden_size"])
+
+    def model(s):
+        return per * s["num_attention_heads"] * s["hidden_size"] * s["num_hidden_layers"]
+
+    pythia = model(PYTHIA_12B) * PYTHIA_REVISIONS
+    return {"projected_from": f"{n_layers} layers measured here",
+            "llama70b_80_layers_s": round(model(SHAPES["70b"]), 0),
+            "pythia12b_154_revisions_one_machine_h": round(pythia / 3600, 2),
+            **{f"pythia12b_154_revisions_{w}_ray_workers_h": round(pythia / w / 3600, 3)
+               for w in RAY_WORKERS}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="8b")
@@ -163,6 +190,7 @@ def main() -> None:
             if not args.skip_floor:
                 line["ratio"] = round(ours["seconds"] / floor["seconds"], 2)
             print(json.dumps(line), flush=True)
+            print(json.dumps(_projections(shape, n, ours["seconds"])), flush=True)
             shutil.rmtree(folder)
     finally:
         shutil.rmtree(root, ignore_errors=True)

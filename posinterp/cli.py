@@ -766,6 +766,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except (MemoryError, RuntimeError) as err:
+        from ._memory import is_out_of_memory
+
+        if not is_out_of_memory(err):
+            raise
+        print(_out_of_memory(err, args), file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError, NotImplementedError) as err:
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2
@@ -791,6 +798,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         print(_interrupted(err, args), file=sys.stderr)
         return 130
+
+
+def _out_of_memory(err: BaseException, args) -> str:
+    """One line for an allocation failure: the command's own sentence where it has one
+    (:class:`posinterp._memory.InputTooLargeError`), else what ran out and the way out."""
+    from ._memory import InputTooLargeError
+
+    if isinstance(err, InputTooLargeError):
+        return f"posinterp: error: {err}"
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return (f"posinterp: error: out of memory in `posinterp {args.command}` ({first}); use a "
+            "smaller input (fewer tokens, a smaller batch, fewer layers) or a machine with more "
+            "memory; results already finished are kept, nothing was half-written")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,7 +22,7 @@ DOC = ROOT / "docs" / "architecture.md"
 
 # the layer map, written once: layer name -> (rank, members). A member is a module
 # ("posinterp.io") or a subpackage prefix ("posinterp.models"); ranks only grow upward.
-FOUNDATIONS = tuple(f"posinterp.{m}" for m in ("_disk_cache", "_lazy", "_progress", "_rng",
+FOUNDATIONS = tuple(f"posinterp.{m}" for m in ("_disk_cache", "_lazy", "_memory", "_progress", "_rng",
                                                "_validate", "io", "specs", "devices",
                                                "executors", "stats"))
 LAYERS = {

@@ -239,9 +239,23 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     log(f"[posinterp] inspecting {model.cfg.n_layers} layers x {model.cfg.n_heads} heads on {source}"
         + ((" with approximate ablations" if ablate == "attribution" else " with ablations")
            if ablate else ""))
-    res = inspect_heads(model, tokens, mask, ablate=ablate, exact_top_k=exact_top_k, seed=seed,
-                        model_name=str(spec), max_pattern_tokens=max_pattern_tokens,
-                        progress=progress, layers=layers, heads=heads)
+    try:
+        res = inspect_heads(model, tokens, mask, ablate=ablate, exact_top_k=exact_top_k,
+                            seed=seed, model_name=str(spec), max_pattern_tokens=max_pattern_tokens,
+                            progress=progress, layers=layers, heads=heads)
+    except (MemoryError, RuntimeError) as err:
+        from .._memory import InputTooLargeError, attention_bytes, gib, is_out_of_memory
+
+        if not is_out_of_memory(err):
+            raise
+        n_layers = len(layers) if layers is not None else model.cfg.n_layers
+        need = attention_bytes(n_layers, model.cfg.n_heads, *tokens.shape, tensors=2)
+        raise InputTooLargeError(
+            f"out of memory inspecting {tokens.shape[0]} x {tokens.shape[1]} tokens of {spec}: "
+            f"the attention patterns and scores of {n_layers} layers x {model.cfg.n_heads} "
+            f"heads alone need about {gib(need)} (layers x heads x batch x tokens^2 x 4 bytes, "
+            f"twice); use fewer tokens (a shorter --text, --tokens, --batch) or fewer layers "
+            f"(--layers); nothing was written") from None
     res.notes[:0] = notes
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:

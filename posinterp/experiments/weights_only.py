@@ -80,7 +80,10 @@ def _tables(spec: str, folder: str, seed: int) -> dict:
 
     qk = read_qk_weights(folder)
     keys, lam, anti = _spectra(qk, None, None, None, "effective")
-    spectrum = _spectrum_frame(keys, lam)
+    # compact: one row per eigenvalue is the one output that grows with depth; ``hook``
+    # (a string per row) is rebuilt from ``layer`` as the file is written
+    spectrum = _spectrum_frame(keys, lam).drop(columns="hook").astype(
+        {"layer": "int32", "head": "int32", "rank": "int32"})
     offset = 0 if qk.pe == "rotary" else None
     keys0, lam0, anti0 = _at_offset(keys, lam, anti, offset)
     meas = _measures_frame(keys0, lam0, anti0, None, DEFAULT_EPS)
@@ -258,7 +261,7 @@ def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, pr
         offset = m.offset.iloc[0] if len(m) else pd.NA
         heads.append(wide.assign(offset=pd.array([offset] * len(wide), dtype="Int64"), **ident))
         if revisions is None:
-            spectra.append(res["spectrum"].assign(model=t["model"]))
+            spectra.append((t["model"], res["spectrum"]))
             sources[t["model"]] = res["source"]
         else:
             tidy.append(m.assign(**ident))
@@ -266,7 +269,7 @@ def run_weights_only(specs: list[str], out_dir: str | Path, *, seed: int = 0, pr
     head_df = pd.concat(heads, ignore_index=True) if heads else pd.DataFrame()
     _write_csv(head_df, out / "heads.csv")
     if revisions is None:
-        _write_csv(pd.concat(spectra, ignore_index=True), out / "spectrum.csv")
+        _write_spectrum(spectra, out / "spectrum.csv")
     else:
         series = _series_frame(tidy)
         with atomic_path(out / "series.parquet") as tmp:
@@ -311,6 +314,26 @@ def _series_data(series: pd.DataFrame, report: dict) -> dict:
                 float(by_rev[r]) if r in by_rev else None for r in revs]
         models[model] = {"revisions": revs, "steps": [steps[r] for r in revs], "heads": heads}
     return {"models": models, "report": report}
+
+
+_CHUNK = 1 << 18  # rows of spectrum.csv formatted at a time
+
+
+def _write_spectrum(spectra: list[tuple[str, pd.DataFrame]], path: Path) -> None:
+    """spectrum.csv (``hook, layer, head, offset, rank, real, imag, abs, model``) written in
+    chunks, so no full-size copy of the table (strings per row) is held."""
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        header = True
+        for model, df in spectra:
+            for start in range(0, len(df), _CHUNK):
+                part = df.iloc[start:start + _CHUNK]
+                part = part.assign(hook="blocks." + part.layer.astype(str) + ".attn", model=model)
+                part = part[["hook", "layer", "head", "offset", "rank", "real", "imag", "abs",
+                             "model"]]
+                part.to_csv(f, index=False, header=header)
+                header = False
+        if header:  # no model: the header alone
+            f.write("hook,layer,head,offset,rank,real,imag,abs,model\n")
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> None:
