@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["check_tokens", "check_attention_mask", "lengths_from_mask", "on_cpu", "masked_scores",
-           "next_token_loss", "next_token_pairs"]
+           "next_token_loss", "next_token_pairs", "run_reduced"]
 
 
 def check_tokens(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -130,3 +130,11 @@ def run_cached(model, tokens: torch.Tensor, mask: torch.Tensor | None, names_fil
     from ..models.backend import run_cached as backend_run_cached
 
     return backend_run_cached(model, tokens, mask, names_filter, return_logits)
+
+
+def run_reduced(model, tokens: torch.Tensor, mask: torch.Tensor | None, reducers) -> list:
+    """A forward pass reducing each hook as it fires: see
+    :func:`posinterp.models.backend.run_reduced`."""
+    from ..models.backend import run_reduced as backend_run_reduced
+
+    return backend_run_reduced(model, tokens, mask, reducers)

@@ -569,6 +569,67 @@ def positional_score_hooks(model, layers=None) -> set[str]:
     return {n for trio in names.values() for n in trio[:3]}
 
 
+#: real tokens of each sequence the inspection's positional score reads: its permutations
+#: cost n^2 d_head per head and sequence (minutes per layer at 4,096 tokens), so longer
+#: inputs are scored on their first tokens (causal: the prefix's q, k and attention are
+#: the whole input's first rows)
+POSITIONAL_TOKENS = 512
+
+
+def positional_score_capture(model, tokens: Int[Tensor, "batch pos"],
+                             attention_mask: Int[Tensor, "batch pos"] | None = None,
+                             layers=None, max_tokens: int = POSITIONAL_TOKENS):
+    """Reducers that keep, as a forward pass fires them, what
+    :func:`positional_symbolic_score` reads of each layer, cut to the first ``max_tokens``
+    real tokens of each sequence (whole where every sequence is that short: the same
+    numbers as a cached run), so a caller that reduces the pass at hook time
+    (:func:`posinterp.models.backend.run_reduced`) need not cache a pattern.
+
+    Returns:
+        ``(reducers, finish)``: ``[(hook_name, fn)]`` for ``run_reduced``, and
+        ``finish(results) -> (tokens, mask, cache)`` turning their results into the
+        arguments of :func:`inspection_frequency_rows` (tokens ``[batch, <= max_tokens]``,
+        real tokens first).
+
+    Raises:
+        MissingFeatureError: as :func:`positional_score_hooks`.
+    """
+    names = _score_hooks(model, range(model.cfg.n_layers) if layers is None else layers)
+    batch, pos = tokens.shape
+    mask = attention_mask
+    lengths = (torch.full((batch,), pos) if mask is None else mask.sum(-1).cpu())
+    whole = int(lengths.max()) <= max_tokens
+    if whole:
+        order = None
+    else:  # real tokens first, in order; the first max_tokens of them
+        order = (torch.arange(pos).expand(batch, pos) if mask is None else
+                 torch.sort((mask.cpu() == 0).long(), dim=-1, stable=True).indices)[:, :max_tokens]
+
+    def cut(act, square: bool):
+        if order is None:
+            return act.cpu()
+        o = order.to(act.device)
+        if square:  # [batch, head, q, k]
+            return torch.stack([act[b][:, o[b]][:, :, o[b]] for b in range(batch)]).cpu()
+        return act.gather(1, o.view(batch, -1, *[1] * (act.ndim - 2)).expand(
+            -1, -1, *act.shape[2:])).cpu()  # [batch, pos, ...]
+
+    reducers = []
+    for q_name, k_name, ref, _ in names.values():
+        reducers += [(q_name, lambda a: cut(a, False)), (k_name, lambda a: cut(a, False)),
+                     (ref, lambda a: cut(a, True))]
+
+    def finish(results):
+        cache = {name: r for (name, _), r in zip(reducers, results, strict=True)}
+        if order is None:
+            return tokens, attention_mask, cache
+        toks = tokens.cpu().gather(1, order)
+        m = None if mask is None else mask.cpu().gather(1, order)
+        return toks, m, cache
+
+    return reducers, finish
+
+
 def _check_logits(pred, scores, tol, layer, error, is_pattern: bool = False) -> None:
     """Raise ``error`` unless the reconstructed ``[..., head, query, key]`` logits ``pred``
     (q R(i) · k R(j) / scale) reproduce the model's attention on the causal entries

@@ -18,8 +18,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
-from .similarity import compact_real_tokens
+from ._attention_blocks import reduce_attention
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_reduced
 
 __all__ = ["induction_score", "induction_scores", "induction_targets", "previous_token_score",
            "previous_token_scores", "random_tokens", "repeated_random_tokens", "sampled_tokens"]
@@ -60,16 +60,9 @@ def previous_token_score(
     if (lengths <= start).any():
         raise ValueError(f"every sequence needs more than start={start} real tokens; "
                          f"got lengths {lengths.tolist()}")
-    p = pattern.detach().to(torch.float64)
-    if mask is not None:
-        # Compact queries, then keys: [batch, head, q, k] -> real tokens first on both axes.
-        p = compact_real_tokens(p.permute(0, 2, 1, 3), mask).permute(0, 2, 1, 3)
-        p = compact_real_tokens(p.permute(0, 3, 1, 2), mask).permute(0, 2, 3, 1)
-    diag = torch.diagonal(p, offset=-1, dim1=-2, dim2=-1)  # [batch, head, pos-1]: A[i, i-1]
-    i = torch.arange(1, pos)
-    valid = (i[None, :] >= start) & (i[None, :] < lengths[:, None])  # [batch, pos-1]
-    total = torch.where(valid[:, None, :], diag, 0.0).sum(-1)
-    return total / valid.sum(-1, keepdim=True)
+    # in query blocks: no [batch, head, q, k] float64 copy
+    out = reduce_attention(pattern, mask, kernel=False, scores=True, start=start)
+    return out.scores()["previous_token_score"]
 
 
 def induction_targets(tokens: Int[Tensor, "batch pos"],
@@ -151,16 +144,8 @@ def induction_score(
         raise ValueError(f"tokens must have the pattern's [batch, pos] = {(batch, pos)}, got "
                          f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens)}")
     mask = check_attention_mask(on_cpu(attention_mask), (batch, pos))
-    targets = induction_targets(tokens, mask)  # [batch, q, k], compacted
-    p = on_cpu(pattern).to(torch.float64)
-    if mask is not None:  # compact queries, then keys, as the targets
-        p = compact_real_tokens(p.permute(0, 2, 1, 3), mask).permute(0, 2, 1, 3)
-        p = compact_real_tokens(p.permute(0, 3, 1, 2), mask).permute(0, 2, 3, 1)
-    mass = torch.where(targets[:, None], p, 0.0).sum(-1)  # [batch, head, q]
-    has = targets.any(-1)[:, None]  # [batch, 1, q]
-    n = has.sum(-1)
-    total = torch.where(has, mass, 0.0).sum(-1)
-    return torch.where(n > 0, total / n.clamp_min(1), torch.nan)
+    # in query blocks (no [batch, head, q, k] float64 copy or target tensor)
+    return reduce_attention(pattern, mask, kernel=False, tokens=tokens).induction_score()
 
 
 def repeated_random_tokens(model, batch: int, n: int, seed: int = 0, bos: bool = True
@@ -290,10 +275,10 @@ def previous_token_scores(
 ) -> pd.DataFrame:
     """Previous-token score of every head, averaged over the batch.
 
-    Runs one forward pass caching only ``hook_pattern``, whose meaning
-    :func:`posinterp.models.backend.run_cached` verifies on the loaded model first (TL 4
-    fires it after the attention module returned on some bridges). Never modifies a
-    caller's cache.
+    Runs one forward pass reducing each layer's ``hook_pattern`` as it fires (memory: one
+    layer's attention), its meaning verified on the loaded model first
+    (:func:`posinterp.models.backend.run_reduced`; TL 4 fires it after the attention
+    module returned on some bridges). Never modifies a caller's cache.
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, metric, value, n_sequences`` with
@@ -305,11 +290,12 @@ def previous_token_scores(
     """
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
-    cache = run_cached(model, tokens, mask, lambda n: n.endswith("attn.hook_pattern"))
+    hooks = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+    # each layer's pattern reduced as the pass makes it: memory is one layer's attention
+    per_layer = run_reduced(model, tokens, mask, [
+        (h, lambda p: previous_token_score(p, mask, start).mean(0)) for h in hooks])
     rows = []
-    for layer in range(model.cfg.n_layers):
-        hook = f"blocks.{layer}.attn.hook_pattern"
-        scores = previous_token_score(cache[hook], mask, start).mean(0)
+    for layer, (hook, scores) in enumerate(zip(hooks, per_layer, strict=True)):
         for head, v in enumerate(scores.tolist()):
             rows.append(dict(hook=hook, layer=layer, head=head, position=pd.NA,
                              metric="previous_token_score", value=v, n_sequences=tokens.shape[0]))
@@ -330,8 +316,8 @@ def induction_scores(
 
     With ``tokens`` None, on ``batch`` sequences of :func:`repeated_random_tokens`
     (``n`` ids repeated once, a BOS first where the model has one; seeded), the standard
-    input of Olsson et al. 2022, §2. One forward pass caching only ``hook_pattern``, its
-    meaning verified first (:func:`posinterp.models.backend.run_cached`).
+    input of Olsson et al. 2022, §2. One forward pass reducing each ``hook_pattern`` as it
+    fires, its meaning verified first (:func:`posinterp.models.backend.run_reduced`).
 
     Returns:
         Tidy DataFrame ``hook, layer, head, position, metric, value, n_sequences`` with
@@ -346,11 +332,11 @@ def induction_scores(
         tokens = repeated_random_tokens(model, batch, n, seed=seed, bos=_has_bos(model))
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
-    cache = run_cached(model, tokens, mask, lambda name: name.endswith("attn.hook_pattern"))
+    hooks = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+    per_layer = run_reduced(model, tokens, mask, [
+        (h, lambda p: induction_score(p, tokens, mask)) for h in hooks])  # [batch, head] each
     rows = []
-    for layer in range(model.cfg.n_layers):
-        hook = f"blocks.{layer}.attn.hook_pattern"
-        per_seq = induction_score(cache[hook], tokens, mask)  # [batch, head]
+    for layer, (hook, per_seq) in enumerate(zip(hooks, per_layer, strict=True)):
         ok = ~torch.isnan(per_seq)
         means = torch.where(ok, per_seq, 0.0).sum(0) / ok.sum(0)
         for head, v in enumerate(means.tolist()):

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from .._disk_cache import cached_arrays
 from ..stats import t_critical
-from ._checks import check_attention_mask, lengths_from_mask, masked_scores
-from .heads import previous_token_score
+from ._attention_blocks import reduce_attention
+from ._checks import check_attention_mask, lengths_from_mask
 from .spectral import random_small_forms, small_form_eigenvalues
 
 __all__ = ["attention_kernel", "block_labels", "compact_pattern", "head_scores", "null_band",
@@ -138,21 +138,8 @@ def attention_kernel(values: Float[Tensor, "batch head query key"],
         raise ValueError(f"values must have shape [batch, head, pos, pos], got {tuple(values.shape)}")
     b, h, n, _ = values.shape
     mask = check_attention_mask(attention_mask, (b, n))
-    lengths = lengths_from_mask(mask, b, n)
-    v = compact_pattern(values.detach().double(), mask)
-    i = torch.arange(n)
-    lag = i[:, None] - i[None, :]  # [query, key]
-    valid = (lag >= 0)[None] & (i[None, :, None] < lengths[:, None, None])  # [batch, q, k]
-    # A masked score (past a sliding window, GPT-Neo's local layers, a user's knockout) is
-    # not a score: it is left out, and a lag where every query is masked is NaN, not -inf.
-    # (checked in the input's dtype: finfo(float32).min is no mask in float64)
-    valid = valid[:, None] & ~masked_scores(compact_pattern(values.detach(), mask))  # [b, h, q, k]
-    flat_lag = lag.clamp_min(0).flatten()
-    sums = torch.zeros(b, h, n, dtype=torch.float64)
-    sums.index_add_(2, flat_lag, torch.where(valid, v, 0.0).reshape(b, h, n * n))
-    counts = torch.zeros(b, h, n, dtype=torch.float64)
-    counts.index_add_(2, flat_lag, valid.reshape(b, h, n * n).double())
-    return torch.where(counts > 0, sums / counts.clamp_min(1), torch.nan)
+    # in query blocks: a few block-sized copies, not several of the whole tensor
+    return reduce_attention(values, mask, kernel=True).kernel()
 
 
 def head_scores(pattern: Float[Tensor, "batch head query key"],
@@ -168,17 +155,15 @@ def head_scores(pattern: Float[Tensor, "batch head query key"],
         ValueError: as :func:`~posinterp.analysis.previous_token_score` (a sequence with
             fewer than 2 real tokens).
     """
+    if pattern.ndim != 4 or pattern.shape[-1] != pattern.shape[-2]:
+        raise ValueError(f"pattern must have shape [batch, head, pos, pos], got {tuple(pattern.shape)}")
     b, _, n, _ = pattern.shape
     mask = check_attention_mask(attention_mask, (b, n))
-    out = {"previous_token_score": previous_token_score(pattern, mask)}
     lengths = lengths_from_mask(mask, b, n)
-    p = compact_pattern(pattern.detach().double(), mask)
-    i = torch.arange(n)
-    valid = ((i[None, :] >= 1) & (i[None, :] < lengths[:, None]))[:, None]  # [batch, 1, q]
-    denom = valid.sum(-1)
-    out["self_score"] = torch.where(valid, torch.diagonal(p, dim1=-2, dim2=-1), 0.0).sum(-1) / denom
-    out["first_token_score"] = torch.where(valid, p[..., 0], 0.0).sum(-1) / denom
-    return out
+    if (lengths <= 1).any():
+        raise ValueError(f"every sequence needs more than start=1 real tokens; "
+                         f"got lengths {lengths.tolist()}")
+    return reduce_attention(pattern, mask, kernel=False, scores=True).scores()
 
 
 def null_band(d_model: int, d_head: int, n_heads: int = 200, quantiles=(0.05, 0.95), seed: int = 0

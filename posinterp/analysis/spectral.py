@@ -631,18 +631,28 @@ def _spectra(model, layers, heads, offset, weights, antisymmetric: bool = True):
 
 def _spectrum_frame(keys, lam: Tensor) -> pd.DataFrame:
     """:func:`qk_spectrum`'s rows from :func:`_spectra`'s keys and eigenvalues."""
+    cols = _spectrum_columns(keys, lam)
+    n_rows = [len(h) * lam.shape[-1] for _, _, h in keys]
+    hooks = np.repeat([f"blocks.{layer}.attn" for _, layer, _ in keys], n_rows).astype(object)
+    return pd.DataFrame({"hook": hooks, **cols})
+
+
+def _spectrum_columns(keys, lam: Tensor) -> dict:
+    """The spectrum's columns but ``hook``, as plain numeric arrays (``offset`` a nullable
+    integer array built from a mask: no per-row Python objects, whose transient copies
+    were the one part of a weights-only run that grew with depth)."""
     lam = lam.numpy()
     n = lam.shape[-1]
     n_rows = [len(h) * n for _, _, h in keys]
-    offs = [pd.NA if off is None else off for off, _, _ in keys]
-    df = pd.DataFrame({
-        "hook": np.repeat([f"blocks.{layer}.attn" for _, layer, _ in keys], n_rows),
-        "layer": np.repeat([layer for _, layer, _ in keys], n_rows),
-        "head": np.concatenate([np.repeat(h, n) for _, _, h in keys]),
-        "offset": pd.array(np.repeat(np.array(offs, dtype=object), n_rows), dtype="Int64"),
+    offs = np.array([0 if off is None else off for off, _, _ in keys], dtype=np.int64)
+    missing = np.array([off is None for off, _, _ in keys], dtype=bool)
+    return {
+        "layer": np.repeat(np.array([layer for _, layer, _ in keys], dtype=np.int64), n_rows),
+        "head": np.concatenate([np.repeat(np.asarray(h, dtype=np.int64), n) for _, _, h in keys])
+        if keys else np.zeros(0, dtype=np.int64),
+        "offset": pd.arrays.IntegerArray(np.repeat(offs, n_rows), np.repeat(missing, n_rows)),
         "rank": np.tile(np.arange(n), sum(len(h) for _, _, h in keys)),
-        "real": lam.real.flatten(), "imag": lam.imag.flatten(), "abs": np.abs(lam).flatten()})
-    return df
+        "real": lam.real.flatten(), "imag": lam.imag.flatten(), "abs": np.abs(lam).flatten()}
 
 
 def spectral_measures(model, layers=None, heads=None, offset: int | None = None,

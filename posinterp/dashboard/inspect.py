@@ -36,28 +36,26 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .._validate import check_indices, is_int
+from ..analysis._attention_blocks import reduce_attention
 from ..analysis._checks import (
     check_attention_mask,
     check_tokens,
     lengths_from_mask,
     next_token_loss,
-    run_cached,
+    run_reduced,
 )
 from ..analysis.adjacency import adjacency_hooks
 from ..analysis.frequencies import (
+    POSITIONAL_TOKENS,
     band_label,
     frequency_bands,
     inspection_frequency_rows,
-    positional_score_hooks,
+    positional_score_capture,
 )
-from ..analysis.heads import induction_score, induction_targets, repeated_random_tokens
+from ..analysis.heads import induction_targets, repeated_random_tokens
 from ..analysis.kernels import (
-    attention_kernel,
     block_labels,
-    compact_pattern,
-    head_scores,
     null_band,
-    pool_pattern,
     t_interval,
 )
 from ..analysis.spectral import (
@@ -74,7 +72,6 @@ from ..analysis.spectral import (
 from ..models.backend import (
     MissingFeatureError,
     eager,
-    hooks_at_sites,
     positional_type,
     scores_hook,
     unwrap,
@@ -322,13 +319,6 @@ def _score_rows(hook: str, layer: int, head_ids, metric: str, per_seq: Tensor) -
                  ci_low=low.numpy(), ci_high=high.numpy(), n_sequences=n.numpy())
 
 
-def _view_pattern(pattern: Tensor, mask: Tensor | None, s: int, block: int) -> Tensor:
-    """Sequence ``s``'s real tokens of ``[batch, head, q, k]``, pooled into ``block`` tiles."""
-    n = pattern.shape[-1] if mask is None else int(mask[s].sum())
-    one = compact_pattern(pattern[s:s + 1], mask[s:s + 1] if mask is not None else None)
-    return pool_pattern(one[0, :, :n, :n].detach().double().cpu(), block).float()
-
-
 def _induction_rows(model, layers, heads, n_wanted: int, seed: int, max_pattern_tokens: int,
                     frames: list, notes: list) -> list[PatternView]:
     """The ``induction_score`` rows (appended to ``frames``) on :data:`INDUCTION_BATCH`
@@ -352,17 +342,16 @@ def _induction_rows(model, layers, heads, n_wanted: int, seed: int, max_pattern_
                  f"{', a BOS first' if bos else ''} (Olsson et al. 2022, §2); "
                  "induction_score_input: the same on the input itself, where a token repeats"
                  + (f" (n cut to {n} by the model's n_ctx and vocabulary)." if n < n_wanted else "."))
-    hooks = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
-    cache = run_cached(model, toks, None, lambda name: name in hooks)
     pos = toks.shape[1]
     block = -(-pos // max_pattern_tokens)
+    hooks = [f"blocks.{layer}.attn.hook_pattern" for layer in layers]
+    stats = run_reduced(model, toks, None, [
+        (h, lambda p: reduce_attention(p[:, heads], None, kernel=False, tokens=toks,
+                                       views={0: block})) for h in hooks])
     pats = {}
-    for layer in layers:
-        hook = f"blocks.{layer}.attn.hook_pattern"
-        pattern = cache[hook][:, heads]
-        frames.append(_score_rows(hook, layer, heads, "induction_score",
-                                  induction_score(pattern, toks)))
-        pats[layer] = _view_pattern(pattern, None, 0, block)
+    for layer, hook, st in zip(layers, hooks, stats, strict=True):
+        frames.append(_score_rows(hook, layer, heads, "induction_score", st.induction_score()))
+        pats[layer] = st.views[0]
     label = f"repeated random tokens ({n} ids twice: induction)"
     return [PatternView(label, block_labels(_str_tokens(model, toks[0]), block), pats, block, pos)]
 
@@ -396,6 +385,7 @@ def inspect_heads(
     heads: int | list[int] | None = None,
     induction_tokens: int = 32,
     pattern_sequences: int = 4,
+    max_positional_tokens: int = POSITIONAL_TOKENS,
 ) -> Inspection:
     """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
 
@@ -443,6 +433,9 @@ def inspect_heads(
         pattern_sequences: input sequences in the page's sequence picker (the first
             ones, each pooled as sequence 0 is); the induction input's first sequence
             is offered besides.
+        max_positional_tokens: RoPE models' ``positional_score`` reads the first this
+            many real tokens of each sequence (its permutations cost n² d_head per head;
+            a note says when it cut). Everything else reads every token.
 
     Returns:
         :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
@@ -485,6 +478,8 @@ def inspect_heads(
         raise ValueError(f"explain_values must be an integer >= 0, got {explain_values!r}")
     if not is_int(induction_tokens) or induction_tokens < 0:
         raise ValueError(f"induction_tokens must be an integer >= 0, got {induction_tokens!r}")
+    if not is_int(max_positional_tokens) or max_positional_tokens < 3:
+        raise ValueError(f"max_positional_tokens must be an integer >= 3, got {max_positional_tokens!r}")
     if not is_int(pattern_sequences) or pattern_sequences < 1:
         raise ValueError(f"pattern_sequences must be an integer >= 1, got {pattern_sequences!r}")
     if not is_int(n_null) or n_null < 1:
@@ -520,21 +515,14 @@ def inspect_heads(
             score_hooks[layer] = scores_hook(model, layer)
         except MissingFeatureError as err:
             notes.append(f"Layer {layer}: no pre-softmax score kernel ({err}).")
-    pattern_hooks = {f"blocks.{layer}.attn.hook_pattern" for layer in layers}
-    wanted = pattern_hooks | set(score_hooks.values())
-    # RoPE: the positional score's verified q/k hooks ride on the same pass
+    # RoPE: the positional score's verified q/k hooks ride on the same pass (their first
+    # max_positional_tokens real tokens)
+    capture = None
     if positional_type(model) == "rotary":
         try:
-            wanted |= positional_score_hooks(model, sel[0])
+            capture = positional_score_capture(model, tokens, mask, sel[0], max_positional_tokens)
         except MissingFeatureError:
             pass  # the score is left out with a note below
-    # One forward pass: patterns and scores are cached, and the adjacency hooks score each
-    # residual point as the pass reaches it (nothing of theirs is kept).
-    adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
-                                           sites=("attn_out", "resid_mid", "resid_post"), layers=sel[0])
-    with hooks_at_sites(model, adj_hooks):
-        cache = run_cached(model, tokens, mask, lambda n: n in wanted)
-    frames, patterns = [], {}
     first_len = int(lengths[0])
     # Longer than the browser can show: pool, never cut (every token stays in view).
     block = -(-first_len // max_pattern_tokens)
@@ -547,23 +535,46 @@ def inspect_heads(
                      "key block, so each row still sums to 1. Kernels and scores use every token.")
     head_ids = np.asarray(heads)
     shown_seqs = list(range(1, min(batch, pattern_sequences)))
+    view_blocks = {0: block, **{s: -(-int(lengths[s]) // max_pattern_tokens) for s in shown_seqs}}
+
+    def chosen(act):  # the selected heads of [batch, head, q, k] (a view when all are)
+        return act if all_heads else act[:, heads]
+
+    # One forward pass, reduced at hook time: each layer's pattern and scores become its
+    # kernels, scores and pooled views as the pass makes them, and are dropped (memory:
+    # one layer's attention, not every layer's); the adjacency hooks score each residual
+    # point the same way.
+    reducers = [(f"blocks.{layer}.attn.hook_pattern",
+                 lambda p: reduce_attention(chosen(p), mask, scores=True, tokens=tokens,
+                                            views=view_blocks)) for layer in layers]
+    reducers += [(score_hooks[layer], lambda x: reduce_attention(chosen(x), mask))
+                 for layer in layers if layer in score_hooks]
+    n_stats = len(reducers)
+    if capture is not None:
+        reducers += capture[0]
+    adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
+                                           sites=("attn_out", "resid_mid", "resid_post"), layers=sel[0])
+    reducers += [(name, lambda a, fn=fn: fn(a, hook=None)) for name, fn in adj_hooks]
+    results = run_reduced(model, tokens, mask, reducers)
+    stats = dict(zip([name for name, _ in reducers[:n_stats]], results[:n_stats], strict=True))
+    pos_inputs = capture[1](results[n_stats:n_stats + len(capture[0])]) if capture else None
+    frames, patterns = [], {}
     more = {s: {} for s in shown_seqs}  # the picker's other input sequences
     for layer in layers:
         pat_hook = f"blocks.{layer}.attn.hook_pattern"
-        pattern = cache[pat_hook][:, heads]  # [batch, selected head, q, k]
-        frames.append(_kernel_rows(layer, pat_hook, "kernel_attention",
-                                   attention_kernel(pattern, mask), max_lag, head_ids))
+        st = stats[pat_hook]
+        frames.append(_kernel_rows(layer, pat_hook, "kernel_attention", st.kernel(),
+                                   max_lag, head_ids))
         if layer in score_hooks:
             frames.append(_kernel_rows(layer, score_hooks[layer], "kernel_score",
-                                       attention_kernel(cache[score_hooks[layer]][:, heads], mask),
-                                       max_lag, head_ids))
-        per_head = head_scores(pattern, mask)
-        per_head["induction_score_input"] = induction_score(pattern, tokens, mask)
+                                       stats[score_hooks[layer]].kernel(), max_lag, head_ids))
+        per_head = st.scores()
+        per_head["induction_score_input"] = st.induction_score()
         for metric, per_seq in per_head.items():
             frames.append(_score_rows(pat_hook, layer, head_ids, metric, per_seq))
-        patterns[layer] = _view_pattern(pattern, mask, 0, block)
+        patterns[layer] = st.views[0]
         for s in shown_seqs:
-            more[s][layer] = _view_pattern(pattern, mask, s, -(-int(lengths[s]) // max_pattern_tokens))
+            more[s][layer] = st.views[s]
     if not induction_targets(tokens, mask).any():
         notes.append("induction_score_input is NA: no sequence of the input repeats a token, so no "
                      "query has a token after an earlier occurrence to attend to (use text that "
@@ -607,8 +618,16 @@ def inspect_heads(
                                 metric=metric, value=scale * q))
 
     # RoPE heads: QK energy per rotary pair and the positional/symbolic score.
-    freq_rows, freq_notes = inspection_frequency_rows(model, tokens, mask, seed, cache=cache,
-                                                      layers=sel[0], heads=sel[1])
+    if pos_inputs is not None:
+        pos_tokens, pos_mask, pos_cache = pos_inputs
+    else:  # no verified q/k hooks: the rows say why (no pass is run for them)
+        pos_tokens, pos_mask, pos_cache = tokens, mask, None
+    freq_rows, freq_notes = inspection_frequency_rows(model, pos_tokens, pos_mask, seed,
+                                                      cache=pos_cache, layers=sel[0], heads=sel[1])
+    cut = pos_inputs is not None and pos_tokens.shape[1] < pos
+    if cut and (freq_rows.metric == "positional_score").any():
+        freq_notes.append(f"positional_score: on the first {pos_tokens.shape[1]} real tokens of each "
+                          f"sequence (max_positional_tokens; its permutations cost n^2 d_head per head).")
     frames.append(freq_rows)
     notes += freq_notes
 

@@ -33,7 +33,7 @@ from ..analysis.spectral import (
     _at_offset,
     _measures_frame,
     _spectra,
-    _spectrum_frame,
+    _spectrum_columns,
     null_percentiles,
 )
 from ..executors import Cell, Executor, run_cells
@@ -82,7 +82,7 @@ def _tables(spec: str, folder: str, seed: int) -> dict:
     keys, lam, anti = _spectra(qk, None, None, None, "effective")
     # compact: one row per eigenvalue is the one output that grows with depth; ``hook``
     # (a string per row) is rebuilt from ``layer`` as the file is written
-    spectrum = _spectrum_frame(keys, lam).drop(columns="hook").astype(
+    spectrum = pd.DataFrame(_spectrum_columns(keys, lam)).astype(
         {"layer": "int32", "head": "int32", "rank": "int32"})
     offset = 0 if qk.pe == "rotary" else None
     keys0, lam0, anti0 = _at_offset(keys, lam, anti, offset)

@@ -22,7 +22,8 @@ Analyses ask this module, never the TransformerLens version or a model's class:
   skip hooks, run eagerly for hook-based features;
 * :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind,
   in eval mode (:func:`eval_mode`), sites replaced by other plugins included
-  (:func:`site_module`).
+  (:func:`site_module`); :func:`run_reduced` — the same pass handing each hook's
+  activation to a reducer as it fires (nothing cached: one layer's attention at a time).
 
 docs/tl4.md lists every TL 4 hook whose meaning differs from 3.9 and what posinterp
 does about it.
@@ -31,7 +32,7 @@ This package holds one job per module (docs/architecture.md, the models layer); 
 name is re-exported here, so ``posinterp.models.backend.X`` is the one address callers use.
 """
 
-from .cached import hooks_at_sites, run_cached, site_module
+from .cached import hooks_at_sites, run_cached, run_reduced, site_module
 from .errors import MissingFeatureError
 from .hooks import (
     content_qk_hooks,
@@ -107,5 +108,5 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "by_line", "check_tl_major", "load_weights"
            "install_output_edit", "is_bridge", "is_post_ln", "mark_folded", "mla_settings",
            "n_kv_heads", "norm_gain_folded", "pattern_edit", "position_limit", "positional_type",
            "process_weights", "qk_norm", "qk_slots", "refuse_qk_norm", "query_hooks",
-           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "scores_hook",
+           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "run_reduced", "scores_hook",
            "site_module", "unhonoured_settings", "unwrap", "verify_pattern_hook", "z_hook"]

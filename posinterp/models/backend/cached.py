@@ -1,6 +1,7 @@
 """``run_with_cache`` for every model kind (:func:`run_cached`): masks, eval mode, sites
 other plugins replaced (:func:`site_module`, :func:`hooks_at_sites`), a bridged BERT's
-hooks under TL 3.9's names, and every cached pattern hook verified."""
+hooks under TL 3.9's names, and every cached pattern hook verified; :func:`run_reduced`,
+the same pass reducing each hook's activation as it fires instead of caching it."""
 
 from __future__ import annotations
 
@@ -164,6 +165,59 @@ def _run_plain(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
         if found and name not in replaced:
             verify_pattern_hook(model, int(found.group(1)))
     return (out, cache) if return_logits else cache
+
+
+def run_reduced(model, tokens: Tensor, mask: Tensor | None, reducers) -> list:
+    """One forward pass that hands each named activation to its reducer as the pass makes
+    it and keeps only what the reducer returns: peak memory is one layer's activations,
+    not a cache of every layer's (docs/scale.md).
+
+    ``reducers``: ``[(hook_name, fn)]``, ``fn(activation)`` called under ``torch.no_grad()``
+    with the activation on the model's device (several may share a name). Pattern hooks
+    are verified first, as :func:`run_cached` verifies the ones it caches; sites another
+    plugin replaced are read from their module (:func:`hooks_at_sites`). Not for a bridged
+    BERT (its hooks carry other meanings; use :func:`run_cached`).
+
+    Returns:
+        each reducer's result, in ``reducers``' order.
+
+    Raises:
+        ValueError: a pattern hook :func:`verify_pattern_hook` cannot tie to its layer's
+            attention, or a hook that did not fire.
+    """
+    from ...devices import model_device
+
+    model = unwrap(model)
+    if _tl39_encoder_hooks(model) is not None:
+        raise ValueError("run_reduced does not rename a bridged BERT's hooks; use run_cached")
+    for name, _ in reducers:
+        found = _PATTERN_HOOK.fullmatch(name)
+        if found and isinstance(site_module(model, name), _hook_point()):
+            verify_pattern_hook(model, int(found.group(1)))
+    device = model_device(model)
+    results: dict[int, object] = {}
+
+    def call(i, fn):
+        def hook(act, hook=None):
+            results[i] = fn(act.detach())
+        return hook
+
+    kwargs = {"return_type": None}
+    if mask is not None:
+        kwargs["attention_mask"] = mask.to(device)
+    with torch.no_grad(), eager(model), eval_mode(model), \
+            hooks_at_sites(model, [(n, call(i, fn)) for i, (n, fn) in enumerate(reducers)]):
+        model(tokens.to(device), **kwargs)
+    missing = sorted({reducers[i][0] for i in range(len(reducers)) if i not in results})
+    if missing:
+        raise ValueError(f"hooks {missing} did not fire during the forward pass")
+    return [results[i] for i in range(len(reducers))]
+
+
+def _hook_point():
+    from transformer_lens.hook_points import HookPoint
+
+    return HookPoint
 
 
 def _tl39_encoder_hooks(model) -> dict[str, str] | None:

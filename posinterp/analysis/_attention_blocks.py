@@ -1,0 +1,156 @@
+"""One layer's ``[batch, head, query, key]`` attention reduced in query blocks.
+
+The statistics the analyses keep of an attention pattern (or its pre-softmax scores) are
+small: a kernel by offset, a few scores per head, a pooled view. Computing them from the
+whole tensor in float64, with the pads compacted away, costs several full-size copies
+(about 6 x the pattern at 4,096 tokens). Here each sequence's real tokens are read a block
+of queries at a time, so the extra memory is O(block x n) per head whatever n, and a hook
+can reduce each layer's attention as the forward pass makes it and drop it (docs/scale.md).
+
+Everything is float64 and equals the whole-tensor definitions
+(:func:`~posinterp.analysis.attention_kernel`, :func:`~posinterp.analysis.head_scores`,
+:func:`~posinterp.analysis.induction_score`, :func:`~posinterp.analysis.kernels.pool_pattern`)
+up to summation order (tests/analysis/test_attention_blocks.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+#: float64 elements of one query block across heads (64 MB): the working set's unit
+BLOCK_ELEMENTS = 1 << 23
+
+
+@dataclass
+class BlockStats:
+    """Per-sequence sums that a layer's blocks add up to (float64, CPU).
+
+    ``kernel_sum``/``kernel_count``: ``[batch, head, pos]`` by lag i - j; ``prev``,
+    ``self``, ``first``: ``[batch, head]`` sums over queries i >= start (``n_scored`` of them
+    per sequence); ``induction``: ``[batch, head]`` sum of the induction mass over the
+    ``n_induction`` queries that have a target; ``views``: sequence -> ``[head, m, m]``.
+    """
+
+    kernel_sum: Tensor | None = None
+    kernel_count: Tensor | None = None
+    prev: Tensor | None = None
+    self_: Tensor | None = None
+    first: Tensor | None = None
+    n_scored: Tensor | None = None
+    induction: Tensor | None = None
+    n_induction: Tensor | None = None
+    views: dict = field(default_factory=dict)
+
+    def kernel(self) -> Tensor:
+        """``[batch, head, pos]`` mean by lag; NaN where no query has that lag."""
+        c = self.kernel_count
+        return torch.where(c > 0, self.kernel_sum / c.clamp_min(1), torch.nan)
+
+    def scores(self) -> dict[str, Tensor]:
+        """Previous-token, self and first-token score ``[batch, head]``."""
+        n = self.n_scored[:, None].double()
+        return {"previous_token_score": self.prev / n, "self_score": self.self_ / n,
+                "first_token_score": self.first / n}
+
+    def induction_score(self) -> Tensor:
+        """``[batch, head]`` mean induction mass; NaN for a sequence without a target."""
+        n = self.n_induction[:, None]
+        return torch.where(n > 0, self.induction / n.clamp_min(1), torch.nan)
+
+
+def _real_positions(mask: Tensor | None, b: int, n: int) -> Tensor:
+    return torch.arange(n) if mask is None else mask[b].cpu().bool().nonzero().flatten()
+
+
+def _lags(block: Tensor, a: int) -> Tensor:
+    """``[head, r, a + r]`` block of rows a..a+r-1 (keys 0..a+r-1) -> ``D[h, t, lag] =
+    block[h, t, a + t - lag]`` (entries with lag > a + t are garbage: mask them).
+
+    A flip and a strided view: row t of the flipped block holds key a + t - lag at column
+    r' - 1 - (a + t) + lag, i.e. at flat offset t (r' - 1) + (r' - 1 - a) + lag with
+    r' = a + r columns; the last valid entry is the block's last element.
+    """
+    h, r, w = block.shape
+    f = block.flip(-1).contiguous()
+    return f.as_strided((h, r, w), (r * w, w - 1, 1), f.storage_offset() + w - 1 - a)
+
+
+def reduce_attention(values: Tensor, attention_mask: Tensor | None = None, *,
+                     kernel: bool = True, scores: bool = False, start: int = 1,
+                     tokens: Tensor | None = None, views: dict[int, int] | None = None,
+                     block_elements: int = BLOCK_ELEMENTS) -> BlockStats:
+    """Reduce ``values`` ``[batch, head, pos, pos]`` (a causal pattern or its scores, any
+    device or dtype) in query blocks over each sequence's real tokens.
+
+    ``kernel``: sums and counts by lag i - j >= 0 over real queries, masked scores
+    (``<= finfo.min`` in the input's dtype) left out; ``scores``: A[i, i-1], A[i, i] and
+    A[i, 0] summed over queries i >= ``start`` (>= 1); ``tokens`` (``[batch, pos]``): the induction mass
+    over the queries with an earlier occurrence of their token
+    (:func:`~posinterp.analysis.induction_targets`); ``views``: sequence -> block size of
+    its pooled view (:func:`~posinterp.analysis.kernels.pool_pattern` of its real tokens).
+    The caller has checked shapes and mask.
+    """
+    views = views or {}
+    bsz, h, n, _ = values.shape
+    dtype = values.dtype
+    out = BlockStats()
+    if kernel:
+        out.kernel_sum = torch.zeros(bsz, h, n, dtype=torch.float64)
+        out.kernel_count = torch.zeros(bsz, h, n, dtype=torch.float64)
+    if scores:
+        out.prev, out.self_, out.first = (torch.zeros(bsz, h, dtype=torch.float64) for _ in range(3))
+        out.n_scored = torch.zeros(bsz, dtype=torch.long)
+    if tokens is not None:
+        out.induction = torch.zeros(bsz, h, dtype=torch.float64)
+        out.n_induction = torch.zeros(bsz, dtype=torch.long)
+    for s in range(bsz):
+        idx = _real_positions(attention_mask, s, n)
+        length = len(idx)
+        padded = length < n or not bool((idx == torch.arange(length)).all())
+        rows = max(1, block_elements // max(1, h * length))
+        tok = tokens[s].cpu()[idx] if tokens is not None else None
+        pool = views.get(s)
+        if pool is not None:
+            m = -(-length // pool)
+            group = torch.arange(length) // pool
+            acc = torch.zeros(h, m, m, dtype=torch.float64)
+        dev_idx = idx.to(values.device)
+        for a in range(0, length, rows):
+            b = min(length, a + rows)
+            r = b - a
+            src = values[s].detach()
+            blk = (src[:, dev_idx[a:b]][:, :, dev_idx[:b]] if padded else src[:, a:b, :b]).cpu()
+            i = a + torch.arange(r)  # the block's queries
+            if kernel:
+                d = _lags(blk, a)
+                ok = (torch.arange(b)[None, :] <= i[:, None])[None] & ~(d <= torch.finfo(dtype).min)
+                out.kernel_sum[s, :, :b] += torch.where(ok, d.double(), 0.0).sum(1)
+                out.kernel_count[s, :, :b] += ok.sum(1)
+            if not (scores or tok is not None or pool is not None):
+                continue
+            x = blk.double()
+            if scores:
+                q = i >= start
+                at = torch.arange(r)
+                out.prev[s] += x[:, at[q], i[q] - 1].sum(-1)
+                out.self_[s] += x[:, at[q], i[q]].sum(-1)
+                out.first[s] += x[:, q, 0].sum(-1)
+                out.n_scored[s] += int(q.sum())
+            if tok is not None and b > 1:
+                # key j is a target of query i when token j - 1 is an earlier copy of token i
+                hit = (tok[None, :b - 1] == tok[a:b, None]) & (torch.arange(b - 1)[None, :] < i[:, None])
+                has = hit.any(-1)
+                mass = (x[:, :, 1:] * hit[None]).sum(-1)  # [head, r]
+                out.induction[s] += mass[:, has].sum(-1)
+                out.n_induction[s] += int(has.sum())
+            if pool is not None:
+                keys = torch.zeros(h, r, m, dtype=torch.float64)
+                keys.index_add_(2, group[:b], x)
+                acc.index_add_(1, group[a:b], keys)
+        if pool is not None:
+            sizes = torch.bincount(group, minlength=m).double()
+            out.views[s] = (acc / sizes[:, None]).float()
+    return out
