@@ -87,6 +87,8 @@ CHANNEL_ABLATIONS = tuple(f"remove_{c}" for c in CHANNELS)
 #: Random heads behind the null band of |λ| (quantiles of every eigenvalue's modulus: 200
 #: heads give 200 x d_head moduli, enough for stable 5%/95% quantiles).
 NULL_BAND_HEADS = 200
+#: Inputs this long (tokens per sequence) get a progress bar per layer of the main pass
+LAYER_PROGRESS_TOKENS = 1024
 #: Sequences of repeated random tokens behind the ``induction_score`` (intervals over them).
 INDUCTION_BATCH = 4
 
@@ -420,7 +422,8 @@ def inspect_heads(
             :func:`posinterp.dashboard.explain.dashboard_score_parts`): the first n
             tokens of the pattern views whose cells fit (default 200,000: about 1.7 MB of
             page); 0 computes none.
-        progress: a tqdm bar on stderr for the ablations' forward passes.
+        progress: tqdm bars on stderr: the main pass's layers (inputs of at least
+            :data:`LAYER_PROGRESS_TOKENS` tokens) and the ablations' forward passes.
         layers: inspect only these blocks (an int or a list; None: all). Everything per
             head or per layer is computed for the selection alone (patterns cached,
             spectra solved, heads ablated): at 7B scale (1,024 heads) a few layers cost a
@@ -544,9 +547,18 @@ def inspect_heads(
     # kernels, scores and pooled views as the pass makes them, and are dropped (memory:
     # one layer's attention, not every layer's); the adjacency hooks score each residual
     # point the same way.
-    reducers = [(f"blocks.{layer}.attn.hook_pattern",
-                 lambda p: reduce_attention(chosen(p), mask, scores=True, tokens=tokens,
-                                            views=view_blocks)) for layer in layers]
+    from .._progress import tqdm
+
+    # a bar per layer where the input is long enough for a pass to take a while
+    bar = tqdm(total=len(layers), desc="layers", unit="layer", leave=False,
+               disable=not progress or pos < LAYER_PROGRESS_TOKENS)
+
+    def pattern_stats(p):
+        st = reduce_attention(chosen(p), mask, scores=True, tokens=tokens, views=view_blocks)
+        bar.update()
+        return st
+
+    reducers = [(f"blocks.{layer}.attn.hook_pattern", pattern_stats) for layer in layers]
     reducers += [(score_hooks[layer], lambda x: reduce_attention(chosen(x), mask))
                  for layer in layers if layer in score_hooks]
     n_stats = len(reducers)
@@ -555,7 +567,10 @@ def inspect_heads(
     adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
                                            sites=("attn_out", "resid_mid", "resid_post"), layers=sel[0])
     reducers += [(name, lambda a, fn=fn: fn(a, hook=None)) for name, fn in adj_hooks]
-    results = run_reduced(model, tokens, mask, reducers)
+    try:
+        results = run_reduced(model, tokens, mask, reducers)
+    finally:
+        bar.close()
     stats = dict(zip([name for name, _ in reducers[:n_stats]], results[:n_stats], strict=True))
     pos_inputs = capture[1](results[n_stats:n_stats + len(capture[0])]) if capture else None
     frames, patterns = [], {}
