@@ -149,11 +149,11 @@ def main() -> None:
         for job in ("inspect", "adjacency"):
             r = by.get((n, job))
             if fwd and r:
-                print(json.dumps({"n": n, "job": job, "ratio_to_forward": round(r["seconds"] / fwd["seconds"], 2),
-                                  "seconds": round(r["seconds"], 1), "forward_s": round(fwd["seconds"], 1),
-                                  "load_s": round(fwd["load_s"], 1), "peak_rss_gb": round(r["peak_rss_mb"] / 1024, 2),
-                                  "forward_peak_rss_gb": round(fwd["peak_rss_mb"] / 1024, 2)}))
-
+                print(json.dumps({
+                    "n": n, "job": job, "ratio_to_forward": round(r["seconds"] / fwd["seconds"], 2),
+                    "seconds": round(r["seconds"], 1), "forward_s": round(fwd["seconds"], 1),
+                    "load_s": round(fwd["load_s"], 1), "peak_rss_gb": round(r["peak_rss_mb"] / 1024, 2),
+                    "forward_peak_rss_gb": round(fwd["peak_rss_mb"] / 1024, 2)}))
 
 if __name__ == "__main__":
     main()
