@@ -112,3 +112,28 @@ def test_positional_score_on_a_prefix_equals_the_prefix_input():
     assert not any("real tokens of each sequence" in n for n in full.notes)
     with pytest.raises(ValueError, match="max_positional_tokens"):
         inspect_heads(model, tokens, max_positional_tokens=2)
+
+
+@pytest.mark.parametrize("name", ["bert", "qwen2"])
+def test_head_scores_reduced_at_hook_time_equal_the_cached_pass(tmp_path, name):
+    """previous_token_scores and induction_scores reduce each layer's pattern as it
+    fires; on a bidirectional BERT too (TL 3.9 HookedEncoder's mask argument, TL 4's
+    bridge with its renamed hooks), padded."""
+    from posinterp.analysis import induction_scores, previous_token_scores
+    from posinterp.models import load_model
+
+    arch, make, _ = parity_cases()[name]
+    save_tiny_checkpoint(arch, make(), tmp_path / name)
+    model, _ = load_model(str(tmp_path / name), device="cpu")
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(4, 12, (3, N), generator=gen)
+    mask = _masks(3)
+    cache = run_cached(model, tokens, mask, lambda n: n.endswith("attn.hook_pattern"))
+    prev = previous_token_scores(model, tokens, mask)
+    ind = induction_scores(model, tokens, mask)
+    for layer in range(model.cfg.n_layers):
+        want = _scores_oracle(cache[f"blocks.{layer}.attn.hook_pattern"], mask, tokens)
+        got = prev[prev.layer == layer].sort_values("head").value.to_numpy()
+        np.testing.assert_allclose(got, want["previous_token_score"].mean(0).numpy(), atol=1e-9)
+        got = ind[ind.layer == layer].sort_values("head").value.to_numpy()
+        np.testing.assert_allclose(got, _means(want["induction"]), atol=1e-9)

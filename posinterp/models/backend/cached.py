@@ -123,6 +123,24 @@ def run_cached(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     return _run_plain(model, tokens, mask, names_filter, return_logits)
 
 
+def _forward_kwargs(model, tokens: Tensor, mask: Tensor | None, return_logits: bool) -> dict:
+    """The forward pass's mask, position and return arguments for this model kind
+    (``tokens`` and ``mask`` already on its device)."""
+    bidirectional = getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
+    kwargs = {}
+    if mask is not None:
+        kwargs["one_zero_attention_mask" if bidirectional and not is_bridge(model)
+               else "attention_mask"] = mask
+        if bidirectional and is_bridge(model):
+            # HF's BERT (and TL 3.9's HookedEncoder) count positions by index under any
+            # padding; a bridge would derive them from the mask instead
+            kwargs["position_ids"] = torch.arange(tokens.shape[1], device=tokens.device).expand(
+                tokens.shape[0], -1)
+    if not bidirectional and not return_logits:
+        kwargs["return_type"] = None
+    return kwargs
+
+
 def _run_plain(model, tokens: Tensor, mask: Tensor | None, names_filter, return_logits: bool):
     from ...devices import model_device
 
@@ -130,18 +148,7 @@ def _run_plain(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     device = model_device(model)
     tokens = tokens.to(device)
     mask = None if mask is None else mask.to(device)
-    bidirectional = getattr(model.cfg, "attention_dir", "causal") == "bidirectional"
-    kwargs = {"names_filter": names_filter}
-    if mask is not None:
-        kwargs["one_zero_attention_mask" if bidirectional and not is_bridge(model)
-               else "attention_mask"] = mask
-        if bidirectional and is_bridge(model):
-            # HF's BERT (and TL 3.9's HookedEncoder) count positions by index under any
-            # padding; a bridge would derive them from the mask instead
-            kwargs["position_ids"] = torch.arange(tokens.shape[1], device=device).expand(
-                tokens.shape[0], -1)
-    if not bidirectional and not return_logits:
-        kwargs["return_type"] = None
+    kwargs = {"names_filter": names_filter, **_forward_kwargs(model, tokens, mask, return_logits)}
     replaced = {}
     if not callable(names_filter):  # a collection of site names
         from transformer_lens.hook_points import HookPoint
@@ -175,8 +182,9 @@ def run_reduced(model, tokens: Tensor, mask: Tensor | None, reducers) -> list:
     ``reducers``: ``[(hook_name, fn)]``, ``fn(activation)`` called under ``torch.no_grad()``
     with the activation on the model's device (several may share a name). Pattern hooks
     are verified first, as :func:`run_cached` verifies the ones it caches; sites another
-    plugin replaced are read from their module (:func:`hooks_at_sites`). Not for a bridged
-    BERT (its hooks carry other meanings; use :func:`run_cached`).
+    plugin replaced are read from their module (:func:`hooks_at_sites`); on a bridged
+    BERT a TL 3.9 name is read where the bridge carries its quantity, as in
+    :func:`run_cached`.
 
     Returns:
         each reducer's result, in ``reducers``' order.
@@ -188,8 +196,9 @@ def run_reduced(model, tokens: Tensor, mask: Tensor | None, reducers) -> list:
     from ...devices import model_device
 
     model = unwrap(model)
-    if _tl39_encoder_hooks(model) is not None:
-        raise ValueError("run_reduced does not rename a bridged BERT's hooks; use run_cached")
+    # a bridged BERT: each TL 3.9 name is read at the bridge hook carrying its quantity
+    renamed = _tl39_encoder_hooks(model) or {}
+    reducers = [(renamed.get(name, name), fn) for name, fn in reducers]
     for name, _ in reducers:
         found = _PATTERN_HOOK.fullmatch(name)
         if found and isinstance(site_module(model, name), _hook_point()):
@@ -202,12 +211,11 @@ def run_reduced(model, tokens: Tensor, mask: Tensor | None, reducers) -> list:
             results[i] = fn(act.detach())
         return hook
 
-    kwargs = {"return_type": None}
-    if mask is not None:
-        kwargs["attention_mask"] = mask.to(device)
+    tokens = tokens.to(device)
+    kwargs = _forward_kwargs(model, tokens, None if mask is None else mask.to(device), False)
     with torch.no_grad(), eager(model), eval_mode(model), \
             hooks_at_sites(model, [(n, call(i, fn)) for i, (n, fn) in enumerate(reducers)]):
-        model(tokens.to(device), **kwargs)
+        model(tokens, **kwargs)
     missing = sorted({reducers[i][0] for i in range(len(reducers)) if i not in results})
     if missing:
         raise ValueError(f"hooks {missing} did not fire during the forward pass")
