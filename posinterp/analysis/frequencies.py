@@ -460,7 +460,7 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
         attn_scale,
         n_kv_heads,
         rotary_spec,
-        run_cached,
+        run_reduced,
     )
     from ._checks import check_attention_mask, check_tokens
     from .kernels import t_interval
@@ -477,25 +477,20 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
     head_ids = _select("heads", heads, model.cfg.n_heads)
     H, group = model.cfg.n_heads, model.cfg.n_heads // n_kv_heads(model)
     names = _score_hooks(model, layer_ids)
-    cache = _cache  # a run of this model on these tokens holding those hooks (inspect_heads)
-    if cache is None:
-        wanted = {n for trio in names.values() for n in trio[:3]}
-        cache = run_cached(model, tokens, mask, lambda name: name in wanted)
     real = (torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool().cpu())
-    gen = torch.Generator().manual_seed(seed)
-    rows = []
-    for layer in layer_ids:
-        q_name, k_name, ref_name, is_pattern = names[layer]
+    gen = torch.Generator().manual_seed(seed)  # drawn layer by layer, in layer order
+
+    def layer_rows(layer, q, k, ref):
+        _, _, _, is_pattern = names[layer]
         spec = rotary_spec(model, layer)
         first, second, _ = pair_indices(model.cfg.d_head, spec.rotary_dim, spec.adjacent_pairs)
         scale = attn_scale(model, layer)
         tol = check_tol if check_tol is not None else (
-            1e-3 if cache[q_name].dtype in (torch.float32, torch.float64) else 3e-2)
-        q = cache[q_name].double()  # [batch, pos, head, d_head]
-        k = cache[k_name].double()
+            1e-3 if q.dtype in (torch.float32, torch.float64) else 3e-2)
+        q = q.double()  # [batch, pos, head, d_head]
+        k = k.double()
         if k.shape[2] != H:  # grouped-query: hook_k carries the KV heads only
             k = k.repeat_interleave(group, dim=2)
-        ref = cache[ref_name].double()  # [batch, head, query, key]
         per_seq = {m: [] for m in SCORE_METRICS}
         # no padding: every sequence rotated at once (positions 0..pos-1 for all)
         whole = _rotated_logits(q.transpose(1, 2), k.transpose(1, 2), first, second,
@@ -509,18 +504,37 @@ def positional_symbolic_score(model, tokens: Int[Tensor, "batch pos"],
                                                     k[b, r].transpose(0, 1), first, second,
                                                     spec.inv_freq, scale)
             # the logits the score permutes are the model's own, or nothing is reported
-            _check_logits(logits, ref[b][:, r][:, :, r], tol, layer, MissingFeatureError,
+            _check_logits(logits, ref[b].double()[:, r][:, :, r], tol, layer, MissingFeatureError,
                           is_pattern=is_pattern)
             out = _score_from_rotated(q_rot[head_ids], kb[head_ids], logits[head_ids], first,
                                       second, spec.inv_freq, scale, gen, key_start, min_keys)
             for m in SCORE_METRICS:
                 per_seq[m].append(out[m])
+        rows = []
         for m in SCORE_METRICS:
             mean, low, high, n = t_interval(torch.stack(per_seq[m]), level)
             for t, head in enumerate(head_ids):
                 rows.append(dict(hook=f"blocks.{layer}.attn", layer=layer, head=head, metric=m,
                                  value=float(mean[t]), ci_low=float(low[t]), ci_high=float(high[t]),
                                  n_sequences=int(n[t])))
+        return rows
+
+    rows = []
+    if _cache is not None:  # a run of this model on these tokens holding those hooks (inspect_heads)
+        for layer in layer_ids:
+            q_name, k_name, ref_name, _ = names[layer]
+            rows += layer_rows(layer, _cache[q_name], _cache[k_name], _cache[ref_name])
+    else:  # at hook time: each layer's q and k kept until its attention fires, then dropped
+        held = {}
+        reducers = []
+        for layer in layer_ids:
+            q_name, k_name, ref_name, _ = names[layer]
+            reducers += [(q_name, lambda a, key=(layer, "q"): held.__setitem__(key, a.cpu())),
+                         (k_name, lambda a, key=(layer, "k"): held.__setitem__(key, a.cpu())),
+                         (ref_name, lambda a, layer=layer: layer_rows(
+                             layer, held.pop((layer, "q")), held.pop((layer, "k")), a.cpu()))]
+        for got in run_reduced(model, tokens, mask, reducers)[2::3]:
+            rows += got
     return pd.DataFrame(rows)
 
 
