@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_cached
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, on_cpu, run_reduced
 from .similarity import compact_real_tokens
 
 __all__ = ["position_variance", "variance_by_layer"]
@@ -56,12 +56,13 @@ def variance_by_layer(model, tokens: Int[Tensor, "batch pos"],
     hooks = [("blocks.0.hook_resid_pre", -1)]
     for layer in range(model.cfg.n_layers):
         hooks += [(f"blocks.{layer}.hook_attn_out", layer), (f"blocks.{layer}.hook_resid_post", layer)]
-    names = {h for h, _ in hooks}
-    cache = run_cached(model, tokens, mask, names)  # names: replaced sites read too
+    # each hook's [batch, pos, d_model] reduced to its variances as it fires (replaced
+    # sites read too): nothing of the residual stream is cached
+    per_hook = run_reduced(model, tokens, mask, [(h, lambda a: position_variance(a, mask))
+                                                 for h, _ in hooks])
     lengths = lengths_from_mask(mask, *tokens.shape)
     rows = []
-    for hook, layer in hooks:
-        var = position_variance(cache[hook], mask)
+    for (hook, layer), var in zip(hooks, per_hook, strict=True):
         for k in range(tokens.shape[1]):
             have = lengths > k
             if have.any():
