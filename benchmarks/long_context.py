@@ -18,7 +18,8 @@ thread:
 * ``adjacency``: load, then time ``adjacency_by_layer(model, tokens)`` (every residual
   hook).
 
-Peak RSS is the process's (``ru_maxrss``: the loaded model is about 2.6 GB of it). One
+Peak RSS is the process's own (``VmHWM``, :func:`posinterp._memory.peak_rss_mb`; the
+loaded model is about 2.6 GB of it). One
 JSON line per (n, job) goes to ``--out/results.jsonl``; a rerun skips what is there
 (8,192 tokens take most of an hour on one core).
 
@@ -41,12 +42,11 @@ MODEL = ROOT.parent / "shared" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 LICENCES = [Path("/usr/share/common-licenses") / f for f in ("GPL-3", "Apache-2.0", "GFDL-1.3")]
 
 COMMON = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     import torch
+    from posinterp._memory import peak_rss_mb as rss
     torch.set_num_threads(1)
     model_path, text_file = sys.argv[1], sys.argv[2]
-    def rss():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     def load():
         import posinterp as pi
         from posinterp.experiments.inspect import text_batch

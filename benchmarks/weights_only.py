@@ -16,7 +16,8 @@ Then, each in a fresh process with one thread:
   spectrum --weights-only``: spectrum.csv, heads.csv with the measures and their
   2,500-head Ginibre null percentiles, run.json).
 
-Prints each one's wall time and peak RSS, the ratio, one head's eigenvalues checked
+Prints each one's wall time and peak RSS (the child's own ``VmHWM``: ``ru_maxrss`` would
+count this parent's memory at fork, i.e. the folder's writing), the ratio, one head's eigenvalues checked
 against numpy's on the same weights, and projections from the measured seconds per layer:
 a whole Llama-70B and 154 Pythia-12B revisions on one machine and on 8 or 32 Ray workers.
 With ``--layers 8,32,80`` it shows whether peak RSS is flat in depth (the folders are
@@ -85,10 +86,11 @@ def write_folder(folder: Path, shape: dict, n_layers: int, seed: int = 0) -> int
 
 
 FLOOR = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     from pathlib import Path
     import torch
     from safetensors import safe_open
+    from posinterp._memory import peak_rss_mb
     torch.set_num_threads(1)
     folder = Path(sys.argv[1])
     cfg = json.loads((folder / "config.json").read_text())
@@ -105,13 +107,14 @@ FLOOR = textwrap.dedent("""
             torch.linalg.eigvals(k.mT @ q)
     seconds = time.perf_counter() - t0
     print(json.dumps({"seconds": seconds,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "peak_rss_mb": peak_rss_mb()}))
 """)
 
 OURS = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     import numpy as np
     import torch
+    from posinterp._memory import peak_rss_mb
     torch.set_num_threads(1)
     from posinterp.experiments.spectrum import run_weights_only
     from posinterp.models.qk_only import read_qk_weights
@@ -119,7 +122,7 @@ OURS = textwrap.dedent("""
     run_weights_only([sys.argv[1]], sys.argv[2], progress=False)
     seconds = time.perf_counter() - t0
     # the run's peak, taken before the check below reads anything back
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mb()
     # one head against numpy on the same weights (gain folded, as documented)
     import pandas as pd
     spec = pd.concat(c[(c.layer == 0) & (c["head"] == 3)] for c in pd.read_csv(

@@ -9,7 +9,7 @@ torch's ``DefaultCPUAllocator`` ("can't allocate memory"); a GPU one as
 
 from __future__ import annotations
 
-__all__ = ["InputTooLargeError", "attention_bytes", "gib", "is_out_of_memory"]
+__all__ = ["InputTooLargeError", "attention_bytes", "gib", "is_out_of_memory", "peak_rss_mb"]
 
 _ALLOCATOR = ("can't allocate memory", "DefaultCPUAllocator", "out of memory",
               "not enough memory")
@@ -39,3 +39,26 @@ def attention_bytes(n_layers: int, n_heads: int, batch: int, n_tokens: int,
 def gib(n: int) -> str:
     """Bytes as GiB with one decimal (``"18.0 GiB"``)."""
     return f"{n / 2**30:.1f} GiB"
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MiB (what benchmarks report).
+
+    Linux's ``VmHWM``, not ``getrusage``'s ``ru_maxrss``: a child started by a process
+    with a large resident set inherits that set's size in ``ru_maxrss`` (Linux keeps the
+    larger across ``fork`` and ``exec``), so a benchmark whose parent had just written a
+    12 GB checkpoint read 3.5 GB for a child that never held more than 2.8 GB. Elsewhere
+    (no ``/proc``) ``ru_maxrss``, in the platform's unit (kB on Linux, bytes on macOS).
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024

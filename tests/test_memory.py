@@ -1,6 +1,8 @@
 """Running out of memory is one clear line (posinterp._memory; issue 38 item 4): the
 input's size, the estimated need, the way out, exit status 2, nothing half-written."""
 
+from pathlib import Path
+
 import pytest
 
 from posinterp._memory import InputTooLargeError, attention_bytes, is_out_of_memory
@@ -61,3 +63,22 @@ def test_any_command_out_of_memory_is_one_line(tmp_path, monkeypatch, capsys):
                  str(tmp_path / "o"), "--no-progress"]) != 0
     err = capsys.readouterr().err
     assert "Traceback" not in err
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_peak_rss_is_the_processs_own_not_its_parents():
+    """A child of a process holding 512 MiB reports its own peak; ``ru_maxrss`` there
+    carries the parent's resident set across fork and exec (what once made a weights-only
+    benchmark read 3.5 GB for a child that held 2.8)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    held = torch.ones(2**27)  # 512 MiB, touched
+    code = ("import resource; from posinterp._memory import peak_rss_mb; "
+            "print(peak_rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    own, inherited = map(float, out.stdout.split())
+    assert float(held[0]) == 1.0
+    assert own < 256 <= 512 <= inherited
