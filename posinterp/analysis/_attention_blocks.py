@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ._checks import masked_scores
+
 #: float64 elements of one query block across heads (64 MB): the working set's unit
 BLOCK_ELEMENTS = 1 << 23
 
@@ -113,7 +115,6 @@ def reduce_attention(values: Tensor, attention_mask: Tensor | None = None, *,
     """
     views = views or {}
     bsz, h, n, _ = values.shape
-    dtype = values.dtype
     out = BlockStats()
     if kernel:
         out.kernel_sum = torch.zeros(bsz, h, n, dtype=torch.float64)
@@ -136,17 +137,17 @@ def reduce_attention(values: Tensor, attention_mask: Tensor | None = None, *,
             group = torch.arange(length) // pool
             acc = torch.zeros(h, m, m, dtype=torch.float64)
         dev_idx = idx.to(values.device)
+        src = values[s].detach()
         for a in range(0, length, rows):
             b = min(length, a + rows)
             r = b - a
-            src = values[s].detach()
             blk = (src[:, dev_idx[a:b]][:, :, dev_idx[:b]] if padded else src[:, a:b, :b]).cpu()
             i = a + torch.arange(r)  # the block's queries
             if kernel:
                 d = _lags(blk, a)
                 ok = torch.arange(b)[None, :] <= i[:, None]  # [r, lag]: lag <= i is a key
-                if bool((blk <= torch.finfo(dtype).min).any()):  # masked scores: not scores
-                    ok = ok[None] & ~(d <= torch.finfo(dtype).min)
+                if bool(masked_scores(blk).any()):  # masked scores are not scores
+                    ok = ok[None] & ~masked_scores(d)
                 out.kernel_sum[s, :, :b] += _column_sums(torch.where(ok, d, 0))
                 out.kernel_count[s, :, :b] += ok.sum(-2)
             if scores:
