@@ -98,6 +98,113 @@ def _column_sums(w: Tensor) -> Tensor:
     return head.sum(-2, dtype=torch.float64) + w[:, cut:].sum(-2, dtype=torch.float64)
 
 
+class AttentionReduction:
+    """:class:`BlockStats` accumulated from blocks of query rows of one layer's causal
+    ``[batch, head, query, key]`` pattern or scores, in any order: the whole tensor at once
+    (:func:`reduce_attention`) or the rows a forward pass makes chunk by chunk with a KV
+    cache (:func:`~posinterp.models.backend.run_reduced` with ``query_block``).
+
+    ``n``: the input's positions (padded); ``batch``, ``heads``: of the values to come;
+    the other arguments as :func:`reduce_attention`'s. :meth:`add` takes rows
+    ``row_start .. row_start + r - 1`` with keys ``0 .. row_start + r - 1`` (padded
+    coordinates); :meth:`result` gives the sums.
+    """
+
+    def __init__(self, batch: int, heads: int, n: int, attention_mask: Tensor | None = None, *,
+                 kernel: bool = True, scores: bool = False, start: int = 1,
+                 tokens: Tensor | None = None, views: dict[int, int] | None = None,
+                 block_elements: int = BLOCK_ELEMENTS):
+        self.n, self.start, self.block_elements = n, start, block_elements
+        self.idx = [_real_positions(attention_mask, s, n) for s in range(batch)]
+        self.contiguous = [len(i) == n for i in self.idx]  # no pads: rows slice directly
+        out = self.out = BlockStats()
+        if kernel:
+            out.kernel_sum = torch.zeros(batch, heads, n, dtype=torch.float64)
+            out.kernel_count = torch.zeros(batch, heads, n, dtype=torch.float64)
+        if scores:
+            out.prev, out.self_, out.first = (torch.zeros(batch, heads, dtype=torch.float64)
+                                              for _ in range(3))
+            out.n_scored = torch.zeros(batch, dtype=torch.long)
+        self.tok = None
+        if tokens is not None:
+            out.induction = torch.zeros(batch, heads, dtype=torch.float64)
+            out.n_induction = torch.zeros(batch, dtype=torch.long)
+            self.tok = [tokens[s].cpu()[self.idx[s]] for s in range(batch)]
+        self.pool, self.acc = dict(views or {}), {}
+        for s, pool in self.pool.items():
+            m = -(-len(self.idx[s]) // pool)
+            self.acc[s] = torch.zeros(heads, m, m, dtype=torch.float64)
+
+    def add(self, values: Tensor, row_start: int = 0) -> None:
+        """Add rows ``row_start ..`` of ``values`` ``[batch, head, r, row_start + r]``."""
+        r = values.shape[2]
+        if values.shape[3] != row_start + r:
+            raise ValueError(f"a block of rows {row_start}..{row_start + r - 1} needs keys "
+                             f"0..{row_start + r - 1}; got {values.shape[3]} keys")
+        for s, idx in enumerate(self.idx):
+            src = values[s].detach()
+            if self.contiguous[s]:
+                local, a = torch.arange(r), row_start
+            else:  # the sequence's real rows in this block, at their compact index a + t
+                local = idx[(idx >= row_start) & (idx < row_start + r)] - row_start
+                a = int((idx < row_start).sum())
+                keys = idx[: a + len(local)].to(values.device)
+            h = src.shape[0]
+            step = max(1, self.block_elements // max(1, h * (a + len(local))))
+            for t in range(0, len(local), step):
+                sub = local[t:t + step]
+                lo = a + t  # compact index of the sub-block's first row
+                if self.contiguous[s]:
+                    blk = src[:, int(sub[0]):int(sub[-1]) + 1, :lo + len(sub)]
+                else:
+                    blk = src[:, sub.to(values.device)][:, :, keys[:lo + len(sub)]]
+                self._accumulate(s, blk.cpu(), lo)
+
+    def _accumulate(self, s: int, blk: Tensor, a: int) -> None:
+        """Rows a..a+r-1 of sequence ``s``'s compact pattern (keys 0..a+r-1)."""
+        out = self.out
+        h, r, b = blk.shape
+        i = a + torch.arange(r)  # the block's queries
+        if out.kernel_sum is not None:
+            d = _lags(blk, a)
+            ok = torch.arange(b)[None, :] <= i[:, None]  # [r, lag]: lag <= i is a key
+            if bool(masked_scores(blk).any()):  # masked scores are not scores
+                ok = ok[None] & ~masked_scores(d)
+            out.kernel_sum[s, :, :b] += _column_sums(torch.where(ok, d, 0))
+            out.kernel_count[s, :, :b] += ok.sum(-2)
+        if out.prev is not None:
+            q = i >= self.start
+            at = torch.arange(r)
+            out.prev[s] += blk[:, at[q], i[q] - 1].double().sum(-1)
+            out.self_[s] += blk[:, at[q], i[q]].double().sum(-1)
+            out.first[s] += blk[:, q, 0].double().sum(-1)
+            out.n_scored[s] += int(q.sum())
+        if self.tok is not None and b > 1:
+            tok = self.tok[s]
+            # key j is a target of query i when token j - 1 is an earlier copy of token i
+            hit = (tok[None, :b - 1] == tok[a:b, None]) & (torch.arange(b - 1)[None, :] < i[:, None])
+            has = hit.any(-1)
+            if bool(has.any()):
+                mass = torch.where(hit[has], blk[:, has, 1:], 0).sum(-1, dtype=torch.float64)
+                out.induction[s] += mass.sum(-1)
+                out.n_induction[s] += int(has.sum())
+        pool = self.pool.get(s)
+        if pool is not None:
+            # keys pooled in float32 (a view is shown in float32), queries in float64
+            m = self.acc[s].shape[-1]
+            keys = torch.zeros(h, r, m * pool, dtype=torch.float32)
+            keys[:, :, :b] = blk
+            self.acc[s].index_add_(1, i // pool, keys.view(h, r, m, pool).sum(-1).double())
+
+    def result(self) -> BlockStats:
+        """The sums so far (pooled views normalized by their block sizes)."""
+        for s, acc in self.acc.items():
+            group = torch.arange(len(self.idx[s])) // self.pool[s]
+            sizes = torch.bincount(group, minlength=acc.shape[-1]).double()
+            self.out.views[s] = (acc / sizes[:, None]).float()
+        return self.out
+
+
 def reduce_attention(values: Tensor, attention_mask: Tensor | None = None, *,
                      kernel: bool = True, scores: bool = False, start: int = 1,
                      tokens: Tensor | None = None, views: dict[int, int] | None = None,
@@ -113,64 +220,9 @@ def reduce_attention(values: Tensor, attention_mask: Tensor | None = None, *,
     its pooled view (:func:`~posinterp.analysis.kernels.pool_pattern` of its real tokens).
     The caller has checked shapes and mask.
     """
-    views = views or {}
     bsz, h, n, _ = values.shape
-    out = BlockStats()
-    if kernel:
-        out.kernel_sum = torch.zeros(bsz, h, n, dtype=torch.float64)
-        out.kernel_count = torch.zeros(bsz, h, n, dtype=torch.float64)
-    if scores:
-        out.prev, out.self_, out.first = (torch.zeros(bsz, h, dtype=torch.float64) for _ in range(3))
-        out.n_scored = torch.zeros(bsz, dtype=torch.long)
-    if tokens is not None:
-        out.induction = torch.zeros(bsz, h, dtype=torch.float64)
-        out.n_induction = torch.zeros(bsz, dtype=torch.long)
-    for s in range(bsz):
-        idx = _real_positions(attention_mask, s, n)
-        length = len(idx)
-        padded = length < n or not bool((idx == torch.arange(length)).all())
-        rows = max(1, block_elements // max(1, h * length))
-        tok = tokens[s].cpu()[idx] if tokens is not None else None
-        pool = views.get(s)
-        if pool is not None:
-            m = -(-length // pool)
-            group = torch.arange(length) // pool
-            acc = torch.zeros(h, m, m, dtype=torch.float64)
-        dev_idx = idx.to(values.device)
-        src = values[s].detach()
-        for a in range(0, length, rows):
-            b = min(length, a + rows)
-            r = b - a
-            blk = (src[:, dev_idx[a:b]][:, :, dev_idx[:b]] if padded else src[:, a:b, :b]).cpu()
-            i = a + torch.arange(r)  # the block's queries
-            if kernel:
-                d = _lags(blk, a)
-                ok = torch.arange(b)[None, :] <= i[:, None]  # [r, lag]: lag <= i is a key
-                if bool(masked_scores(blk).any()):  # masked scores are not scores
-                    ok = ok[None] & ~masked_scores(d)
-                out.kernel_sum[s, :, :b] += _column_sums(torch.where(ok, d, 0))
-                out.kernel_count[s, :, :b] += ok.sum(-2)
-            if scores:
-                q = i >= start
-                at = torch.arange(r)
-                out.prev[s] += blk[:, at[q], i[q] - 1].double().sum(-1)
-                out.self_[s] += blk[:, at[q], i[q]].double().sum(-1)
-                out.first[s] += blk[:, q, 0].double().sum(-1)
-                out.n_scored[s] += int(q.sum())
-            if tok is not None and b > 1:
-                # key j is a target of query i when token j - 1 is an earlier copy of token i
-                hit = (tok[None, :b - 1] == tok[a:b, None]) & (torch.arange(b - 1)[None, :] < i[:, None])
-                has = hit.any(-1)
-                if bool(has.any()):
-                    mass = torch.where(hit[has], blk[:, has, 1:], 0).sum(-1, dtype=torch.float64)
-                    out.induction[s] += mass.sum(-1)
-                    out.n_induction[s] += int(has.sum())
-            if pool is not None:
-                # keys pooled in float32 (a view is shown in float32), queries in float64
-                keys = torch.zeros(h, r, m * pool, dtype=torch.float32)
-                keys[:, :, :b] = blk
-                acc.index_add_(1, group[a:b], keys.view(h, r, m, pool).sum(-1).double())
-        if pool is not None:
-            sizes = torch.bincount(group, minlength=m).double()
-            out.views[s] = (acc / sizes[:, None]).float()
-    return out
+    acc = AttentionReduction(bsz, h, n, attention_mask, kernel=kernel, scores=scores,
+                             start=start, tokens=tokens, views=views,
+                             block_elements=block_elements)
+    acc.add(values, 0)
+    return acc.result()

@@ -119,3 +119,38 @@ def test_low_precision_masks_are_read_in_their_dtype():
     want = _kernel_oracle(bf, mask)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7, equal_nan=True)
     assert torch.isnan(got[0, :, 4:]).all() and not torch.isnan(got[0, :, :4]).any()
+
+
+@pytest.mark.parametrize("cuts", [[0, 1, 5, 12, 23], [0, 8, 16, 23], [0, 23]])
+def test_row_blocks_as_a_kv_cached_pass_makes_them(cuts):
+    """Rows a..b-1 with keys 0..b-1 (what a chunked pass with a KV cache fires), added in
+    any order, give the whole tensor's sums: padded batches, sliding-window masks."""
+    from posinterp.analysis._attention_blocks import AttentionReduction
+
+    scores, pattern, mask, tokens = _batch(window=6, seed=2)
+    views = {0: 4, 2: 3}
+    for values in (scores, pattern):
+        for m in (mask, None):
+            want = reduce_attention(values, m, scores=True, tokens=tokens, views=views)
+            acc = AttentionReduction(4, 3, 23, m, scores=True, tokens=tokens, views=views,
+                                     block_elements=11)
+            spans = list(zip(cuts[:-1], cuts[1:], strict=True))
+            for a, b in reversed(spans):
+                acc.add(values[:, :, a:b, :b], a)
+            got = acc.result()
+            torch.testing.assert_close(got.kernel(), want.kernel(), rtol=1e-6, atol=1e-7,
+                                       equal_nan=True)
+            for k, v in got.scores().items():
+                torch.testing.assert_close(v, want.scores()[k], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got.induction_score(), want.induction_score(),
+                                       rtol=1e-12, atol=1e-12, equal_nan=True)
+            for s in views if values is pattern else ():  # views pool patterns
+                torch.testing.assert_close(got.views[s], want.views[s], rtol=1e-6, atol=1e-7)
+
+
+def test_row_block_needs_its_keys():
+    from posinterp.analysis._attention_blocks import AttentionReduction
+
+    acc = AttentionReduction(1, 2, 10)
+    with pytest.raises(ValueError, match="needs keys"):
+        acc.add(torch.rand(1, 2, 3, 10), 2)
