@@ -142,11 +142,11 @@ def test_a_setting_the_bridge_ignores_is_refused_by_name_and_by_the_hf_check(tmp
 
 @pytest.mark.parametrize("name", ["gpt2-absolute", "llama-gqa", "neox-rotary-pct-0.25"])
 def test_cached_generation_gives_the_uncached_tokens_or_is_refused(tmp_path, name, no_network):
-    """Greedy generation with a KV cache (TransformerLens's default) must give the tokens
-    generation without one gives, or be refused by name: TL 4.3's bridges over
-    transformers 5.x never show the cached keys to the attention they rebuild (GPT-2,
-    Llama), which the load detects (backend.guard_kv_cache); bridges that run HF's own
-    attention module keep a working cache (GPT-NeoX). The reference is HF's own generate."""
+    """Greedy generation with a KV cache (TransformerLens's default) gives the tokens HF's
+    own generate gives: TL 4.3's bridges over transformers 5.x look for the cache under
+    ``past_key_values`` in the attention they rebuild (GPT-2, Llama), which transformers 5
+    passes as ``cache``; the load detects it and repairs the argument
+    (backend.guard_kv_cache), so every one of these has a working cache."""
     import posinterp as pi
 
     arch = {"gpt2-absolute": "GPT2LMHeadModel", "llama-gqa": "LlamaForCausalLM",
@@ -159,11 +159,8 @@ def test_cached_generation_gives_the_uncached_tokens_or_is_refused(tmp_path, nam
     kw = dict(max_new_tokens=6, verbose=False, do_sample=False, stop_at_eos=False)
     want = hf.generate(toks, attention_mask=torch.ones_like(toks), max_new_tokens=6, do_sample=False)
     assert torch.equal(model.generate(toks, use_past_kv_cache=False, **kw), want)
-    if backend.has_kv_cache(model):
-        assert torch.equal(model.generate(toks, use_past_kv_cache=True, **kw), want)
-    else:
-        with pytest.raises(backend.MissingFeatureError, match="KV cache"):
-            model.generate(toks, use_past_kv_cache=True, **kw)
+    assert backend.has_kv_cache(model)
+    assert torch.equal(model.generate(toks, use_past_kv_cache=True, **kw), want)
 
 
 def test_gptj_rotates_by_its_config_s_frequencies(tmp_path, no_network):

@@ -46,16 +46,38 @@ def guard_kv_cache(model) -> bool:
     the logits of the full forward pass (an 8-token probe: 7 tokens cached, then 1); where
     it does not, make the model refuse a cache by name from then on (a forward pre-hook on
     the HF model), so ``generate`` with TL's default ``use_past_kv_cache=True`` stops with
-    the reason instead of returning other tokens. (TransformerLens 4.3 with transformers
-    5.x: the attention the GPT-2 and Llama bridges rebuild never sees the cached keys, so
-    each new token attends to itself alone; bridges that run HF's own attention module,
-    e.g. GPT-NeoX, OPT, BLOOM, keep a working cache.) Returns the verdict, which
-    :func:`has_kv_cache` reads. A no-op returning True on TL 3.9."""
+    the reason instead of returning other tokens. Returns the verdict, which
+    :func:`has_kv_cache` reads. A no-op returning True on TL 3.9.
+
+    TransformerLens 4.3 with transformers 5.x: the attention the Llama-family bridges
+    rebuild (``PositionEmbeddingsAttentionBridge``) looks for the cache under
+    ``past_key_values``, which transformers 5 passes to each layer as ``cache``, so each
+    new token attends to itself alone. Where that is the fault, each attention bridge
+    here gets an ``_update_kv_cache`` that also reads ``cache`` (:func:`_repair_cache_argument`)
+    and the check is run again: kept only if the cached step then matches. (Bridges that
+    run HF's own attention module, e.g. GPT-NeoX, OPT, BLOOM, keep a working cache.)"""
     if not is_bridge(model):
         return True
     if _is_native(model):
         object.__setattr__(model, _KV, False)
         return False
+    works = _cached_step_matches(model)
+    if not works and _repair_cache_argument(model):
+        works = _cached_step_matches(model)
+        if not works:
+            _remove_cache_repair(model)
+    object.__setattr__(model, _KV, works)
+    if not works:
+        model.original_model.register_forward_pre_hook(_refuse_cache(
+            f"TransformerLens {TL_VERSION}'s bridge over this {getattr(model.cfg, 'architecture', '')} "
+            "model does not use the keys a KV cache holds (checked at load: a cached step's "
+            "logits differ from the full forward pass), so cached generation would give other "
+            "tokens"), with_kwargs=True)
+    return works
+
+
+def _cached_step_matches(model) -> bool:
+    """An 8-token probe: 7 tokens cached, then 1; its logits against the full pass."""
     from ...devices import model_device
 
     tokens = _probe_tokens(model)[:1].to(model_device(model))
@@ -71,15 +93,41 @@ def guard_kv_cache(model) -> bool:
                 warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated",
                                         category=FutureWarning)
                 step = model(tokens[:, -1:], past_key_values=cache)
-            works = bool(torch.allclose(step[:, -1].double(), full[:, -1].double(),
-                                        atol=1e-4, rtol=1e-4))
+            return bool(torch.allclose(step[:, -1].double(), full[:, -1].double(),
+                                       atol=1e-4, rtol=1e-4))
         except Exception:  # noqa: BLE001 - a cache that cannot even run is no cache
-            works = False
-    object.__setattr__(model, _KV, works)
-    if not works:
-        model.original_model.register_forward_pre_hook(_refuse_cache(
-            f"TransformerLens {TL_VERSION}'s bridge over this {getattr(model.cfg, 'architecture', '')} "
-            "model does not use the keys a KV cache holds (checked at load: a cached step's "
-            "logits differ from the full forward pass), so cached generation would give other "
-            "tokens"), with_kwargs=True)
-    return works
+            return False
+
+
+_REPAIRED = "posinterp_cache_argument"  # instance attribute: the repaired method
+
+
+def _repair_cache_argument(model) -> bool:
+    """Give each attention bridge whose class reads the KV cache only as
+    ``past_key_values`` an ``_update_kv_cache`` that also takes transformers 5's ``cache``
+    argument (see :func:`guard_kv_cache`). Returns whether any was repaired."""
+    import types
+
+    repaired = False
+    for block in getattr(model, "blocks", []):
+        attn = getattr(block, "attn", None)
+        method = getattr(type(attn), "_update_kv_cache", None)
+        if method is None:
+            continue
+
+        def update(self, k, v, _method=method, **kwargs):
+            if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
+                kwargs["past_key_values"] = kwargs["cache"]
+            return _method(self, k, v, **kwargs)
+
+        attn._update_kv_cache = types.MethodType(update, attn)
+        object.__setattr__(attn, _REPAIRED, True)
+        repaired = True
+    return repaired
+
+
+def _remove_cache_repair(model) -> None:
+    for block in getattr(model, "blocks", []):
+        attn = getattr(block, "attn", None)
+        if attn is not None and attn.__dict__.pop(_REPAIRED, False):
+            del attn._update_kv_cache
