@@ -23,7 +23,9 @@ Analyses ask this module, never the TransformerLens version or a model's class:
 * :func:`run_cached` — ``run_with_cache`` with an attention mask, for every model kind,
   in eval mode (:func:`eval_mode`), sites replaced by other plugins included
   (:func:`site_module`); :func:`run_reduced` — the same pass handing each hook's
-  activation to a reducer as it fires (nothing cached: one layer's attention at a time).
+  activation to a reducer as it fires (nothing cached: one layer's attention at a time),
+  or with ``query_block`` in blocks of positions through the model's KV cache
+  (:func:`chunked_pass`, verified by :func:`check_chunked_pass`: no ``[pos, pos]`` tensor).
 
 docs/tl4.md lists every TL 4 hook whose meaning differs from 3.9 and what posinterp
 does about it.
@@ -33,6 +35,7 @@ name is re-exported here, so ``posinterp.models.backend.X`` is the one address c
 """
 
 from .cached import hooks_at_sites, run_cached, run_reduced, site_module
+from .chunked import check_chunked_pass, chunked_pass
 from .errors import MissingFeatureError
 from .hooks import (
     content_qk_hooks,
@@ -100,7 +103,7 @@ from .weights import (
 __all__ = ["TL_MAJOR", "TL_VERSION", "by_line", "check_tl_major", "load_weights", "major_of",
            "BlockInputs", "CompiledModelError", "HookMeaning",
            "MissingFeatureError", "QKNorm", "QKSlot", "RotarySpec", "arm_output_edit",
-           "capture_block_inputs", "final_logits", "run_blocks_from", "suffix_replay_matches",
+           "capture_block_inputs", "check_chunked_pass", "chunked_pass", "final_logits", "run_blocks_from", "suffix_replay_matches",
            "attention_input_norm_module", "attention_weights", "attn_scale", "attn_soft_cap",
            "check_no_soft_cap", "check_not_mla", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",

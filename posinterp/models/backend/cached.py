@@ -6,6 +6,7 @@ the same pass reducing each hook's activation as it fires instead of caching it.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import torch
 from torch import Tensor
@@ -174,24 +175,37 @@ def _run_plain(model, tokens: Tensor, mask: Tensor | None, names_filter, return_
     return (out, cache) if return_logits else cache
 
 
-def run_reduced(model, tokens: Tensor, mask: Tensor | None, reducers) -> list:
+def run_reduced(model, tokens: Tensor, mask: Tensor | None, reducers,
+                query_block: int | None = None) -> list:
     """One forward pass that hands each named activation to its reducer as the pass makes
     it and keeps only what the reducer returns: peak memory is one layer's activations,
     not a cache of every layer's (docs/scale.md).
 
-    ``reducers``: ``[(hook_name, fn)]``, ``fn(activation)`` called under ``torch.no_grad()``
-    with the activation on the model's device (several may share a name). Pattern hooks
+    ``reducers``: ``[(hook_name, fn)]`` (several may share a name), each either a function
+    ``fn(activation)`` called under ``torch.no_grad()`` with the activation on the model's
+    device, or a row reducer of a ``[batch, head, query, key]`` hook: an object with
+    ``add(rows, row_start)`` and ``result()`` (e.g.
+    :class:`~posinterp.analysis._attention_blocks.AttentionReduction`). Pattern hooks
     are verified first, as :func:`run_cached` verifies the ones it caches; sites another
     plugin replaced are read from their module (:func:`hooks_at_sites`); on a bridged
     BERT a TL 3.9 name is read where the bridge carries its quantity, as in
     :func:`run_cached`.
+
+    ``query_block``: run the pass that many positions at a time through the model's KV
+    cache (:func:`~.chunked.chunked_pass`), so no layer's ``[pos, pos]`` attention is ever
+    made: row reducers get each block's rows; a function gets its hook's activation once
+    the last block has run (the blocks joined along positions, ``[batch, pos, ...]``
+    hooks only).
 
     Returns:
         each reducer's result, in ``reducers``' order.
 
     Raises:
         ValueError: a pattern hook :func:`verify_pattern_hook` cannot tie to its layer's
-            attention, or a hook that did not fire.
+            attention, a hook that did not fire, or with ``query_block`` a function on an
+            attention hook (its rows cannot be joined: give a row reducer).
+        MissingFeatureError: ``query_block`` on a model whose pass in blocks
+            (:func:`~.chunked.check_chunked_pass`) is refused.
     """
     from ...devices import model_device
 
@@ -205,21 +219,56 @@ def run_reduced(model, tokens: Tensor, mask: Tensor | None, reducers) -> list:
             verify_pattern_hook(model, int(found.group(1)))
     device = model_device(model)
     results: dict[int, object] = {}
+    fired: set[int] = set()
+    chunked = query_block is not None and tokens.shape[1] > query_block
+    if chunked:
+        for name, fn in reducers:
+            if _ATTENTION_HOOK.search(name) and not hasattr(fn, "add"):
+                raise ValueError(f"{name} fires in blocks of query rows with query_block: "
+                                 "its reducer needs add(rows, row_start) and result()")
+    parts: dict[int, list] = {}
+    where = {"a": 0}
+    last = (tokens.shape[1] - 1) // query_block * query_block if chunked else 0
 
     def call(i, fn):
         def hook(act, hook=None):
-            results[i] = fn(act.detach())
+            fired.add(i)
+            if hasattr(fn, "add"):
+                fn.add(act.detach(), where["a"])
+            elif chunked:  # joined once its last block ran: one layer's at a time
+                parts.setdefault(i, []).append(act.detach())
+                if where["a"] == last:
+                    results[i] = fn(torch.cat(parts.pop(i), 1))
+            else:
+                results[i] = fn(act.detach())
         return hook
 
     tokens = tokens.to(device)
-    kwargs = _forward_kwargs(model, tokens, None if mask is None else mask.to(device), False)
-    with torch.no_grad(), eager(model), eval_mode(model), \
-            hooks_at_sites(model, [(n, call(i, fn)) for i, (n, fn) in enumerate(reducers)]):
-        model(tokens, **kwargs)
-    missing = sorted({reducers[i][0] for i in range(len(reducers)) if i not in results})
+    hooks = [(n, call(i, fn)) for i, (n, fn) in enumerate(reducers)]
+    if chunked:
+        from .chunked import check_chunked_pass, chunked_pass
+
+        check_chunked_pass(model)  # before the hooks go on: its probe must not reach them
+
+        def at(a, _b):
+            where["a"] = a
+
+        with hooks_at_sites(model, hooks):
+            chunked_pass(model, tokens, mask, query_block, on_block=at)
+    else:
+        kwargs = _forward_kwargs(model, tokens, None if mask is None else mask.to(device), False)
+        with torch.no_grad(), eager(model), eval_mode(model), hooks_at_sites(model, hooks):
+            model(tokens, **kwargs)
+    missing = sorted({reducers[i][0] for i in range(len(reducers)) if i not in fired})
     if missing:
         raise ValueError(f"hooks {missing} did not fire during the forward pass")
+    for i, (_, fn) in enumerate(reducers):
+        if hasattr(fn, "add"):
+            results[i] = fn.result()
     return [results[i] for i in range(len(reducers))]
+
+
+_ATTENTION_HOOK = re.compile(r"hook_(pattern|attn_scores)$")
 
 
 def _hook_point():
