@@ -21,6 +21,19 @@ FAMILY_NAMES = ("base", "heads8", "deep", "wide", "halfdata-lr")
 FAMILY_SETS = {"design1": "families", "design2": "families-design2"}
 
 
+def _query_block(text: str):
+    """``--query-block``: a positive integer, ``auto`` or ``none``."""
+    if text in ("auto", "none"):
+        return None if text == "none" else "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, 'auto' or 'none', got {text!r}")
+    return value
+
+
 def _index_items(text: str) -> list[int]:
     """One ``--layers``/``--heads`` item: ``5`` or an inclusive range ``17-20``; the range
     check against the model is :func:`posinterp.experiments.inspect.run_inspect`'s."""
@@ -344,7 +357,8 @@ def _inspect(args: argparse.Namespace) -> int:
                       batch=args.batch, ablate="attribution" if approx else args.ablate,
                       exact_top_k=args.ablate_approx if approx else 20, seed=args.seed,
                       max_pattern_tokens=args.max_pattern_tokens, progress=not args.no_progress,
-                      device=args.device, input_kind=args.input, layers=layers, heads=heads)
+                      device=args.device, input_kind=args.input, layers=layers, heads=heads,
+                      query_block=args.query_block)
     from .dashboard.schema import head_wide
 
     wide = head_wide(res.table)
@@ -521,6 +535,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--heads", type=_index_items, nargs="+", default=None, metavar="H",
                    help="inspect only these heads in every inspected layer, e.g. --heads 4-6 "
                    "(default: all; checked against the model's n_heads)")
+    i.add_argument("--query-block", type=_query_block, default="auto", metavar="N",
+                   help="run the forward pass N positions at a time through the model's KV "
+                   "cache, so no layer's tokens x tokens attention is made (memory per head: "
+                   "N x tokens); 'auto' (default): 512 past 2,048 tokens where the model's "
+                   "pass in blocks is verified; 'none': never")
     i.add_argument("--out", type=_out_folder, default="posinterp-inspect",
                    help="output folder (default posinterp-inspect)")
     i.add_argument("--compare", default=None, metavar="SPEC_B",

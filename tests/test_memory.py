@@ -45,7 +45,8 @@ def test_inspect_out_of_memory_is_one_line_exit_2_and_writes_nothing(tmp_path, m
                  "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("posinterp: error: out of memory inspecting 3 x 24")
-    assert "need about" in err[0] and "--layers" in err[0] and "Traceback" not in err[0]
+    assert "needs about" in err[0] and "--layers" in err[0] and "--query-block" in err[0]
+    assert "Traceback" not in err[0]
     assert not out.exists()
 
 

@@ -25,6 +25,41 @@ from ._checks import masked_scores
 
 #: float64 elements of one query block across heads (64 MB): the working set's unit
 BLOCK_ELEMENTS = 1 << 23
+#: ``query_block="auto"``: inputs longer than this run in blocks of QUERY_BLOCK positions
+#: through the model's KV cache where it has a verified one (one layer's whole pattern
+#: at 2,048 tokens is 9 heads x 16 MB on SmolLM2; at 8,192, 2.4 GB and its softmax copies)
+AUTO_BLOCK_TOKENS = 2048
+QUERY_BLOCK = 512
+
+
+def resolve_query_block(model, n: int, query_block) -> int | None:
+    """The ``query_block`` a hook-time analysis of ``n`` positions runs with (see
+    :func:`posinterp.models.backend.run_reduced`): None (each layer's whole pattern at
+    once), a positive int, or ``"auto"``: :data:`QUERY_BLOCK` where ``n`` >
+    :data:`AUTO_BLOCK_TOKENS` and the model's pass in blocks is verified
+    (:func:`~posinterp.models.backend.check_chunked_pass`), else None.
+
+    Raises:
+        ValueError: ``query_block`` none of those.
+        MissingFeatureError: an int on a model whose pass in blocks is refused.
+    """
+    from ..models.backend import MissingFeatureError, check_chunked_pass
+
+    if query_block is None:
+        return None
+    if query_block == "auto":
+        if n <= AUTO_BLOCK_TOKENS:
+            return None
+        try:
+            check_chunked_pass(model)
+        except MissingFeatureError:
+            return None
+        return QUERY_BLOCK
+    if isinstance(query_block, bool) or not isinstance(query_block, int) or query_block < 1:
+        raise ValueError(f"query_block must be None, 'auto' or a positive integer, got "
+                         f"{query_block!r}")
+    check_chunked_pass(model)
+    return query_block
 
 
 @dataclass
@@ -107,14 +142,16 @@ class AttentionReduction:
     ``n``: the input's positions (padded); ``batch``, ``heads``: of the values to come;
     the other arguments as :func:`reduce_attention`'s. :meth:`add` takes rows
     ``row_start .. row_start + r - 1`` with keys ``0 .. row_start + r - 1`` (padded
-    coordinates); :meth:`result` gives the sums.
+    coordinates); :meth:`result` gives the sums. ``select``: keep only these heads of
+    each block (``heads`` = their number).
     """
 
     def __init__(self, batch: int, heads: int, n: int, attention_mask: Tensor | None = None, *,
                  kernel: bool = True, scores: bool = False, start: int = 1,
                  tokens: Tensor | None = None, views: dict[int, int] | None = None,
-                 block_elements: int = BLOCK_ELEMENTS):
+                 block_elements: int = BLOCK_ELEMENTS, select: list[int] | None = None):
         self.n, self.start, self.block_elements = n, start, block_elements
+        self.select = select  # these heads of what add() gets (``heads`` of them)
         self.idx = [_real_positions(attention_mask, s, n) for s in range(batch)]
         self.contiguous = [len(i) == n for i in self.idx]  # no pads: rows slice directly
         out = self.out = BlockStats()
@@ -141,6 +178,8 @@ class AttentionReduction:
         if values.shape[3] != row_start + r:
             raise ValueError(f"a block of rows {row_start}..{row_start + r - 1} needs keys "
                              f"0..{row_start + r - 1}; got {values.shape[3]} keys")
+        if self.select is not None:
+            values = values[:, self.select]
         for s, idx in enumerate(self.idx):
             src = values[s].detach()
             if self.contiguous[s]:

@@ -132,9 +132,10 @@ def run_cached(model, tokens: torch.Tensor, mask: torch.Tensor | None, names_fil
     return backend_run_cached(model, tokens, mask, names_filter, return_logits)
 
 
-def run_reduced(model, tokens: torch.Tensor, mask: torch.Tensor | None, reducers) -> list:
+def run_reduced(model, tokens: torch.Tensor, mask: torch.Tensor | None, reducers,
+                query_block: int | None = None) -> list:
     """A forward pass reducing each hook as it fires: see
     :func:`posinterp.models.backend.run_reduced`."""
     from ..models.backend import run_reduced as backend_run_reduced
 
-    return backend_run_reduced(model, tokens, mask, reducers)
+    return backend_run_reduced(model, tokens, mask, reducers, query_block=query_block)

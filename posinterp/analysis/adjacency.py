@@ -24,9 +24,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..models.backend import hooks_at_sites
 from ._adjacency_kernel import batch_counts, row_counts
-from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_cached
+from ._checks import check_attention_mask, check_tokens, lengths_from_mask, run_reduced
 from .similarity import SITES, cosine_self_similarity, site_hooks
 
 __all__ = ["AdjacencyScore", "adjacency_by_layer", "adjacency_row", "adjacency_score"]
@@ -171,6 +170,7 @@ def adjacency_by_layer(
     ties: Ties = "half",
     per_position: bool = False,
     sites=SITES,
+    query_block: int | str | None = "auto",
 ) -> pd.DataFrame:
     """Adjacency score at the embedding and, per layer, at the attention output, after the
     attention sublayer, at the MLP output and after the block.
@@ -194,6 +194,11 @@ def adjacency_by_layer(
             (mean over the sequences that have it).
         sites: hook suffixes per layer, among ``("attn_out", "resid_mid", "mlp_out",
             "resid_post")`` (all by default; a model's missing hooks are skipped).
+        query_block: run the forward pass this many positions at a time through the
+            model's KV cache, so no layer's ``[pos, pos]`` attention is made (each hook is
+            scored once its last block ran); ``"auto"`` (default): blocks of 512 past
+            2,048 tokens where the model's pass in blocks is verified, else one pass
+            (:func:`~posinterp.analysis._attention_blocks.resolve_query_block`).
 
     Returns:
         Tidy DataFrame with columns ``hook, layer, head, position, metric, value,
@@ -202,13 +207,19 @@ def adjacency_by_layer(
 
     Raises:
         ValueError: for tokens longer than ``n_ctx``, a malformed mask, fewer than 3 real
-            tokens in a sequence, an unknown ``ties`` or an unknown site.
+            tokens in a sequence, an unknown ``ties``, an unknown site or a bad
+            ``query_block``.
+        MissingFeatureError: an int ``query_block`` on a model whose pass in blocks is
+            refused (:func:`~posinterp.models.backend.check_chunked_pass`).
     """
+    from ._attention_blocks import resolve_query_block
+
     tokens = check_tokens(model, tokens)
     mask = check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
     fwd_hooks, table = adjacency_hooks(model, tokens, mask, ties, per_position, sites)
-    with hooks_at_sites(model, fwd_hooks):
-        run_cached(model, tokens, mask, lambda n: False)
+    block = resolve_query_block(model, tokens.shape[1], query_block)
+    run_reduced(model, tokens, mask, [(name, lambda a, fn=fn: fn(a, hook=None))
+                                      for name, fn in fwd_hooks], query_block=block)
     return table()
 
 

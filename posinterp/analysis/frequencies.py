@@ -590,6 +590,31 @@ def positional_score_hooks(model, layers=None) -> set[str]:
 POSITIONAL_TOKENS = 512
 
 
+def _prefix_order(mask, batch: int, pos: int, max_tokens: int) -> Tensor | None:
+    """``[batch, <= max_tokens]`` indices of each sequence's first ``max_tokens`` real
+    tokens, real ones first (None where every sequence is that short)."""
+    lengths = torch.full((batch,), pos) if mask is None else mask.sum(-1).cpu()
+    if int(lengths.max()) <= max_tokens:
+        return None
+    return (torch.arange(pos).expand(batch, pos) if mask is None else
+            torch.sort((mask.cpu() == 0).long(), dim=-1, stable=True).indices)[:, :max_tokens]
+
+
+def positional_prefix(tokens: Int[Tensor, "batch pos"], attention_mask=None,
+                      max_tokens: int = POSITIONAL_TOKENS):
+    """``(tokens, mask)`` of each sequence's first ``max_tokens`` real tokens, real ones
+    first (the input itself where every sequence is that short): causal attention makes
+    their q, k and attention those of the whole input's first tokens, so the positional
+    score of this prefix is what :func:`positional_score_capture` reads of the whole
+    (tests/dashboard/test_hook_time.py)."""
+    batch, pos = tokens.shape
+    order = _prefix_order(attention_mask, batch, pos, max_tokens)
+    if order is None:
+        return tokens, attention_mask
+    mask = None if attention_mask is None else attention_mask.cpu().gather(1, order)
+    return tokens.cpu().gather(1, order), mask
+
+
 def positional_score_capture(model, tokens: Int[Tensor, "batch pos"],
                              attention_mask: Int[Tensor, "batch pos"] | None = None,
                              layers=None, max_tokens: int = POSITIONAL_TOKENS):
@@ -611,13 +636,7 @@ def positional_score_capture(model, tokens: Int[Tensor, "batch pos"],
     names = _score_hooks(model, range(model.cfg.n_layers) if layers is None else layers)
     batch, pos = tokens.shape
     mask = attention_mask
-    lengths = (torch.full((batch,), pos) if mask is None else mask.sum(-1).cpu())
-    whole = int(lengths.max()) <= max_tokens
-    if whole:
-        order = None
-    else:  # real tokens first, in order; the first max_tokens of them
-        order = (torch.arange(pos).expand(batch, pos) if mask is None else
-                 torch.sort((mask.cpu() == 0).long(), dim=-1, stable=True).indices)[:, :max_tokens]
+    order = _prefix_order(mask, batch, pos, max_tokens)
 
     def cut(act, square: bool):
         if order is None:

@@ -36,7 +36,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .._validate import check_indices, is_int
-from ..analysis._attention_blocks import reduce_attention
+from ..analysis._attention_blocks import AttentionReduction, reduce_attention, resolve_query_block
 from ..analysis._checks import (
     check_attention_mask,
     check_tokens,
@@ -50,6 +50,7 @@ from ..analysis.frequencies import (
     band_label,
     frequency_bands,
     inspection_frequency_rows,
+    positional_prefix,
     positional_score_capture,
 )
 from ..analysis.heads import induction_targets, repeated_random_tokens
@@ -159,6 +160,20 @@ class Inspection:
         models = self.table["model"].dropna().unique() if "model" in self.table else []
         title = "posinterp inspect" + (f": {models[0]}" if len(models) else "")
         return notebook_html(inspect_page(self, title), height=900)
+
+
+class _Ticking:
+    """A row reducer (``add``/``result``) that calls ``tick`` after each block it adds."""
+
+    def __init__(self, reducer, tick):
+        self.reducer, self.tick = reducer, tick
+
+    def add(self, rows, row_start):
+        self.reducer.add(rows, row_start)
+        self.tick()
+
+    def result(self):
+        return self.reducer.result()
 
 
 def _digest(*parts) -> str:
@@ -388,6 +403,7 @@ def inspect_heads(
     induction_tokens: int = 32,
     pattern_sequences: int = 4,
     max_positional_tokens: int = POSITIONAL_TOKENS,
+    query_block: int | str | None = "auto",
 ) -> Inspection:
     """Inspect every head of ``model`` on ``tokens``: kernel, scores, spectrum, ablations.
 
@@ -439,6 +455,12 @@ def inspect_heads(
         max_positional_tokens: RoPE models' ``positional_score`` reads the first this
             many real tokens of each sequence (its permutations cost n² d_head per head;
             a note says when it cut). Everything else reads every token.
+        query_block: run the pass this many positions at a time through the model's KV
+            cache (:func:`posinterp.models.backend.run_reduced`): each layer's kernels,
+            scores and views are reduced from the rows each block fires, so no layer's
+            ``[pos, pos]`` pattern is made (memory O(block x pos) per head); ``"auto"``
+            (default): blocks of 512 past 2,048 tokens where the model's pass in blocks
+            is verified, else the whole pattern of one layer at a time; None: never.
 
     Returns:
         :class:`Inspection`; its ``table`` has one row per (layer, head, metric, offset,
@@ -464,9 +486,11 @@ def inspect_heads(
             bidirectional model, ``max_offset``/``max_pattern_tokens``/``n_null`` < 1, a negative
             ``explain_values``/``induction_tokens``, ``pattern_sequences`` < 1, or
             ``layers``/``heads`` outside ``[0, n_layers)``/``[0, n_heads)`` or repeated
-            (named, with the range).
+            (named, with the range), a bad ``query_block``.
         MissingFeatureError: (a ValueError) on a model with multi-head latent attention,
-            before any forward pass (:func:`posinterp.models.backend.check_not_mla`).
+            before any forward pass (:func:`posinterp.models.backend.check_not_mla`); an
+            int ``query_block`` on a model whose pass in blocks is refused
+            (:func:`posinterp.models.backend.check_chunked_pass`).
     """
     from ..models.backend import check_not_mla
 
@@ -520,10 +544,16 @@ def inspect_heads(
             notes.append(f"Layer {layer}: no pre-softmax score kernel ({err}).")
     # RoPE: the positional score's verified q/k hooks ride on the same pass (their first
     # max_positional_tokens real tokens)
+    block_rows = resolve_query_block(model, pos, query_block)
     capture = None
     if positional_type(model) == "rotary":
+        # in blocks, the q/k and attention of the first tokens come from their own short
+        # pass (causal: the same numbers), as no block holds their square pattern
+        pos_toks, pos_mask = ((tokens, mask) if block_rows is None else
+                              positional_prefix(tokens, mask, max_positional_tokens))
         try:
-            capture = positional_score_capture(model, tokens, mask, sel[0], max_positional_tokens)
+            capture = positional_score_capture(model, pos_toks, pos_mask, sel[0],
+                                               max_positional_tokens)
         except MissingFeatureError:
             pass  # the score is left out with a note below
     first_len = int(lengths[0])
@@ -549,30 +579,36 @@ def inspect_heads(
     # point the same way.
     from .._progress import tqdm
 
-    # a bar per layer where the input is long enough for a pass to take a while
-    bar = tqdm(total=len(layers), desc="layers", unit="layer", leave=False,
+    # a bar per layer (and block) where the input is long enough for a pass to take a while
+    n_blocks = 1 if block_rows is None else -(-pos // block_rows)
+    bar = tqdm(total=len(layers) * n_blocks, desc="layers" if n_blocks == 1 else "layer blocks",
+               unit="layer" if n_blocks == 1 else "block", leave=False,
                disable=not progress or pos < LAYER_PROGRESS_TOKENS)
+    pick = None if all_heads else list(heads)
 
-    def pattern_stats(p):
-        st = reduce_attention(chosen(p), mask, scores=True, tokens=tokens, views=view_blocks)
-        bar.update()
-        return st
+    def rows(**kw):
+        return AttentionReduction(batch, len(heads), pos, mask, select=pick, **kw)
 
-    reducers = [(f"blocks.{layer}.attn.hook_pattern", pattern_stats) for layer in layers]
-    reducers += [(score_hooks[layer], lambda x: reduce_attention(chosen(x), mask))
-                 for layer in layers if layer in score_hooks]
+    reducers = [(f"blocks.{layer}.attn.hook_pattern",
+                 _Ticking(rows(scores=True, tokens=tokens, views=view_blocks), bar.update))
+                for layer in layers]
+    reducers += [(score_hooks[layer], rows()) for layer in layers if layer in score_hooks]
     n_stats = len(reducers)
-    if capture is not None:
-        reducers += capture[0]
     adj_hooks, adj_table = adjacency_hooks(model, tokens, mask,
                                            sites=("attn_out", "resid_mid", "resid_post"), layers=sel[0])
     reducers += [(name, lambda a, fn=fn: fn(a, hook=None)) for name, fn in adj_hooks]
+    pos_results = []
+    if capture is not None and block_rows is None:  # rides on the same pass
+        reducers += capture[0]
     try:
-        results = run_reduced(model, tokens, mask, reducers)
+        results = run_reduced(model, tokens, mask, reducers, query_block=block_rows)
+        if capture is not None:
+            pos_results = (results[-len(capture[0]):] if block_rows is None else
+                           run_reduced(model, pos_toks, pos_mask, capture[0]))
     finally:
         bar.close()
     stats = dict(zip([name for name, _ in reducers[:n_stats]], results[:n_stats], strict=True))
-    pos_inputs = capture[1](results[n_stats:n_stats + len(capture[0])]) if capture else None
+    pos_inputs = capture[1](pos_results) if capture else None
     frames, patterns = [], {}
     more = {s: {} for s in shown_seqs}  # the picker's other input sequences
     for layer in layers:

@@ -158,7 +158,8 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
                 n_tokens: int = 64, batch: int = 8, ablate: bool | str = False,
                 exact_top_k: int = 20, seed: int = 0,
                 max_pattern_tokens: int = 96, progress: bool = True,
-                device=None, input_kind: str = "random", layers=None, heads=None) -> InspectResult:
+                device=None, input_kind: str = "random", layers=None, heads=None,
+                query_block: int | str | None = "auto") -> InspectResult:
     """Inspect every head of the model ``spec`` and write the page to ``out_dir``.
 
     Args:
@@ -186,6 +187,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             ``--layers``).
         heads: in each selected layer, only these heads (a list of indices; None: all),
             checked as ``layers`` is (errors name ``--heads``).
+        query_block: see :func:`posinterp.inspect_heads` (``--query-block``).
 
     Raises:
         posinterp.io.FolderInUse: (a ValueError) another run holds ``out_dir``; refused
@@ -242,20 +244,23 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
     try:
         res = inspect_heads(model, tokens, mask, ablate=ablate, exact_top_k=exact_top_k,
                             seed=seed, model_name=str(spec), max_pattern_tokens=max_pattern_tokens,
-                            progress=progress, layers=layers, heads=heads)
+                            progress=progress, layers=layers, heads=heads,
+                            query_block=query_block)
     except (MemoryError, RuntimeError) as err:
         from .._memory import InputTooLargeError, attention_bytes, gib, is_out_of_memory
 
         if not is_out_of_memory(err):
             raise
-        n_layers = len(layers) if layers is not None else model.cfg.n_layers
-        need = attention_bytes(n_layers, model.cfg.n_heads, *tokens.shape, tensors=2)
+        # reduced at hook time: one layer's eager attention (scores, masked scores,
+        # softmax, pattern) is the working set, unless it ran in query blocks
+        need = attention_bytes(1, model.cfg.n_heads, *tokens.shape, tensors=4)
         raise InputTooLargeError(
             f"out of memory inspecting {tokens.shape[0]} x {tokens.shape[1]} tokens of {spec}: "
-            f"the attention patterns and scores of {n_layers} layers x {model.cfg.n_heads} "
-            f"heads alone need about {gib(need)} (layers x heads x batch x tokens^2 x 4 bytes, "
-            f"twice); use fewer tokens (a shorter --text, --tokens, --batch) or fewer layers "
-            f"(--layers); nothing was written") from None
+            f"one layer's attention ({model.cfg.n_heads} heads, scores and pattern with their "
+            f"softmax copies) needs about {gib(need)} (heads x batch x tokens^2 x 4 bytes, four "
+            f"times); use fewer tokens (a shorter --text, --tokens, --batch), fewer layers "
+            f"(--layers) or the pass in blocks of query rows (--query-block 256, where the "
+            f"model has a KV cache); nothing was written") from None
     res.notes[:0] = notes
     out.mkdir(parents=True, exist_ok=True)
     with atomic_path(out / "heads.csv") as tmp:

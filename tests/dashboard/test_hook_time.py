@@ -137,3 +137,50 @@ def test_head_scores_reduced_at_hook_time_equal_the_cached_pass(tmp_path, name):
         np.testing.assert_allclose(got, want["previous_token_score"].mean(0).numpy(), atol=1e-9)
         got = ind[ind.layer == layer].sort_values("head").value.to_numpy()
         np.testing.assert_allclose(got, _means(want["induction"]), atol=1e-9)
+
+
+def _same_tables(a, b, atol):
+    key = ["metric", "hook", "layer", "head", "offset", "rank", "ablation"]
+    key = [k for k in key if k in a.columns]
+    a = a.sort_values(key, na_position="first").reset_index(drop=True)
+    b = b.sort_values(key, na_position="first").reset_index(drop=True)
+    assert len(a) == len(b) and (a.metric.to_numpy() == b.metric.to_numpy()).all()
+    np.testing.assert_allclose(b.value.to_numpy(float), a.value.to_numpy(float), atol=atol,
+                               rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["qwen2", "mistral-sliding-16", "toy-rotary", "toy-alibi"])
+def test_inspect_in_query_blocks_equals_the_whole_pass(tmp_path, name):
+    """inspect_heads and adjacency_by_layer run in blocks of query rows through the
+    model's KV cache give the tables of the whole pass (float32 q.k in another order:
+    1e-5); padded either side and with gaps. TL 4's native toys have no cache and are
+    refused by name (query_block='auto' falls back to the whole pass)."""
+    from posinterp.analysis import adjacency_by_layer
+    from posinterp.models import backend, load_model
+
+    if name.startswith("toy"):
+        model = tiny_model(name.split("-")[1])
+    else:
+        arch, make, _ = parity_cases()[name]
+        save_tiny_checkpoint(arch, make(), tmp_path / name)
+        model, _ = load_model(str(tmp_path / name), device="cpu")
+    tokens = torch.randint(4, 12, (3, N), generator=torch.Generator().manual_seed(4))
+    mask = _masks(3)
+    kw = dict(n_null=20, explain_values=0, induction_tokens=0)
+    whole = inspect_heads(model, tokens, mask, query_block=None, **kw)
+    try:
+        backend.check_chunked_pass(model)
+    except backend.MissingFeatureError:
+        assert backend.is_bridge(model)  # TL 4 native toys only
+        with pytest.raises(backend.MissingFeatureError, match="query-block pass"):
+            inspect_heads(model, tokens, mask, query_block=4, **kw)
+        return
+    blocks = inspect_heads(model, tokens, mask, query_block=4, **kw)
+    _same_tables(whole.table, blocks.table, atol=1e-5)
+    for layer, view in whole.patterns.items():
+        torch.testing.assert_close(blocks.patterns[layer], view, atol=1e-6, rtol=0)
+    a = adjacency_by_layer(model, tokens, mask, query_block=None)
+    b = adjacency_by_layer(model, tokens, mask, query_block=5)
+    np.testing.assert_allclose(b.value.to_numpy(float), a.value.to_numpy(float), atol=1e-6)
+    with pytest.raises(ValueError, match="query_block must be"):
+        adjacency_by_layer(model, tokens, mask, query_block=0)
