@@ -12,6 +12,8 @@ thread:
 
 * ``forward``: load the model, then time one ``model(tokens, return_type=None)`` under
   ``torch.no_grad()`` (the pass every analysis needs at least once);
+* ``forward_blocks``: the same pass in blocks of 512 positions through the model's KV
+  cache (``backend.chunked_pass``, what ``query_block="auto"`` runs past 2,048 tokens);
 * ``inspect``: ``posinterp inspect MODEL --text FILE --out DIR`` (the CLI, in process:
   its time includes loading the model and writing the page; the ratio to the forward
   pass is conservative by the load time, printed beside it); heads scored in heads.csv;
@@ -68,6 +70,17 @@ JOBS = {
         print(json.dumps({"seconds": s, "load_s": load_s, "tokens": int(tokens.shape[1]),
                           "loaded_rss_mb": loaded, "peak_rss_mb": rss()}))
     """),
+    "forward_blocks": COMMON + textwrap.dedent("""
+        from posinterp.models.backend import chunked_pass
+        model, tokens, mask, load_s = load()
+        loaded = rss()
+        chunked_pass(model, tokens[:, :8], mask[:, :8], 3)  # verified here, not timed
+        t0 = time.perf_counter()
+        chunked_pass(model, tokens, mask, 512)
+        s = time.perf_counter() - t0
+        print(json.dumps({"seconds": s, "load_s": load_s, "tokens": int(tokens.shape[1]),
+                          "loaded_rss_mb": loaded, "peak_rss_mb": rss()}))
+    """),
     "inspect": COMMON + textwrap.dedent("""
         import csv
         from posinterp.cli import main
@@ -110,7 +123,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tokens", default="512,2048,4096,8192")
-    p.add_argument("--jobs", default="forward,inspect,adjacency")
+    p.add_argument("--jobs", default="forward,forward_blocks,inspect,adjacency")
     a = p.parse_args()
     if not MODEL.exists():
         raise SystemExit(f"needs {MODEL}")
