@@ -3,6 +3,9 @@
 
 * :func:`attention_kernel`: per sequence, the mean attention weight (or pre-softmax score)
   at each key offset Δ = j - i <= 0 (Δ = -1 is the previous token, docs/spectra.md);
+* :func:`kernel_bins`, :func:`binned_kernel`: that kernel with every lag up to
+  :data:`DENSE_LAGS` and log-spaced lag bins beyond (a long input's kernel in a few
+  hundred values instead of n);
 * :func:`head_scores`: previous-token, self and first-token scores (queries i >= 1);
 * :func:`t_interval`: the mean over sequences with a two-sided Student-t interval
   (sequences are the independent units);
@@ -27,8 +30,13 @@ from ._attention_blocks import reduce_attention
 from ._checks import check_attention_mask, lengths_from_mask
 from .spectral import random_small_forms, small_form_eigenvalues
 
-__all__ = ["attention_kernel", "block_labels", "compact_pattern", "head_scores", "null_band",
-           "pool_pattern", "t_interval"]
+__all__ = ["DENSE_LAGS", "attention_kernel", "binned_kernel", "block_labels", "compact_pattern",
+           "head_scores", "kernel_bins", "null_band", "pool_pattern", "t_interval"]
+
+#: lags 0 .. DENSE_LAGS - 1 keep one kernel value each; longer lags are pooled into
+#: BINS_PER_OCTAVE bins per doubling of the lag (each 2^(1/16) = 4.4 % wide)
+DENSE_LAGS = 256
+BINS_PER_OCTAVE = 16
 
 
 def compact_pattern(values: Float[Tensor, "batch head query key"],
@@ -140,6 +148,44 @@ def attention_kernel(values: Float[Tensor, "batch head query key"],
     mask = check_attention_mask(attention_mask, (b, n))
     # in query blocks: a few block-sized copies, not several of the whole tensor
     return reduce_attention(values, mask, kernel=True).kernel()
+
+
+def kernel_bins(n_lags: int, dense: int = DENSE_LAGS,
+                per_octave: int = BINS_PER_OCTAVE) -> list[tuple[int, int]]:
+    """Lag bins ``[lo, hi)`` covering lags 0 .. ``n_lags`` - 1: one lag each below
+    ``dense``, then edges ``lo_{k+1} = max(lo_k + 1, round(dense * 2^((k+1)/per_octave)))``
+    (log-spaced: ``per_octave`` bins per doubling), the last cut at ``n_lags``.
+
+    Raises:
+        ValueError: ``n_lags``, ``dense`` or ``per_octave`` below 1.
+    """
+    for name, v in (("n_lags", n_lags), ("dense", dense), ("per_octave", per_octave)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    bins = [(lag, lag + 1) for lag in range(min(dense, n_lags))]
+    k, lo = 0, dense
+    while lo < n_lags:
+        k += 1
+        hi = min(n_lags, max(lo + 1, round(dense * 2 ** (k / per_octave))))
+        bins.append((lo, hi))
+        lo = hi
+    return bins
+
+
+def binned_kernel(kernel_sum: Float[Tensor, "... lag"], kernel_count: Float[Tensor, "... lag"],
+                  bins: list[tuple[int, int]]) -> Float[Tensor, "... bin"]:
+    """The kernel over lag bins: per bin ``[lo, hi)``, the mean weight (or score) over
+    every query-key pair whose lag i - j lies in it, i.e. the bin's summed values over
+    its summed pair counts (``kernel_sum``/``kernel_count`` by lag, as
+    :class:`~posinterp.analysis._attention_blocks.BlockStats` holds them); NaN where
+    no pair has such a lag. A one-lag bin is :func:`attention_kernel`'s value. float64.
+    """
+    edges = torch.tensor([0] + [hi for _, hi in bins])
+    cs = torch.nn.functional.pad(kernel_sum.double().cumsum(-1), (1, 0))
+    cc = torch.nn.functional.pad(kernel_count.double().cumsum(-1), (1, 0))
+    s = cs[..., edges[1:]] - cs[..., edges[:-1]]
+    c = cc[..., edges[1:]] - cc[..., edges[:-1]]
+    return torch.where(c > 0, s / c.clamp_min(1), torch.nan)
 
 
 def head_scores(pattern: Float[Tensor, "batch head query key"],

@@ -108,10 +108,14 @@ function seriesOf(metric, l, h) {
 // Width of a text at the page's 10 px SVG font, a bound for digits, signs and letters.
 const CHAR_PX = 6.5;
 const textPx = t => CHAR_PX * String(t).length;
-function linePlot(title, rows, ylab) {
+function linePlot(title, rows, ylab, denseLags = null) {
   const W = 360, H = 180, R = 10, T = 18, B = 30;
   const pts = rows.filter(r => r.value !== null);
-  const xs = pts.map(r => r.offset);
+  // binned long-range offsets (denseLags: META.kernel_dense_lags): the axis is
+  // log(1 + |Δ|), so the dense short lags and the bins out to Δ = -(n - 1) stay readable
+  const logx = denseLags != null;
+  const tx = x => logx ? -Math.log10(1 + Math.abs(x)) : x;
+  const xs = pts.map(r => tx(r.offset));
   const ys = pts.flatMap(r => [r.value, r.ci_low, r.ci_high]).filter(v => v !== null);
   const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
   let y0 = Math.min(...ys), y1 = Math.max(...ys); if (y1 === y0) { y1 += 1; y0 -= 1; }
@@ -125,25 +129,34 @@ function linePlot(title, rows, ylab) {
   const Y = y => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const band = pts.filter(r => r.ci_low !== null && r.ci_high !== null);
   if (band.length > 1) {
-    const up = band.map(r => X(r.offset) + ',' + Y(r.ci_high));
-    const dn = band.slice().reverse().map(r => X(r.offset) + ',' + Y(r.ci_low));
+    const up = band.map(r => X(tx(r.offset)) + ',' + Y(r.ci_high));
+    const dn = band.slice().reverse().map(r => X(tx(r.offset)) + ',' + Y(r.ci_low));
     s.appendChild(svg('polygon', {points: up.concat(dn).join(' '), fill: '#9ecae1', opacity: 0.6}));
   }
-  s.appendChild(svg('polyline', {points: pts.map(r => X(r.offset) + ',' + Y(r.value)).join(' '),
+  s.appendChild(svg('polyline', {points: pts.map(r => X(tx(r.offset)) + ',' + Y(r.value)).join(' '),
                                  fill: 'none', stroke: '#08519c', 'stroke-width': 1.5}));
-  for (const r of pts) s.appendChild(svg('circle', {cx: X(r.offset), cy: Y(r.value), r: 1.8, fill: '#08519c'}));
+  for (const r of pts) s.appendChild(svg('circle', {cx: X(tx(r.offset)), cy: Y(r.value), r: 1.8, fill: '#08519c'}));
   s.appendChild(svg('line', {x1: L, x2: W - R, y1: H - B, y2: H - B, stroke: '#666'}));
   s.appendChild(svg('line', {x1: L, x2: L, y1: T, y2: H - B, stroke: '#666'}));
-  // integer offsets, spaced so that the widest label fits between two ticks
-  const widest = Math.max(textPx(String(x0)), textPx(String(x1)));
-  const step = Math.max(1, Math.ceil((x1 - x0) / 8), Math.ceil((widest + 6) * (x1 - x0) / (W - L - R)));
-  for (let x = x1; x >= x0; x -= step) {
-    s.appendChild(svg('line', {x1: X(x), x2: X(x), y1: H - B, y2: H - B + 3, stroke: '#666'}));
-    s.appendChild(svg('text', {x: X(x), y: H - B + 13, 'text-anchor': 'middle', class: 'xtick'}, String(x)));
+  // integer offsets, spaced so that the widest label fits between two ticks; on the log
+  // axis 0, -1, -10, -100, ...
+  const ticks = [];
+  if (logx) {
+    for (let d = 0; tx(d) >= x0 - 1e-9; d = d === 0 ? 1 : d * 10) ticks.push(-d);
+  } else {
+    const widest = Math.max(textPx(String(x0)), textPx(String(x1)));
+    const step = Math.max(1, Math.ceil((x1 - x0) / 8), Math.ceil((widest + 6) * (x1 - x0) / (W - L - R)));
+    for (let x = x1; x >= x0; x -= step) ticks.push(x);
+  }
+  for (const x of ticks) {
+    s.appendChild(svg('line', {x1: X(tx(x)), x2: X(tx(x)), y1: H - B, y2: H - B + 3, stroke: '#666'}));
+    s.appendChild(svg('text', {x: X(tx(x)), y: H - B + 13, 'text-anchor': 'middle', class: 'xtick'}, String(x)));
   }
   for (const y of yticks)
     s.appendChild(svg('text', {x: L - 4, y: Y(y) + 3, 'text-anchor': 'end', class: 'ytick'}, fmt(y)));
-  s.appendChild(svg('text', {x: (L + W - R) / 2, y: H - 3, 'text-anchor': 'middle'}, 'key offset Δ = j − i'));
+  s.appendChild(svg('text', {x: (L + W - R) / 2, y: H - 3, 'text-anchor': 'middle'},
+                             logx ? 'key offset Δ = j − i (log scale; bins past Δ = −' + (denseLags - 1) + ')'
+                                  : 'key offset Δ = j − i'));
   s.appendChild(svg('text', {x: 10, y: (T + H - B) / 2, transform: 'rotate(-90 10 ' + (T + H - B) / 2 + ')',
                              'text-anchor': 'middle'}, ylab));
   return s;
@@ -281,8 +294,10 @@ function openCard(id) {
   card.appendChild(t);
   card.appendChild(el('h3', {}, 'Positional kernel'));
   const plots = el('div', {class: 'plots'});
-  plots.appendChild(linePlot('mean attention weight A[i, i+Δ]', seriesOf('kernel_attention', l, h), 'attention'));
-  plots.appendChild(linePlot('mean pre-softmax score', seriesOf('kernel_score', l, h), 'score'));
+  plots.appendChild(linePlot('mean attention weight A[i, i+Δ]', seriesOf('kernel_attention', l, h), 'attention',
+                             META.kernel_dense_lags));
+  plots.appendChild(linePlot('mean pre-softmax score', seriesOf('kernel_score', l, h), 'score',
+                             META.kernel_dense_lags));
   card.appendChild(plots);
   card.appendChild(el('p', {class: 'facts'}, 'Means over each sequence\'s queries, then over sequences; the band is a 95% Student-t interval over sequences.'));
   card.appendChild(el('h3', {}, 'QK eigenvalues (W_K^T W_Q)'));

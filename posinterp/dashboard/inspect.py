@@ -55,7 +55,10 @@ from ..analysis.frequencies import (
 )
 from ..analysis.heads import induction_targets, repeated_random_tokens
 from ..analysis.kernels import (
+    DENSE_LAGS,
+    binned_kernel,
     block_labels,
+    kernel_bins,
     null_band,
     t_interval,
 )
@@ -226,13 +229,16 @@ def _attention_interval(per_seq: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor
     return mean, low.clamp(0.0, 1.0), high.clamp(0.0, 1.0), n
 
 
-def _kernel_rows(layer: int, hook: str, metric: str, per_seq: Tensor, max_lag: int,
-                 head_ids) -> pd.DataFrame:
+def _kernel_rows(layer: int, hook: str, metric: str, stats, bins, head_ids) -> pd.DataFrame:
+    """One row per lag bin (``offset`` = -(the bin's first lag); :func:`kernel_bins`):
+    mean over sequences of each sequence's binned kernel, with its interval."""
     interval = _attention_interval if metric == "kernel_attention" else t_interval
-    mean, low, high, n = interval(per_seq[..., :max_lag])  # [head, lag]
-    heads, lags = mean.shape
-    return _rows(hook=hook, layer=layer, head=np.repeat(np.asarray(head_ids), lags),
-                 offset=np.tile(-np.arange(lags), heads), metric=metric,
+    per_seq = binned_kernel(stats.kernel_sum, stats.kernel_count, bins)
+    mean, low, high, n = interval(per_seq)  # [head, bin]
+    heads, n_bins = mean.shape
+    first = np.asarray([lo for lo, _ in bins])
+    return _rows(hook=hook, layer=layer, head=np.repeat(np.asarray(head_ids), n_bins),
+                 offset=np.tile(-first, heads), metric=metric,
                  value=mean.flatten().numpy(), ci_low=low.flatten().numpy(),
                  ci_high=high.flatten().numpy(), n_sequences=n.flatten().numpy())
 
@@ -425,6 +431,9 @@ def inspect_heads(
             ``loss_change`` only for the ``exact_top_k`` largest estimates.
         exact_top_k: with ``ablate="attribution"``, how many ablations are rerun exactly.
         max_offset: keep kernel rows for Δ >= -max_offset only (default: every offset).
+            Offsets beyond -:data:`~posinterp.analysis.kernels.DENSE_LAGS` + 1 are pooled
+            into log-spaced bins (:func:`~posinterp.analysis.kernels.kernel_bins`; a note
+            says so): a row's ``offset`` is its bin's nearest one.
         max_pattern_tokens: pattern views of a longer sequence are pooled into blocks of
             ceil(n / max_pattern_tokens) tokens (:func:`pool_pattern`; a note states the
             scale); nothing is cut.
@@ -526,6 +535,7 @@ def inspect_heads(
     if (lengths < 3).any():
         raise ValueError(f"every sequence needs at least 3 real tokens; got lengths {lengths.tolist()}")
     max_lag = int(lengths.max()) if max_offset is None else min(int(lengths.max()), max_offset + 1)
+    bins = kernel_bins(max_lag)  # one row per lag up to DENSE_LAGS, log-spaced bins beyond
     notes = []
     if batch < 2:
         notes.append("One sequence: intervals over sequences are not defined (shown empty).")
@@ -614,11 +624,10 @@ def inspect_heads(
     for layer in layers:
         pat_hook = f"blocks.{layer}.attn.hook_pattern"
         st = stats[pat_hook]
-        frames.append(_kernel_rows(layer, pat_hook, "kernel_attention", st.kernel(),
-                                   max_lag, head_ids))
+        frames.append(_kernel_rows(layer, pat_hook, "kernel_attention", st, bins, head_ids))
         if layer in score_hooks:
             frames.append(_kernel_rows(layer, score_hooks[layer], "kernel_score",
-                                       stats[score_hooks[layer]].kernel(), max_lag, head_ids))
+                                       stats[score_hooks[layer]], bins, head_ids))
         per_head = st.scores()
         per_head["induction_score_input"] = st.induction_score()
         for metric, per_seq in per_head.items():
@@ -716,8 +725,14 @@ def inspect_heads(
                 ablate=method or False, pattern_block=block,
                 exact_top_k=exact_top_k if method == "attribution" else None,
                 pattern_tokens=first_len, layers=layers, heads=heads,
+                kernel_dense_lags=DENSE_LAGS if len(bins) < max_lag else None,
                 **input_facts(model, tokens, mask))
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
+    if len(bins) < max_lag:
+        notes.append(f"Kernels hold every offset down to Δ = -{DENSE_LAGS - 1}, then {len(bins) - DENSE_LAGS} "
+                     f"log-spaced offset bins (16 per doubling) down to Δ = -{max_lag - 1}: a row's "
+                     "offset is its bin's nearest offset, the bin runs to the next row's, and its "
+                     "value is the mean over every query-key pair in the bin.")
     meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile
     return Inspection(table, patterns, str_tokens, notes, meta, score_parts=parts, pattern_views=views)

@@ -154,3 +154,43 @@ def test_row_block_needs_its_keys():
     acc = AttentionReduction(1, 2, 10)
     with pytest.raises(ValueError, match="needs keys"):
         acc.add(torch.rand(1, 2, 3, 10), 2)
+
+
+@pytest.mark.parametrize("n_lags,dense", [(1, 256), (256, 256), (257, 256), (8192, 256), (100, 8)])
+def test_kernel_bins_cover_every_lag_once_log_spaced(n_lags, dense):
+    from posinterp.analysis.kernels import kernel_bins
+
+    bins = kernel_bins(n_lags, dense=dense)
+    assert bins[0][0] == 0 and bins[-1][1] == n_lags
+    assert all(a[1] == b[0] for a, b in zip(bins, bins[1:]))  # contiguous, no overlap
+    assert all(hi - lo == 1 for lo, hi in bins if lo < dense)
+    wide = [(lo, hi) for lo, hi in bins if lo >= dense][:-1]  # the last is cut at n_lags
+    # log-spaced: each edge about 2^(1/16) times the last (rounded to whole lags)
+    assert all(abs(hi / lo - 2 ** (1 / 16)) < 1.5 / lo + 1e-9 for lo, hi in wide if lo >= 64)
+    with pytest.raises(ValueError, match="n_lags"):
+        kernel_bins(0)
+
+
+def test_binned_kernel_is_the_mean_over_the_bins_pairs():
+    """A bin's value is the mean of the values of every (query, key) pair with its lag
+    (the whole-tensor definition written out); one-lag bins are the kernel itself."""
+    from posinterp.analysis.kernels import binned_kernel, kernel_bins
+
+    scores, pattern, mask, _ = _batch(n=23, window=9, seed=3)
+    bins = kernel_bins(23, dense=5, per_octave=2)
+    assert len(bins) < 23
+    for values in (scores, pattern):
+        st = reduce_attention(values, mask)
+        got = binned_kernel(st.kernel_sum, st.kernel_count, bins)
+        for s, v in enumerate(_compact(values, mask)):
+            bad = _compact(values[s:s + 1] <= torch.finfo(values.dtype).min, mask[s:s + 1])[0].bool()
+            L = v.shape[-1]
+            i, j = torch.meshgrid(torch.arange(L), torch.arange(L), indexing="ij")
+            for k, (lo, hi) in enumerate(bins):
+                sel = (i - j >= lo) & (i - j < hi) & ~bad[0]
+                want = v[:, sel].mean(-1) if sel.any() else torch.full((v.shape[0],), torch.nan,
+                                                                        dtype=torch.float64)
+                torch.testing.assert_close(got[s, :, k], want, rtol=1e-6, atol=1e-7, equal_nan=True)
+        one = [k for k, (lo, hi) in enumerate(bins) if hi - lo == 1]
+        torch.testing.assert_close(got[..., one], st.kernel()[..., [bins[k][0] for k in one]],
+                                   rtol=1e-12, atol=0, equal_nan=True)

@@ -184,3 +184,31 @@ def test_inspect_in_query_blocks_equals_the_whole_pass(tmp_path, name):
     np.testing.assert_allclose(b.value.to_numpy(float), a.value.to_numpy(float), atol=1e-6)
     with pytest.raises(ValueError, match="query_block must be"):
         adjacency_by_layer(model, tokens, mask, query_block=0)
+
+
+def test_a_long_input_s_kernel_is_binned_past_the_dense_lags(tmp_path):
+    """Past DENSE_LAGS the kernel rows are log-spaced lag bins (the page and heads.csv
+    stay a few hundred rows per head), each the pooled mean over its pairs: the binned
+    row equals the whole pass's pairs averaged by hand."""
+    from posinterp.analysis.kernels import DENSE_LAGS, kernel_bins
+    from posinterp.models import load_model
+
+    arch, make, _ = parity_cases()["qwen2"]
+    save_tiny_checkpoint(arch, make(), tmp_path / "q")
+    model, _ = load_model(str(tmp_path / "q"), device="cpu")
+    n = DENSE_LAGS + 60
+    tokens = torch.randint(4, 12, (2, n), generator=torch.Generator().manual_seed(5))
+    insp = inspect_heads(model, tokens, None, n_null=20, explain_values=0, induction_tokens=0)
+    bins = kernel_bins(n)
+    t = insp.table[(insp.table.metric == "kernel_attention") & (insp.table.layer == 0)
+                   & (insp.table["head"] == 1)].sort_values("offset", ascending=False)
+    assert list(-t.offset) == [lo for lo, _ in bins] and len(bins) < n
+    assert insp.meta["kernel_dense_lags"] == DENSE_LAGS
+    assert any("log-spaced offset bins" in note for note in insp.notes)
+    pattern = run_cached(model, tokens, None, "blocks.0.attn.hook_pattern")[
+        "blocks.0.attn.hook_pattern"][:, 1].double()
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    lo, hi = bins[-2]
+    sel = (i - j >= lo) & (i - j < hi)
+    want = pattern[:, sel].mean(-1).mean().item()  # per sequence, then over sequences
+    assert abs(t[t.offset == -lo].value.item() - want) < 1e-6

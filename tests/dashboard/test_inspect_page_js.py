@@ -87,6 +87,31 @@ def test_kernel_axis_labels_are_whole_and_never_overlap(values):
     assert all(a[1] + 2 <= b[0] for a, b in zip(spans, spans[1:], strict=False)), xt
 
 
+@needs_node
+@pytest.mark.parametrize("n", [4096, 8192])
+def test_binned_kernel_axis_is_logarithmic_with_whole_labels(n):
+    """A long input's kernel (every lag to 255, then log-spaced bins to n - 1) is drawn on
+    a log(1 + |Δ|) axis: ticks 0, -1, -10, -100, -1000 in order, inside the picture and
+    apart, and its points spread over the axis instead of crowding into the last 6 %."""
+    from posinterp.analysis.kernels import DENSE_LAGS, kernel_bins
+
+    rows = [{"offset": -lo, "value": 1 / (1 + lo), "ci_low": None, "ci_high": None}
+            for lo, _ in kernel_bins(n)]
+    code = (_functions("svg", "fmt", "linePlot")
+            + f"\nconst s = linePlot('t', {json.dumps(rows)}, 'attention', {DENSE_LAGS});"
+            "\nconst cx = s.children.filter(c => c.tag === 'circle').map(c => +c.attrs.cx);"
+            "\nconsole.log(JSON.stringify([texts(s, 'xtick'), +s.attrs.width, cx]));")
+    xt, width, cx = json.loads(_node(code))
+    assert [t for _, t, _ in sorted(xt)] == ["-1000", "-100", "-10", "-1", "0"]
+    spans = sorted(_spans(xt))
+    assert spans[0][0] >= 0 and spans[-1][1] <= width
+    assert all(a[1] + 2 <= b[0] for a, b in zip(spans, spans[1:], strict=False)), xt
+    # Δ = -1 .. -10 take a visible share of the axis (linear: 10 of 8,192 lags)
+    span = max(cx) - min(cx)
+    near = [x for x, r in zip(cx, rows, strict=True) if -10 <= r["offset"] <= 0]
+    assert (max(near) - min(near)) / span > 0.2
+
+
 def _freq_rows(theta, unrotated: bool):
     rows = [{"metric": "rotary_frequency", "layer": 0, "head": None, "rank": p, "offset": None,
              "value": t} for p, t in enumerate(theta)]
