@@ -88,8 +88,7 @@ def test_committed_zuo_run_is_the_grid_the_page_claims():
     cfg = run["config"]
     training = pd.read_csv(data / "training.csv")
     pending = pd.DataFrame(run.get("pending", []), columns=["cell", "task", "seed"])
-    labels = [*cfg["task_lengths"], *(f"reversal L{d}" for d in cfg["train_depths"])]
-    for label in labels:
+    for label in zuo2024._labels(cfg):
         done = set(training[training.task == label].seed)
         waiting = set(pending[pending.task == label].seed)
         assert not done & waiting

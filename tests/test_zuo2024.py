@@ -18,6 +18,7 @@ from tests.viz.test_report import external_refs
 
 SMOKE = ReproConfig(model_preset="tiny", train_steps=3, n_samples=300, train_seeds=(0, 1),
                     long_train_steps=4, train_depths=(2,), depth_train_steps=3,
+                    depth_tasks=("reversal", "addition"), depth_task_steps={"addition": 4},
                     long_train_tasks=("addition",),
                     init_seeds=(0, 1), grid_seeds=(0, 1), n_sequences=6, n_tokens=10,
                     n_probe_sequences=8, init_means=(0.0, 4.0), init_stds=(0.002, 0.02, 0.2),
@@ -43,7 +44,9 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     assert set(claims.holds) <= {"yes", "no", "CI spans", "not tested", "not run"}
     # 3 (and 4) training steps never reach the target: no task is scored as trained
     trained = claims[claims.claim.str.contains("after training")]
-    assert len(trained) == 3 * 6 and (trained.holds == "not tested").all()  # 4 tasks, L2, long
+    # 4 tasks, reversal L2, addition L2, addition's long run
+    assert len(trained) == 3 * 7 and (trained.holds == "not tested").all()
+    assert trained.claim.str.endswith("after training: addition L2").sum() == 3
     assert trained.claim.str.contains("addition (long run, <= 4 steps)", regex=False).sum() == 3
     # the probe claims come in both families, the count-matched variance probe among them
     probe = claims[claims.point == "probe"]

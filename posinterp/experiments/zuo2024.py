@@ -128,8 +128,9 @@ class ReproConfig:
 
     Per task (keys of ``task_lengths``): ``task_steps`` (max steps; default
     ``train_steps``), ``task_seeds`` (default ``train_seeds``) and ``task_samples``
-    (train and test samples each; default ``n_samples``). ``train_depths``: reversal
-    trained at each of these depths too (at most ``depth_train_steps`` steps).
+    (train and test samples each; default ``n_samples``). ``train_depths``: the
+    ``depth_tasks`` trained at each of these depths too (at most
+    ``depth_task_steps[task]`` steps, default ``depth_train_steps``).
     ``grid_dtype``: the dtype of the init mean x std grid.
     """
 
@@ -153,6 +154,8 @@ class ReproConfig:
     widths: tuple[int, ...] = (64, 192, 384, 768)
     train_depths: tuple[int, ...] = (6, 12)
     depth_train_steps: int = 800
+    depth_tasks: tuple[str, ...] = ("reversal",)
+    depth_task_steps: dict = field(default_factory=dict)
     # A longer run (first training seed) of tasks the step budget may not train: it tests
     # whether "untrained at this budget" is only a budget limit, instead of saying so.
     long_train_tasks: tuple[str, ...] = ()
@@ -241,7 +244,8 @@ def _train_spec(config: ReproConfig, task: str, seed: int, n_layers: int | None 
     tc = TaskConfig(task, min_digits=lo, max_digits=hi, seed=seed, n_train=n, n_test=n)
     overrides = {} if n_layers is None else {"n_layers": n_layers}
     mc = preset(config.model_preset, seed=seed, **overrides)
-    max_steps = steps or (config.depth_train_steps if n_layers is not None
+    max_steps = steps or (config.depth_task_steps.get(task, config.depth_train_steps)
+                          if n_layers is not None
                           else config.task_steps.get(task, config.train_steps))
     trc = TrainConfig(max_steps=max_steps, eval_every=100, warmup_steps=50,
                       target_accuracy=THRESHOLDS["target_accuracy"], seed=seed)
@@ -415,8 +419,9 @@ def _cells(config: ReproConfig, out: Path, progress: bool, device) -> list[list[
               for d, s in (("random_tokens", "init"), ("random_tokens", "trained"),
                            ("reversal_strings", "trained"))
               for seed in config.seeds_of("reversal")]
-    rest = [train_cell("reversal", seed, n_layers=depth, label=f"reversal L{depth}")
-            for depth in config.train_depths for seed in config.seeds_of("reversal")]
+    rest = [train_cell(task, seed, n_layers=depth, label=f"{task} L{depth}")
+            for task in config.depth_tasks for depth in config.train_depths
+            for seed in config.seeds_of(task)]
     rest += [train_cell(task, seed) for task in config.task_lengths if task != "reversal"
              for seed in config.seeds_of(task)]
     for task in config.long_train_tasks:
@@ -467,7 +472,7 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     # Bad presets and task settings fail here, before the folder and its config.json are
     # made, not as failed cells.
     preset(config.model_preset, seed=0)
-    for name in ("task_steps", "task_seeds", "task_samples"):
+    for name in ("task_steps", "task_seeds", "task_samples", "depth_tasks", "depth_task_steps"):
         extra = set(getattr(config, name)) - set(config.task_lengths)
         if extra:
             raise ValueError(f"{name} names tasks not in task_lengths {sorted(config.task_lengths)}:"
@@ -566,6 +571,8 @@ def config_of_run(run: dict) -> ReproConfig:
             cfg[f.name] = tuple(cfg[f.name])
         elif f.name == "task_lengths":
             cfg[f.name] = {k: tuple(v) for k, v in cfg[f.name].items()}
+    # runs from before depth_tasks trained reversal alone at depth
+    cfg.setdefault("depth_tasks", ("reversal",))
     return ReproConfig(**{k: v for k, v in cfg.items() if k in {f.name for f in fields(ReproConfig)}})
 
 
@@ -983,15 +990,37 @@ def _digit_range(lengths) -> str:
     return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
+def _depth_tasks(cfg: dict) -> list[str]:
+    """The tasks a run.json's config trains at depth (reversal alone before depth_tasks)."""
+    return list(cfg.get("depth_tasks", ["reversal"]))
+
+
+def _labels(cfg: dict) -> list[str]:
+    """Every training label of a run.json's config: each task, then each depth training."""
+    return [*cfg["task_lengths"], *(f"{t} L{d}" for t in _depth_tasks(cfg)
+                                   for d in cfg["train_depths"])]
+
+
+def _budget(cfg: dict, label: str) -> int:
+    """The step budget of a training label (``addition``, ``addition L6``) in a run.json's
+    config."""
+    parsed = _training_label(label)
+    if parsed["steps"] is not None:
+        return parsed["steps"]
+    if parsed["n_layers"] is not None:
+        return cfg.get("depth_task_steps", {}).get(parsed["task"], cfg["depth_train_steps"])
+    return cfg["task_steps"].get(parsed["task"], cfg["train_steps"])
+
+
 def _why_untrained(labels, training: pd.DataFrame, cfg: dict, mode: str, th: dict) -> str:
     """The page's plain statement of which tasks no seed trained to target, and why."""
     parts = []
     for label in labels:
         g = training[training.task == label]
-        steps = cfg["task_steps"].get(label, cfg["train_steps"])
+        steps = _budget(cfg, label)
         ran = ("every one ran its whole budget of" if (g.steps >= steps).all()
                else "budget")
-        parts.append(f"{label} ({_digit_range(cfg['task_lengths'][label])} digits: "
+        parts.append(f"{label} ({_digit_range(cfg['task_lengths'][label.split()[0]])} digits: "
                      f"{len(g)} seeds, {ran} {steps} steps, held-out accuracy "
                      f"{g.accuracy.min():.3f}-{g.accuracy.max():.3f})")
     text = ("**Tasks that could not be trained here, and why.** No seed of "
@@ -1055,11 +1084,11 @@ def render_markdown(out_dir) -> str:
         "seeds": _seed_list(cfg["task_seeds"].get(task, cfg["train_seeds"])),
         "samples": cfg["task_samples"].get(task, cfg["n_samples"])}
         for task, lengths in cfg["task_lengths"].items()]
-        + [{"task": f"reversal L{d}", "digits": _digit_range(cfg["task_lengths"]["reversal"]),
-            "max steps": cfg["depth_train_steps"],
-            "seeds": _seed_list(cfg["task_seeds"].get("reversal", cfg["train_seeds"])),
-            "samples": cfg["task_samples"].get("reversal", cfg["n_samples"])}
-           for d in cfg["train_depths"]])
+        + [{"task": f"{task} L{d}", "digits": _digit_range(cfg["task_lengths"][task]),
+            "max steps": _budget(cfg, f"{task} L{d}"),
+            "seeds": _seed_list(cfg["task_seeds"].get(task, cfg["train_seeds"])),
+            "samples": cfg["task_samples"].get(task, cfg["n_samples"])}
+           for task in _depth_tasks(cfg) for d in cfg["train_depths"]])
     p = ["# Reproducing Zuo et al. (2024)\n",
          "<!-- Generated by posinterp.experiments.zuo2024.render_markdown from "
          "docs/reproductions/data/zuo2024 (the run's own outputs); "
@@ -1082,8 +1111,9 @@ def render_markdown(out_dir) -> str:
                    if (run.get("cell_seconds") or 0) > run["seconds"] + 60 else "")
          + ") on this machine (2 CPU cores shared with other jobs, one torch thread, torch "
          f"{run['versions'].get('torch', '?')}). Data: `docs/reproductions/data/zuo2024`.\n",
-         "Trainings (" + (", ".join(f"`reversal L{d}`" for d in cfg["train_depths"])
-                          + f": reversal at that depth, width {arch.d_model}; "
+         "Trainings (" + (", ".join(f"`{t} L{d}`" for t in _depth_tasks(cfg)
+                                    for d in cfg["train_depths"])
+                          + f": the task at that depth, width {arch.d_model}; "
                           if cfg["train_depths"] else "")
          + "`max steps` is the budget, `samples` the train and the test set's size each):\n",
          _md_table(tasks) + "\n"]
@@ -1096,7 +1126,7 @@ def render_markdown(out_dir) -> str:
                  + ". Their claims say *pending*. The same command resumes the run in its "
                  "output folder: finished cells are read back, only these are computed.\n")
     status = []
-    for label in [*cfg["task_lengths"], *(f"reversal L{d}" for d in cfg["train_depths"])]:
+    for label in _labels(cfg):
         g = training[training.task == label]
         if g.empty:
             status.append(f"{label}: pending")
@@ -1107,7 +1137,7 @@ def render_markdown(out_dir) -> str:
             status.append(f"{label}: not trained to target (best accuracy "
                           f"{g.accuracy.max():.3f} in {int(g.steps.max())} steps)")
     p.append("**Which trainings reached the target:** " + "; ".join(status) + ".\n")
-    untrained = [label for label in cfg["task_lengths"]
+    untrained = [label for label in _labels(cfg)
                  if not (g := training[training.task == label]).empty
                  and not g.reached_target.any()]
     if untrained:
@@ -1120,7 +1150,8 @@ def render_markdown(out_dir) -> str:
           "from the models). Every cell now stores a key with the resolved architectures "
           "and settings it was computed from, and a cell whose key differs is recomputed, "
           "not read back (`posinterp.executors.Cell.key`).\n"
-          "- **Depth after training**: reversal is trained at depths "
+          f"- **Depth after training**: {', '.join(_depth_tasks(cfg))} "
+          f"{'is' if len(_depth_tasks(cfg)) == 1 else 'are'} trained at depths "
           f"{cfg['train_depths']} too (width 192), since at init depth cannot change layer 0.\n"
           "- **Three measurement points** side by side, one named primary (below).\n"
           f"- **Init mean x std grid in {cfg.get('grid_dtype', 'float32')}** (it was float32).\n"
