@@ -31,7 +31,8 @@ SETTINGS = {
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--tasks", nargs="+", default=["addition", "indexing", "ordering"])
+    p.add_argument("--tasks", nargs="+", default=["addition", "indexing", "ordering"],
+                   help="task names, each optionally with its digit range: reversal:4-8")
     p.add_argument("--settings", nargs="+", default=["lr1e-3"])
     p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -41,11 +42,12 @@ def main() -> None:
     for setting in a.settings:
         for task in a.tasks:
             for seed in a.seeds:
-                tag = f"{task}-{setting}-steps{a.steps}-seed{seed}"
+                name, _, digits = task.partition(":")
+                tag = f"{task.replace(':', '')}-{setting}-steps{a.steps}-seed{seed}"
                 if (out / f"{tag}.json").exists():
                     continue
-                lo, hi = TASK_LENGTHS[task]
-                data = make_task_data(TaskConfig(task, min_digits=lo, max_digits=hi, seed=seed))
+                lo, hi = (map(int, digits.split("-")) if digits else TASK_LENGTHS[name])
+                data = make_task_data(TaskConfig(name, min_digits=lo, max_digits=hi, seed=seed))
                 trc = TrainConfig(max_steps=a.steps, eval_every=100, warmup_steps=50,
                                   target_accuracy=THRESHOLDS["target_accuracy"], seed=seed,
                                   **SETTINGS[setting])
@@ -53,7 +55,7 @@ def main() -> None:
                 res = train(preset("small", seed=seed), data, trc,
                             checkpoint_dir=out / "checkpoints" / tag, progress=False)
                 h = res.history[res.history.metric == "test_accuracy"]
-                rec = {"task": task, "setting": setting, "seed": seed, "steps": res.steps,
+                rec = {"task": name, "digits": [lo, hi], "setting": setting, "seed": seed, "steps": res.steps,
                        "reached": res.reached_target, "seconds": time.time() - t0,
                        "threads": os.environ.get("OMP_NUM_THREADS"),
                        "curve": [[int(s), float(v)] for s, v in zip(h.step, h.value, strict=True)]}
