@@ -204,6 +204,18 @@ def _zoo_fingerprint(args: argparse.Namespace) -> int:
     from .experiments.zoo import family_set, zoo_home
 
     fset = family_set(args.family_set)
+    if args.verify is not None:
+        from .experiments.fingerprint_families import verify_units
+
+        data = args.verify_data or f"docs/reproductions/data/fingerprints/{fset.folder}"
+        table = verify_units(data, args.verify, progress=not args.no_progress)
+        print(_table(table[~table.within] if not table.within.all() else
+                     table.groupby("cell", sort=False).within.agg(["size", "all"])
+                     .rename(columns={"size": "fields", "all": "within"}).reset_index()))
+        print(table.attrs["summary"])
+        return 0 if table.within.all() else 1
+    if args.out is None:
+        raise SystemExit("posinterp zoo fingerprint: error: --out is required (except with --verify)")
     families = tuple(args.family) if args.family else None
     root = Path(args.home) if args.home else zoo_home() / fset.folder
     resume = ("posinterp zoo train"
@@ -594,9 +606,16 @@ def build_parser() -> argparse.ArgumentParser:
     zf.add_argument("--home", type=_home_folder, default=None,
                     help="the families' folder (as for zoo train --family; default "
                     "$POSINTERP_HOME/zoo/families, design2 .../families-design2)")
-    zf.add_argument("--out", type=_out_folder, required=True,
+    zf.add_argument("--out", type=_out_folder, default=None,
                     help="a `posinterp spectrum` output folder; the tables go to OUT/families "
-                    "(design2: OUT/families-design2)")
+                    "(design2: OUT/families-design2); required except with --verify")
+    zf.add_argument("--verify", type=pos1, default=None, metavar="K",
+                    help="instead: re-train K seeded-random units of the committed design "
+                    "here and compare each head's scores and the unit's loss with the page's "
+                    "precision (exit 1 if one differs)")
+    zf.add_argument("--verify-data", default=None, metavar="DATA",
+                    help="the outputs --verify reads (default "
+                    "docs/reproductions/data/fingerprints/<the set's folder>)")
     zf.add_argument("--markdown", default=None, metavar="PAGE",
                     help="also write the fingerprint page, from OUT (the real models), "
                     "OUT/families and OUT/families-design2")

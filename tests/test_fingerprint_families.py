@@ -196,3 +196,30 @@ def test_design2_reading_follows_its_test_and_its_floor(tmp_path):
     rev = {u: 100.0 - v for u, v in sep.items()}
     page = render_markdown(_design2_from(tmp_path / "c", rev, []))
     assert "**not supported**" in page[page.index("## Design 2"):page.index("## Observational")]
+
+
+def test_verify_retrains_committed_units_and_names_a_difference(tmp_path, corpus, monkeypatch):  # noqa: F811
+    """--verify re-trains units of a committed design and compares them at the page's
+    precision: an untouched run reproduces; an edited committed score or loss is reported."""
+    cfg = ZooConfig(**{**TINY.__dict__, "max_steps": 2, "n_snapshots": 2})
+    tiny = {"fa": ZooFamily("fa", cfg, 7, "reference")}
+    monkeypatch.setitem(zoo.FAMILY_SETS, "design1", FamilySet("design1", tiny, "families", "t"))
+    root = tmp_path / "families"
+    train_zoo(cfg, home=tiny["fa"].home(root), first_seed=7, progress=False, corpus=corpus,
+              only=("rotary", "absolute"))
+    data = tmp_path / "data"
+    ff.run_families(data, root, progress=False, corpus=corpus)
+    table = ff.verify_units(data, 2, progress=False, corpus=corpus, work_dir=tmp_path / "again")
+    assert table.within.all() and table.attrs["summary"] == "2 of 2 units reproduce within the page's precision"
+    assert set(table.cell) == {"fa/rotary", "fa/absolute"}
+    assert {"steps", "val_loss"} <= set(table.field)
+    assert table.field.str.endswith("rotational_mass_null_percentile").any()
+    heads = pd.read_csv(data / "heads.csv")
+    heads.loc[heads.unit == "fa/rotary", "previous_token_score"] += 0.01
+    heads.to_csv(data / "heads.csv", index=False)
+    table = ff.verify_units(data, 2, progress=False, corpus=corpus, work_dir=tmp_path / "third")
+    bad = table[~table.within]
+    assert set(bad.cell) == {"fa/rotary"} and bad.field.str.endswith("previous_token_score").all()
+    assert table.attrs["summary"].startswith("1 of 2 units")
+    with pytest.raises(ValueError, match="k must be in"):
+        ff.verify_units(data, 3, progress=False, corpus=corpus)

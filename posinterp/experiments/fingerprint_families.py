@@ -33,9 +33,10 @@ from ..analysis.spectral import GINIBRE_NULL_VERSION
 from ..executors import Cell, Executor, run_cells
 from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
 from ..tasks.corpus import stdlib_corpus
-from .zoo import family_set, load_zoo_model, zoo_family, zoo_home
+from ._verify import compare_rerun, report, verify_table
+from .zoo import family_set, load_zoo_model, train_zoo, zoo_family, zoo_home
 
-__all__ = ["ANALYSES", "DESIGN", "ranking_tokens", "run_families"]
+__all__ = ["ANALYSES", "DESIGN", "ranking_tokens", "run_families", "verify_units"]
 
 N_RANK_WINDOWS = 16
 RANK_SEED = 0
@@ -184,3 +185,78 @@ def run_families(out_dir: str | Path, root: str | Path | None = None,
         "versions": versions(), "null_version": GINIBRE_NULL_VERSION,
         "seconds": round(time.time() - t0, 1)})
     return tests_df
+
+
+#: What --verify compares per head, at the precision the page prints each (half its last
+#: digit: scores and R to 3 decimals, null percentiles to 1), and per unit: steps exactly,
+#: the validation loss to 3 decimals.
+VERIFY_HEAD_FIELDS = {"previous_token_score": 5e-4, "rotational_mass": 5e-4,
+                      "rotational_mass_null_percentile": 0.05}
+VERIFY_UNIT_FIELDS = {"steps": 0.0, "val_loss": 5e-4}
+
+
+def verify_units(data_dir, k: int, seed: int = 0, work_dir=None, progress: bool = True,
+                 corpus=None) -> pd.DataFrame:
+    """Re-train ``k`` units (family x scheme) drawn (seeded) from a committed design's
+    outputs (``heads.csv``, ``run.json``: ``docs/reproductions/data/fingerprints/families``)
+    here with the current code, tabulate each as the run did, and compare it with its
+    committed rows at the precision the page prints (:data:`VERIFY_HEAD_FIELDS` for every
+    head, :data:`VERIFY_UNIT_FIELDS` for the unit).
+
+    ``work_dir``: where the re-trained models go (default a temporary folder, removed);
+    ``corpus``: the training and ranking text, as :func:`run_families` took it (default
+    the families' own).
+
+    Returns:
+        Tidy rows ``cell, field, committed, rerun, tolerance, within`` (``cell``: the unit,
+        or ``unit L<layer>H<head>``); ``.attrs["summary"]``: "m of k units reproduce".
+
+    Raises:
+        FileNotFoundError: without ``heads.csv`` or ``run.json`` in ``data_dir``.
+        ValueError: for ``k`` outside [1, the design's trained units].
+
+    Source: issue 37 item 1 (a trained cell must reproduce within the page's precision).
+    """
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    data = Path(data_dir)
+    heads = pd.read_csv(data / "heads.csv")
+    run = json.loads((data / "run.json").read_text())
+    fset = run.get("family_set", "design1")
+    done = sorted(run["done"])
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(done):
+        raise ValueError(f"k must be in [1, {len(done)}] (the design's trained units), got {k!r}")
+    picked = [done[i] for i in np.random.default_rng(seed).choice(len(done), size=k, replace=False)]
+    root = Path(work_dir) if work_dir is not None else Path(tempfile.mkdtemp(prefix="posinterp-verify-"))
+    rows: list[dict] = []
+    try:
+        for unit in picked:
+            family, pe = unit.split("/")
+            fam = zoo_family(family, fset)
+            t0 = time.time()
+            train_zoo(fam.config, seeds=1, home=fam.home(root), first_seed=fam.seed,
+                      only=(pe,), progress=False, corpus=corpus)
+            new = _unit_heads(family, pe, str(root), corpus=corpus, family_set_name=fset)
+            old = heads[heads.unit == unit]
+            card = run["models"][unit]
+            unit_rows = compare_rerun(unit, card, {"steps": int(new.steps.iloc[0]),
+                                                   "val_loss": float(new.val_loss.iloc[0])},
+                                      VERIFY_UNIT_FIELDS)
+            merged = old.merge(new, on=["layer", "head"], suffixes=("_old", ""))
+            for r in merged.to_dict("records"):
+                unit_rows += compare_rerun(
+                    f"{unit} L{r['layer']}H{r['head']}",
+                    {f: r[f"{f}_old"] for f in VERIFY_HEAD_FIELDS},
+                    {f: r[f] for f in VERIFY_HEAD_FIELDS}, VERIFY_HEAD_FIELDS)
+            # a unit reproduces when the unit and all its heads do: one cell per unit
+            rows += [{**r, "cell": unit, "field": r["field"] if r["cell"] == unit
+                      else f"{r['cell'].split()[1]} {r['field']}"} for r in unit_rows]
+            if progress:
+                print(report(unit, rows, time.time() - t0), flush=True)
+    finally:
+        if work_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    return verify_table(rows, "units")
