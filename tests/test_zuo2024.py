@@ -19,6 +19,7 @@ from tests.viz.test_report import external_refs
 SMOKE = ReproConfig(model_preset="tiny", train_steps=3, n_samples=300, train_seeds=(0, 1),
                     long_train_steps=4, train_depths=(2,), depth_train_steps=3,
                     depth_tasks=("reversal", "addition"), depth_task_steps={"addition": 4},
+                    task_steps={},
                     long_train_tasks=("addition",),
                     init_seeds=(0, 1), grid_seeds=(0, 1), n_sequences=6, n_tokens=10,
                     n_probe_sequences=8, init_means=(0.0, 4.0), init_stds=(0.002, 0.02, 0.2),
@@ -255,3 +256,21 @@ def test_verify_retrains_committed_trainings_and_reports_differences(tmp_path, m
     assert main(["reproduce", "zuo2024", "--verify", "1", "--verify-data", str(data),
                  "--no-progress"]) == 1
     assert "0 of 1 trainings reproduce" in capsys.readouterr().out
+
+
+def test_a_choice_is_listed_only_on_pages_of_runs_that_have_it():
+    """The addition budget was chosen after the budget exploration: a page rendered from
+    a run with that budget lists it among the choices made after seeing results; the
+    committed page of an earlier run (addition at 500 steps) does not."""
+    from dataclasses import asdict
+
+    from posinterp.experiments._disclosure import disclosure_section
+    from posinterp.experiments.zuo2024 import CHOICES_AFTER_RESULTS
+
+    budget = [c for c in CHOICES_AFTER_RESULTS if c.what.startswith("Addition's --quick budget")]
+    assert len(budget) == 1
+    now = json.loads(json.dumps(asdict(ReproConfig())))
+    before = {**now, "task_steps": {}}
+    assert any("Addition's --quick budget" in line for line in disclosure_section(budget, "", now))
+    assert not any("Addition's --quick budget" in line
+                   for line in disclosure_section(budget, "", before))
