@@ -102,7 +102,7 @@ CHOICES_AFTER_RESULTS = (
            "benchmarks/zuo_task_budgets.py, seed 0 of the 4-layer model, one thread, at most "
            "4,000 steps: addition reached 0.933 exact match at 3,500 steps, indexing stayed "
            "at 0.30 and ordering near 0.03 (data: benchmarks/results/zuo_task_budgets)",
-           "this commit", "2026-12-04",
+           "b7a0fe2", "2026-12-04",
            applies=lambda cfg: cfg.get("task_steps", {}).get("addition") == QUICK_ADDITION_STEPS),
 )
 FIXED_BEFORE = ("Fixed before any result of this reproduction: the thresholds (chance 0.5 ± "
