@@ -93,7 +93,7 @@ CHOICES_AFTER_RESULTS = (
            "samples)",
            "benchmarks/zuo_task_budgets.py, seed 0 of the 4-layer model, one thread: 4-8 digit "
            "reversal reached 0.992 exact match at 1,200 steps of a 4,000-step budget (data: "
-           "benchmarks/results/zuo_task_budgets)", "COMMIT", "2026-12-04",
+           "benchmarks/results/zuo_task_budgets)", "33b5008", "2026-12-04",
            applies=lambda cfg: list(cfg["task_lengths"]["reversal"]) == [4, 8]),
     Choice("`attn_out` is the primary measurement point",
            "the adjacency scores at attn_out and resid_mid, computed side by side by the run "
