@@ -9,17 +9,9 @@ import torch
 
 from posinterp.analysis._attention_blocks import AttentionReduction
 from posinterp.models import backend
+from tests.dashboard.test_hook_time import N
+from tests.dashboard.test_hook_time import _masks as _mask  # left, right padding and a gap
 from tests.helpers import parity_cases, save_tiny_checkpoint, tiny_model
-
-N = 13
-
-
-def _mask(batch):
-    m = torch.ones(batch, N, dtype=torch.long)
-    m[0, :3] = 0       # left padding
-    m[1, -4:] = 0      # right padding
-    m[2, [5, 6]] = 0   # a gap
-    return m
 
 
 def _reducers(model, mask):
