@@ -210,10 +210,23 @@ def test_verify_retrains_committed_units_and_names_a_difference(tmp_path, corpus
     data = tmp_path / "data"
     ff.run_families(data, root, progress=False, corpus=corpus)
     table = ff.verify_units(data, 2, progress=False, corpus=corpus, work_dir=tmp_path / "again")
-    assert table.within.all() and table.attrs["summary"] == "2 of 2 units reproduce within the page's precision"
+    assert table.within.all()
+    assert table.attrs["summary"] == "2 of 2 units reproduce within the page's precision"
     assert set(table.cell) == {"fa/rotary", "fa/absolute"}
     assert {"steps", "val_loss"} <= set(table.field)
     assert table.field.str.endswith("rotational_mass_null_percentile").any()
+    # a design committed against an earlier null draw: its percentiles are re-derived from
+    # its R against today's null (as the page's null-shift section prints them), not
+    # compared with the old draw's; a wrong old percentile does not count against it
+    run = json.loads((data / "run.json").read_text())
+    old = pd.read_csv(data / "heads.csv")
+    shifted = old.assign(rotational_mass_null_percentile=old.rotational_mass_null_percentile + 7.0)
+    shifted.to_csv(data / "heads.csv", index=False)
+    (data / "run.json").write_text(json.dumps({**run, "null_version": 1}))
+    assert ff.verify_units(data, 2, progress=False, corpus=corpus,
+                           work_dir=tmp_path / "renulled").within.all()
+    (data / "run.json").write_text(json.dumps(run))
+    old.to_csv(data / "heads.csv", index=False)
     heads = pd.read_csv(data / "heads.csv")
     heads.loc[heads.unit == "fa/rotary", "previous_token_score"] += 0.01
     heads.to_csv(data / "heads.csv", index=False)

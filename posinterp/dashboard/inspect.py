@@ -730,9 +730,10 @@ def inspect_heads(
     if math.isfinite(max_lag) and max_lag < int(lengths.max()):
         notes.append(f"Kernels are kept for offsets Δ >= -{max_lag - 1} (max_offset).")
     if len(bins) < max_lag:
-        notes.append(f"Kernels hold every offset down to Δ = -{DENSE_LAGS - 1}, then {len(bins) - DENSE_LAGS} "
-                     f"log-spaced offset bins (16 per doubling) down to Δ = -{max_lag - 1}: a row's "
-                     "offset is its bin's nearest offset, the bin runs to the next row's, and its "
-                     "value is the mean over every query-key pair in the bin.")
+        notes.append(f"Kernels hold every offset down to Δ = -{DENSE_LAGS - 1}, then "
+                     f"{len(bins) - DENSE_LAGS} log-spaced offset bins (16 per doubling) down to "
+                     f"Δ = -{max_lag - 1}: a row's offset is its bin's nearest offset, the bin "
+                     "runs to the next row's, and its value is the mean over every query-key "
+                     "pair in the bin.")
     meta["frequency_note"] = None if len(freq_rows) else freq_notes[0]  # why a card has no profile
     return Inspection(table, patterns, str_tokens, notes, meta, score_parts=parts, pattern_views=views)

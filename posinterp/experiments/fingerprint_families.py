@@ -201,7 +201,10 @@ def verify_units(data_dir, k: int, seed: int = 0, work_dir=None, progress: bool 
     outputs (``heads.csv``, ``run.json``: ``docs/reproductions/data/fingerprints/families``)
     here with the current code, tabulate each as the run did, and compare it with its
     committed rows at the precision the page prints (:data:`VERIFY_HEAD_FIELDS` for every
-    head, :data:`VERIFY_UNIT_FIELDS` for the unit).
+    head, :data:`VERIFY_UNIT_FIELDS` for the unit). A design committed against an earlier
+    null draw (``run.json``'s ``null_version``, 1 where absent) has its percentiles
+    re-derived from its committed R against the current null first, as the page's
+    null-shift section prints them.
 
     ``work_dir``: where the re-trained models go (default a temporary folder, removed);
     ``corpus``: the training and ranking text, as :func:`run_families` took it (default
@@ -241,6 +244,15 @@ def verify_units(data_dir, k: int, seed: int = 0, work_dir=None, progress: bool 
                       only=(pe,), progress=False, corpus=corpus)
             new = _unit_heads(family, pe, str(root), corpus=corpus, family_set_name=fset)
             old = heads[heads.unit == unit]
+            if run.get("null_version", 1) != GINIBRE_NULL_VERSION:
+                # committed against an earlier null draw: its percentiles re-derived from
+                # the committed R against today's null, as the page's null-shift section
+                # prints them (R itself is compared as committed)
+                from ._null_shift import renulled
+
+                cfg = run["families"][family]["config"]
+                old = renulled(old, {unit: (cfg["d_model"], cfg["d_model"] // cfg["n_heads"])},
+                               "unit")
             card = run["models"][unit]
             unit_rows = compare_rerun(unit, card, {"steps": int(new.steps.iloc[0]),
                                                    "val_loss": float(new.val_loss.iloc[0])},

@@ -162,7 +162,7 @@ def test_kernel_bins_cover_every_lag_once_log_spaced(n_lags, dense):
 
     bins = kernel_bins(n_lags, dense=dense)
     assert bins[0][0] == 0 and bins[-1][1] == n_lags
-    assert all(a[1] == b[0] for a, b in zip(bins, bins[1:]))  # contiguous, no overlap
+    assert all(a[1] == b[0] for a, b in zip(bins, bins[1:], strict=False))  # contiguous, no overlap
     assert all(hi - lo == 1 for lo, hi in bins if lo < dense)
     wide = [(lo, hi) for lo, hi in bins if lo >= dense][:-1]  # the last is cut at n_lags
     # log-spaced: each edge about 2^(1/16) times the last (rounded to whole lags)
