@@ -180,7 +180,11 @@ def _hf_qk(model, architecture, x_ids):
         got[layers.index(module)].update(q=q[:, :, 0].clone(), k=key[:, :, 0].clone())
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
 
-    if architecture in ("BloomForCausalLM", "FalconForCausalLM"):
+    # transformers 5.25's Falcon calls the attention function (its _split_heads is gone);
+    # earlier releases split the fused rows in the module
+    own_split = architecture == "BloomForCausalLM" or (
+        architecture == "FalconForCausalLM" and hasattr(layers[0], "_split_heads"))
+    if own_split:
         for i, m in enumerate(layers):
             split = m._reshape if architecture == "BloomForCausalLM" else m._split_heads
 
@@ -201,7 +205,11 @@ def _hf_qk(model, architecture, x_ids):
             handles.append(m.q_proj.register_forward_hook(proj("q")))
             handles.append(m.k_proj.register_forward_hook(proj("k")))
     else:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
         AttentionInterface.register("posinterp_capture", capture)
+        # the masks sdpa takes (Falcon's ALiBi is added onto that mask)
+        AttentionMaskInterface.register("posinterp_capture", sdpa_mask)
         model.set_attn_implementation("posinterp_capture")
     try:
         with torch.no_grad():
