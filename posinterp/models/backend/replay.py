@@ -37,12 +37,17 @@ class BlockInputs:
     batch: int
 
 
-def _without_kv_cache(kwargs: dict) -> dict:
-    """A replayed block call must not read or append to the clean pass's KV cache."""
+def _cache_class():
     try:
         from transformers.cache_utils import Cache
     except ImportError:  # pragma: no cover - transformers is a TransformerLens dependency
-        Cache = None  # noqa: N806
+        return None
+    return Cache
+
+
+def _without_kv_cache(kwargs: dict) -> dict:
+    """A replayed block call must not read or append to the clean pass's KV cache."""
+    Cache = _cache_class()  # noqa: N806
     out = {}
     for k, v in kwargs.items():
         if Cache is not None and isinstance(v, Cache):
@@ -51,6 +56,14 @@ def _without_kv_cache(kwargs: dict) -> dict:
             v = False
         out[k] = v
     return out
+
+
+def _args_without_kv_cache(args: tuple) -> tuple:
+    """The same for positional arguments (HF's GPT-2 block takes its cache second): with a
+    working cache (the TL 4 bridges' repaired one, :func:`~.kv_cache.guard_kv_cache`) a
+    replay would attend to the clean pass's cached keys too."""
+    Cache = _cache_class()  # noqa: N806
+    return tuple(None if Cache is not None and isinstance(a, Cache) else a for a in args)
 
 
 def capture_block_inputs(model, tokens: Tensor, mask: Tensor | None) -> BlockInputs:
@@ -72,7 +85,7 @@ def capture_block_inputs(model, tokens: Tensor, mask: Tensor | None) -> BlockInp
     def recorder(layer):
         def hook(_module, a, kw):
             resid[layer] = a[0] if a else kw["hidden_states"]
-            args[layer] = tuple(a[1:])
+            args[layer] = _args_without_kv_cache(tuple(a[1:]))
             kwargs[layer] = _without_kv_cache({k: v for k, v in kw.items() if k != "hidden_states"})
         return hook
 
