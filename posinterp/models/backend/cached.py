@@ -139,6 +139,11 @@ def _forward_kwargs(model, tokens: Tensor, mask: Tensor | None, return_logits: b
                 tokens.shape[0], -1)
     if not bidirectional and not return_logits:
         kwargs["return_type"] = None
+    if is_bridge(model) and not bidirectional:
+        # HF fills a KV cache in any forward pass it is not told otherwise, and TL 4's
+        # bridges now use it (backend.guard_kv_cache): every layer's keys and values kept
+        # for the whole pass, which an analysis pass never reads
+        kwargs["use_cache"] = False
     return kwargs
 
 
