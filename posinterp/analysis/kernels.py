@@ -158,6 +158,8 @@ def kernel_bins(n_lags: int, dense: int = DENSE_LAGS,
 
     Raises:
         ValueError: ``n_lags``, ``dense`` or ``per_octave`` below 1.
+
+    Source: posinterp's own display binning (docs/inspect.md, the positional kernel).
     """
     for name, v in (("n_lags", n_lags), ("dense", dense), ("per_octave", per_octave)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -178,7 +180,10 @@ def binned_kernel(kernel_sum: Float[Tensor, "... lag"], kernel_count: Float[Tens
     every query-key pair whose lag i - j lies in it, i.e. the bin's summed values over
     its summed pair counts (``kernel_sum``/``kernel_count`` by lag, as
     :class:`~posinterp.analysis._attention_blocks.BlockStats` holds them); NaN where
-    no pair has such a lag. A one-lag bin is :func:`attention_kernel`'s value. float64.
+    no pair has such a lag. A one-lag bin is :func:`attention_kernel`'s value. float64,
+    in the units of the reduced values (attention weight or pre-softmax score).
+
+    Source: the positional kernel of docs/inspect.md, pooled over each bin's pairs.
     """
     edges = torch.tensor([0] + [hi for _, hi in bins])
     cs = torch.nn.functional.pad(kernel_sum.double().cumsum(-1), (1, 0))

@@ -36,7 +36,12 @@ from jaxtyping import Int
 from torch import Tensor
 
 from .._validate import check_indices, is_int
-from ..analysis._attention_blocks import AttentionReduction, reduce_attention, resolve_query_block
+from ..analysis._attention_blocks import (
+    AUTO_BLOCK_TOKENS,
+    AttentionReduction,
+    reduce_attention,
+    resolve_query_block,
+)
 from ..analysis._checks import (
     check_attention_mask,
     check_tokens,
@@ -555,6 +560,10 @@ def inspect_heads(
     # RoPE: the positional score's verified q/k hooks ride on the same pass (their first
     # max_positional_tokens real tokens)
     block_rows = resolve_query_block(model, pos, query_block)
+    if query_block == "auto" and block_rows is None and pos > AUTO_BLOCK_TOKENS:
+        # the whole pattern of one layer at a time: right numbers, more memory; say so
+        notes.append(f"{pos} tokens ran each layer's whole attention pattern at once: this "
+                     "model's pass in query blocks is not available (backend.check_chunked_pass).")
     capture = None
     if positional_type(model) == "rotary":
         # in blocks, the q/k and attention of the first tokens come from their own short

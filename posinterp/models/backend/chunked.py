@@ -13,13 +13,11 @@ and refused by name where it differs or the model has no cache.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch import Tensor
 
 from .errors import MissingFeatureError
-from .kv_cache import guard_kv_cache, has_kv_cache
+from .kv_cache import guard_kv_cache, has_kv_cache, quiet_past_key_values
 from .modes import _in_float32, eval_mode, unwrap
 from .surface import is_bridge
 
@@ -47,11 +45,7 @@ def _run_blocks(model, tokens: Tensor, mask: Tensor, query_block: int, on_block=
         if on_block is not None:
             on_block(a, b)
         if is_bridge(model):
-            # TL's bridge hands the cache to HF as ``past_key_values``, which transformers
-            # 5.x deprecates for ``cache``; TL's own generate takes this path
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated",
-                                        category=FutureWarning)
+            with quiet_past_key_values():
                 out.append(model(tokens[:, a:b], attention_mask=mask[:, :b],
                                  past_key_values=cache, return_type=kind))
         else:  # TL 3.9 appends each block's mask to the one the cache holds

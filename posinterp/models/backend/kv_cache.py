@@ -4,6 +4,7 @@ load on TL 4 bridges (:func:`guard_kv_cache`), refused by name where it does not
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -76,6 +77,17 @@ def guard_kv_cache(model) -> bool:
     return works
 
 
+@contextlib.contextmanager
+def quiet_past_key_values():
+    """TL's bridge hands a cache to HF as ``past_key_values``, which transformers 5.x
+    deprecates (for ``cache``) with a FutureWarning; posinterp's cached passes take TL's
+    path, the one its ``generate`` takes, so the warning is posinterp's to silence."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated",
+                                category=FutureWarning)
+        yield
+
+
 def _cached_step_matches(model) -> bool:
     """An 8-token probe: 7 tokens cached, then 1; its logits against the full pass."""
     from ...devices import model_device
@@ -86,12 +98,7 @@ def _cached_step_matches(model) -> bool:
         full = model(tokens)
         try:
             _, cache = model(tokens[:, :-1], return_type="logits_and_cache")
-            # TL's bridge hands the cache to HF as ``past_key_values``, which transformers
-            # 5.x deprecates (for ``cache``) with a FutureWarning; the probe takes TL's path,
-            # the one its ``generate`` takes, so the warning is posinterp's to silence here.
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated",
-                                        category=FutureWarning)
+            with quiet_past_key_values():
                 step = model(tokens[:, -1:], past_key_values=cache)
             return bool(torch.allclose(step[:, -1].double(), full[:, -1].double(),
                                        atol=1e-4, rtol=1e-4))
