@@ -11,12 +11,14 @@ OUT/<tag>.json (step, test_accuracy) when done; a finished tag is skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
+import torch
+
 from posinterp.experiments.zuo2024 import TASK_LENGTHS, THRESHOLDS
+from posinterp.io import atomic_write_json, cpu_facts, versions
 from posinterp.models import preset
 from posinterp.tasks import TaskConfig, make_task_data
 from posinterp.training import TrainConfig, train
@@ -26,6 +28,17 @@ SETTINGS = {
     "lr1e-3": {},
     "lr3e-4": {"lr": 3e-4},
 }
+
+
+def training_record(res, t0: float) -> dict:
+    """What a budget run records: steps, whether the target was reached, wall seconds since
+    ``t0``, the thread settings, CPU and library versions, and the test-accuracy curve
+    ``[[step, exact match], ...]``."""
+    h = res.history[res.history.metric == "test_accuracy"]
+    return {"steps": res.steps, "reached": res.reached_target, "seconds": time.time() - t0,
+            "threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+            "cpu": cpu_facts(), "versions": versions(),
+            "curve": [[int(s), float(v)] for s, v in zip(h.step, h.value, strict=True)]}
 
 
 def main() -> None:
@@ -54,14 +67,9 @@ def main() -> None:
                 t0 = time.time()
                 res = train(preset("small", seed=seed), data, trc,
                             checkpoint_dir=out / "checkpoints" / tag, progress=False)
-                h = res.history[res.history.metric == "test_accuracy"]
-                rec = {"task": name, "digits": [lo, hi], "setting": setting, "seed": seed, "steps": res.steps,
-                       "reached": res.reached_target, "seconds": time.time() - t0,
-                       "threads": os.environ.get("OMP_NUM_THREADS"),
-                       "curve": [[int(s), float(v)] for s, v in zip(h.step, h.value, strict=True)]}
-                tmp = out / f".{tag}.json.tmp"
-                tmp.write_text(json.dumps(rec))
-                tmp.replace(out / f"{tag}.json")
+                rec = {"task": name, "digits": [lo, hi], "setting": setting, "seed": seed,
+                       **training_record(res, t0)}
+                atomic_write_json(out / f"{tag}.json", rec)
                 print(tag, res.steps, res.reached_target, round(rec["curve"][-1][1], 3),
                       f"{rec['seconds']:.0f}s", flush=True)
 

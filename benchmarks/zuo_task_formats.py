@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
 import random
 import time
 from pathlib import Path
 
+from zuo_task_budgets import training_record  # benchmarks/ is the script's folder
+
 import posinterp.tasks.synthetic as synthetic
 from posinterp.experiments.zuo2024 import THRESHOLDS
+from posinterp.io import atomic_write_json
 from posinterp.models import preset
 from posinterp.tasks import TaskConfig, make_task_data
 from posinterp.training import TrainConfig, train
@@ -92,15 +93,9 @@ def main() -> None:
             t0 = time.time()
             res = train(preset("small", seed=seed, pe=a.pe), data, trc,
                         checkpoint_dir=out / "checkpoints" / tag, progress=False)
-            h = res.history[res.history.metric == "test_accuracy"]
             rec = {"task": "indexing", "format": fmt, "example": data.train.inputs[0],
-                   "pe": a.pe, "digits": [lo, hi], "seed": seed, "steps": res.steps,
-                   "reached": res.reached_target, "seconds": time.time() - t0,
-                   "threads": os.environ.get("OMP_NUM_THREADS"),
-                   "curve": [[int(s), float(v)] for s, v in zip(h.step, h.value, strict=True)]}
-            tmp = out / f".{tag}.json.tmp"
-            tmp.write_text(json.dumps(rec))
-            tmp.replace(out / f"{tag}.json")
+                   "pe": a.pe, "digits": [lo, hi], "seed": seed, **training_record(res, t0)}
+            atomic_write_json(out / f"{tag}.json", rec)
             print(tag, rec["example"], res.steps, res.reached_target,
                   round(rec["curve"][-1][1], 3), f"{rec['seconds']:.0f}s", flush=True)
 
