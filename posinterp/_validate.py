@@ -59,6 +59,22 @@ class Derived(int):
         return (Derived, (int(self), self.key))
 
 
+class DerivedStr(str):
+    """A string a config derived from its other fields (:class:`Derived` for ``str``
+    fields, such as a task's default format); a ``str`` everywhere else."""
+
+    def __new__(cls, value: str, key: tuple[str, str]):
+        obj = super().__new__(cls, value)
+        obj.key = key
+        return obj
+
+    def __repr__(self) -> str:
+        return str.__repr__(self)
+
+    def __reduce__(self):
+        return (DerivedStr, (str(self), self.key))
+
+
 def derive(obj, name: str, compute) -> None:
     """Set frozen ``obj.name`` to ``compute()`` unless the caller gave it.
 
@@ -68,6 +84,7 @@ def derive(obj, name: str, compute) -> None:
     """
     key = (type(obj).__qualname__, name)
     value = getattr(obj, name)
-    if value is None or (isinstance(value, Derived) and value.key == key):
+    if value is None or (isinstance(value, (Derived, DerivedStr)) and value.key == key):
         new = compute()
-        object.__setattr__(obj, name, None if new is None else Derived(new, key))
+        mark = DerivedStr if isinstance(new, str) else Derived
+        object.__setattr__(obj, name, None if new is None else mark(new, key))

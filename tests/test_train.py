@@ -12,6 +12,7 @@ from posinterp.training import (
     load_checkpoint,
     train,
 )
+from posinterp.tasks import TaskConfig
 from tests.helpers import tiny_task
 
 
@@ -399,3 +400,15 @@ def test_each_evaluation_prints_its_metrics_elapsed_time_and_seconds_per_step(ca
     assert float(m[8]) == pytest.approx(float(m[5]) / 2, abs=0.06)
     train(preset("tiny"), data, _cfg(max_steps=4, eval_every=2), progress=False)
     assert "[posinterp] step" not in capsys.readouterr().out
+
+
+def test_a_checkpoint_from_before_task_layouts_compares_as_the_default_layout():
+    """Checkpoints written before TaskConfig had ``format`` hold no such field: they were
+    made in the default layout and resume as such, not refused as another config."""
+    from posinterp.training import _comparable
+
+    new = {"task": TaskConfig("indexing").to_dict()}
+    old = {"task": {k: v for k, v in new["task"].items() if k != "format"}}
+    assert _comparable(old) == _comparable(new)
+    other = {"task": TaskConfig("indexing", format="query_first").to_dict()}
+    assert _comparable(old) != _comparable(other)

@@ -122,7 +122,7 @@ def test_stale_cells_are_recomputed_and_unfinished_ones_pending(tmp_path, monkey
     monkeypatch.setattr(z, "ProbeConfig", lambda: ProbeConfig(hidden=8, max_epochs=3))
     cfg = replace(SMOKE, train_seeds=(0,), task_lengths={"reversal": (5, 6),
                                                          "addition": (1, 2)},
-                  long_train_tasks=(), train_depths=())
+                  task_formats={}, long_train_tasks=(), train_depths=())
     run_zuo2024(cfg, tmp_path / "run", progress=False)
     cells = tmp_path / "run" / "cells"
     # the depth x width cell as the old preset() made it: d_head 32 at every width
@@ -274,3 +274,30 @@ def test_a_choice_is_listed_only_on_pages_of_runs_that_have_it():
     assert any("Addition's --quick budget" in line for line in disclosure_section(budget, "", now))
     assert not any("Addition's --quick budget" in line
                    for line in disclosure_section(budget, "", before))
+
+
+def test_task_layouts_enter_the_keys_of_the_cells_they_change():
+    """A task's input layout is part of what its cells compute from: the indexing cells'
+    keys name it; cells of tasks in their default layout keep the key they had before
+    layouts existed (so their stored results stay valid), and validation names the field."""
+    from posinterp.experiments.zuo2024 import _key, _train_spec
+    from posinterp.tasks import TaskConfig
+
+    cfg = ReproConfig()
+    idx = _train_spec(cfg, "indexing", 0)
+    assert idx.task.format == cfg.task_formats["indexing"] == "query_first"
+    assert idx.key["task"]["format"] == "query_first"
+    default = replace(cfg, task_formats={})
+    assert _train_spec(default, "indexing", 0).key != idx.key
+    rev = _train_spec(cfg, "reversal", 0)
+    lo, hi = cfg.task_lengths["reversal"]
+    as_before = {k: v for k, v in TaskConfig("reversal", lo, hi, n_train=cfg.n_samples,
+                                             n_test=cfg.n_samples, seed=0).to_dict().items()
+                 if k != "format"}
+    assert rev.key == _key("train", model=rev.key["model"], task=as_before,
+                           train=rev.key["train"], n_sequences=cfg.n_sequences)
+    with pytest.raises(ValueError, match="task_formats names tasks not in task_lengths"):
+        run_zuo2024(replace(SMOKE, task_formats={"sorting": "x"}), "unused", progress=False)
+    with pytest.raises(ValueError, match="format for task 'ordering' must be one of"):
+        run_zuo2024(replace(SMOKE, task_formats={"ordering": "query_first"}), "unused",
+                    progress=False)

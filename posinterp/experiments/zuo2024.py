@@ -107,12 +107,22 @@ CHOICES_AFTER_RESULTS = (
            "the init-only depth result (depth cannot change layer 0 at init)",
            "74ddf94", "2026-12-01"),
     Choice("Addition's --quick budget is 5,000 steps (was 500), and addition is trained at "
-           "depths 6 and 12 too (5,000 steps); indexing and ordering keep 500",
+           "depths 6 and 12 too (5,000 steps); indexing and ordering kept 500 then",
            "benchmarks/zuo_task_budgets.py, seed 0 of the 4-layer model, one thread, at most "
            "4,000 steps: addition reached 0.933 exact match at 3,500 steps, indexing stayed "
            "at 0.30 and ordering near 0.03 (data: benchmarks/results/zuo_task_budgets)",
            "b7a0fe2", "2026-12-04",
            applies=lambda cfg: cfg.get("task_steps", {}).get("addition") == QUICK_ADDITION_STEPS),
+    Choice("Indexing trains in the query-first layout (`4,134504392=`: the queried digit, "
+           "then the string, no prefix; posinterp's default is `wherex(134504392,4)=`), "
+           "with at most 4,000 steps in --quick, and at depths 6 and 12 too",
+           "benchmarks/zuo_task_budgets.py: the default layout stayed near 0.30 exact match "
+           "for 4,000 steps (seed 0); benchmarks/zuo_task_formats.py: the query-first layout "
+           "reached 0.903 at 1,700 steps (seed 0) and 0.935 at 1,800 (seed 1). Exploratory "
+           "800-step runs on 1-5 digits (seed 0, not committed) had also tried the string "
+           "first without the prefix (0.36) and the query first with it (0.39)",
+           "TASKFMT", "2026-12-05",
+           applies=lambda cfg: cfg.get("task_formats", {}).get("indexing") == "query_first"),
 )
 FIXED_BEFORE = ("Fixed before any result of this reproduction: the thresholds (chance 0.5 ± "
                 "0.05, high ≥ 0.8, vanishes ≤ 0.6, matters little ± 0.1, trained ≥ 0.9 exact "
@@ -138,7 +148,15 @@ PROBE_WINDOW = 8
 #: after seeing the budget exploration (CHOICES_AFTER_RESULTS)
 QUICK_ADDITION_STEPS = 5000
 QUICK_REVERSAL_STEPS = 3000
-QUICK_STEPS = {"addition": QUICK_ADDITION_STEPS, "reversal": QUICK_REVERSAL_STEPS}
+#: --quick's budget for indexing in the query-first format (benchmarks/zuo_task_formats.py,
+#: 4,000 steps: seeds 0 and 1 reached 0.903 and 0.935 at 1,700 and 1,800 steps)
+QUICK_INDEXING_STEPS = 4000
+QUICK_STEPS = {"addition": QUICK_ADDITION_STEPS, "reversal": QUICK_REVERSAL_STEPS,
+               "indexing": QUICK_INDEXING_STEPS}
+#: Input layouts other than a task's default (posinterp.tasks.synthetic): the NoPE model
+#: does not learn indexing's default layout in 4,000 steps (0.30) and learns the
+#: query-first one in ~2,000; chosen after seeing that (CHOICES_AFTER_RESULTS)
+TASK_FORMATS = {"indexing": "query_first"}
 # Bump when a cell's computation changes: its key changes and the stored cell is redone.
 CELL_VERSION = 2
 
@@ -152,7 +170,8 @@ class ReproConfig:
     (train and test samples each; default ``n_samples``). ``train_depths``: the
     ``depth_tasks`` trained at each of these depths too (at most
     ``depth_task_steps[task]`` steps, default ``depth_train_steps``).
-    ``grid_dtype``: the dtype of the init mean x std grid.
+    ``task_formats``: a task's input layout (``TaskConfig.format``; a task not named has
+    its default). ``grid_dtype``: the dtype of the init mean x std grid.
     """
 
     quick: bool = True
@@ -176,15 +195,16 @@ class ReproConfig:
     train_depths: tuple[int, ...] = (6, 12)
     depth_train_steps: int = 800
     # addition trains to the target in --quick's model within QUICK_ADDITION_STEPS steps
-    # (seed 0 of benchmarks/zuo_task_budgets.py: 0.933 at 3,500); indexing and ordering
-    # did not in 4,000 (0.301, ~0.03), so they keep the short budget until a recipe does
-    depth_tasks: tuple[str, ...] = ("reversal", "addition")
+    # (seed 0 of benchmarks/zuo_task_budgets.py: 0.933 at 3,500), indexing in the
+    # query-first layout within QUICK_INDEXING_STEPS; ordering did not in 4,000 (~0.03)
+    depth_tasks: tuple[str, ...] = ("reversal", "addition", "indexing")
     depth_task_steps: dict = field(default_factory=lambda: dict(QUICK_STEPS))
     # A longer run (first training seed) of tasks the step budget may not train: it tests
     # whether "untrained at this budget" is only a budget limit, instead of saying so.
     long_train_tasks: tuple[str, ...] = ()
     long_train_steps: int = 1500
     task_lengths: dict = field(default_factory=lambda: dict(TASK_LENGTHS))
+    task_formats: dict = field(default_factory=lambda: dict(TASK_FORMATS))
     task_steps: dict = field(default_factory=lambda: dict(QUICK_STEPS))
     task_seeds: dict = field(default_factory=dict)
     task_samples: dict = field(default_factory=dict)
@@ -266,7 +286,8 @@ def _train_spec(config: ReproConfig, task: str, seed: int, n_layers: int | None 
                 steps: int | None = None) -> _TrainSpec:
     lo, hi = config.task_lengths[task]
     n = config.task_samples.get(task, config.n_samples)
-    tc = TaskConfig(task, min_digits=lo, max_digits=hi, seed=seed, n_train=n, n_test=n)
+    tc = TaskConfig(task, min_digits=lo, max_digits=hi, seed=seed, n_train=n, n_test=n,
+                    format=config.task_formats.get(task))
     overrides = {} if n_layers is None else {"n_layers": n_layers}
     mc = preset(config.model_preset, seed=seed, **overrides)
     max_steps = steps or (config.depth_task_steps.get(task, config.depth_train_steps)
@@ -274,7 +295,7 @@ def _train_spec(config: ReproConfig, task: str, seed: int, n_layers: int | None 
                           else config.task_steps.get(task, config.train_steps))
     trc = TrainConfig(max_steps=max_steps, eval_every=100, warmup_steps=50,
                       target_accuracy=THRESHOLDS["target_accuracy"], seed=seed)
-    key = _key("train", model=asdict(mc), task=asdict(tc), train=asdict(trc),
+    key = _key("train", model=asdict(mc), task=tc.key_dict(), train=asdict(trc),
                n_sequences=config.n_sequences)
     tag = (f"{task}-seed{seed}" + ("" if n_layers is None else f"-L{n_layers}")
            + ("" if steps is None else f"-steps{steps}") + f"-{_digest(key)}")
@@ -319,7 +340,8 @@ def _task_strings_cell(config: ReproConfig, device=None) -> pd.DataFrame:
     out = []
     for task, (lo, hi) in config.task_lengths.items():
         data = make_task_data(TaskConfig(task, min_digits=lo, max_digits=hi, seed=0,
-                                         n_train=config.n_sequences, n_test=config.n_sequences))
+                                         n_train=config.n_sequences, n_test=config.n_sequences,
+                                         format=config.task_formats.get(task)))
         toks, mask = data.test.tokens, data.test.attention_mask
         for s in config.task_string_seeds:
             model = build_model(preset(config.model_preset, seed=s), device=device)
@@ -403,7 +425,7 @@ def _trained_model(config: ReproConfig, out: Path, task: str, seed: int, device=
 def _cells(config: ReproConfig, out: Path, progress: bool, device) -> list[list[Cell]]:
     """The grid in three stages, cheapest and most depended-on first: (1) init, init
     grid, depth x width, the reversal models the probes read; (2) the probes; (3) the
-    other trainings (deeper reversal models, the other tasks), the costly ones, which a
+    other trainings (the other tasks, then the deeper models), the costly ones, which a
     run cut short leaves pending."""
     gpus = gpus_for(device)
     train = dict(config=config, out=out, progress=progress, device=device)
@@ -429,6 +451,10 @@ def _cells(config: ReproConfig, out: Path, progress: bool, device) -> list[list[
                                           tokens=[config.n_sequences, config.n_tokens, 1234])),
              Cell("init_task_strings", _task_strings_cell, dict(config=config, device=device),
                   num_gpus=gpus, key=_key("task_strings", lengths=config.task_lengths,
+                                          # absent where every task has its default (as
+                                          # before formats existed)
+                                          **({"formats": config.task_formats}
+                                             if config.task_formats else {}),
                                           n=config.n_sequences,
                                           models=[asdict(preset(config.model_preset, seed=s))
                                                   for s in config.task_string_seeds])),
@@ -444,10 +470,12 @@ def _cells(config: ReproConfig, out: Path, progress: bool, device) -> list[list[
               for d, s in (("random_tokens", "init"), ("random_tokens", "trained"),
                            ("reversal_strings", "trained"))
               for seed in config.seeds_of("reversal")]
-    rest = [train_cell(task, seed, n_layers=depth, label=f"{task} L{depth}")
-            for task in config.depth_tasks for depth in config.train_depths
+    # the other tasks at the preset's depth before the deeper models (several times the
+    # cost per step), so a run cut short has every task trained once
+    rest = [train_cell(task, seed) for task in config.task_lengths if task != "reversal"
             for seed in config.seeds_of(task)]
-    rest += [train_cell(task, seed) for task in config.task_lengths if task != "reversal"
+    rest += [train_cell(task, seed, n_layers=depth, label=f"{task} L{depth}")
+             for task in config.depth_tasks for depth in config.train_depths
              for seed in config.seeds_of(task)]
     for task in config.long_train_tasks:
         seed, steps = config.seeds_of(task)[0], config.long_train_steps
@@ -497,14 +525,16 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     # Bad presets and task settings fail here, before the folder and its config.json are
     # made, not as failed cells.
     preset(config.model_preset, seed=0)
-    for name in ("task_steps", "task_seeds", "task_samples", "depth_tasks", "depth_task_steps"):
+    for name in ("task_steps", "task_seeds", "task_samples", "task_formats", "depth_tasks",
+                 "depth_task_steps"):
         extra = set(getattr(config, name)) - set(config.task_lengths)
         if extra:
             raise ValueError(f"{name} names tasks not in task_lengths {sorted(config.task_lengths)}:"
                              f" {sorted(extra)}")
     for task, (lo, hi) in config.task_lengths.items():
         n = config.task_samples.get(task, config.n_samples)
-        TaskConfig(task, min_digits=lo, max_digits=hi, n_train=n, n_test=n)
+        TaskConfig(task, min_digits=lo, max_digits=hi, n_train=n, n_test=n,
+                   format=config.task_formats.get(task))
         if not config.seeds_of(task):
             raise ValueError(f"task_seeds[{task!r}] must name at least one seed")
     TaskConfig("reversal", min_digits=config.probe_lengths[0], max_digits=config.probe_lengths[1])
@@ -599,7 +629,16 @@ def config_of_run(run: dict) -> ReproConfig:
     # runs from before depth_tasks trained reversal alone at depth
     cfg.setdefault("depth_tasks", ("reversal",))
     cfg.setdefault("depth_task_steps", {})
+    cfg.setdefault("task_formats", {})  # runs from before formats: every task's default
     return ReproConfig(**{k: v for k, v in cfg.items() if k in {f.name for f in fields(ReproConfig)}})
+
+
+def _layout(task: str, cfg: dict) -> str:
+    """A sample input of ``task`` in the run's layout and the layout's name (a run from
+    before layouts existed: the default)."""
+    tc = TaskConfig(task, *cfg["task_lengths"][task], n_train=1, n_test=1,
+                    format=cfg.get("task_formats", {}).get(task))
+    return f"`{make_task_data(tc).train.inputs[0]}` ({tc.format})"
 
 
 def _training_label(label: str) -> dict:
@@ -1106,12 +1145,13 @@ def render_markdown(out_dir) -> str:
     arch = preset(cfg["model_preset"])
     tasks = pd.DataFrame([{
         "task": task, "digits": _digit_range(lengths),
+        "input (layout)": _layout(task, cfg),
         "max steps": cfg["task_steps"].get(task, cfg["train_steps"]),
         "seeds": _seed_list(cfg["task_seeds"].get(task, cfg["train_seeds"])),
         "samples": cfg["task_samples"].get(task, cfg["n_samples"])}
         for task, lengths in cfg["task_lengths"].items()]
         + [{"task": f"{task} L{d}", "digits": _digit_range(cfg["task_lengths"][task]),
-            "max steps": _budget(cfg, f"{task} L{d}"),
+            "input (layout)": _layout(task, cfg), "max steps": _budget(cfg, f"{task} L{d}"),
             "seeds": _seed_list(cfg["task_seeds"].get(task, cfg["train_seeds"])),
             "samples": cfg["task_samples"].get(task, cfg["n_samples"])}
            for task in _depth_tasks(cfg) for d in cfg["train_depths"]])

@@ -1,18 +1,27 @@
 """The four synthetic position tasks of Zuo et al. (arXiv 2501.00073), as read in docs/concepts.md.
 
-The paper's exact strings are not public; these formats are our reading:
+The paper's exact strings are not public; these formats are our reading. Each task has a
+default format (first below) and may have others (``TaskConfig.format``):
 
-========  ============================  ===========================================
-task      input -> answer               lengths
-========  ============================  ===========================================
-addition  ``123+456=`` -> ``579``        operands of 1-4 digits without leading zeros,
-                                         input <= 9 characters
-reversal  ``rev(1234)=`` -> ``4321``     1-16 digits (``max_digits``)
-indexing  ``wherex(134504392,4)=`` -> ``2``  1-9 digits, the queried digit occurs;
-                                         answer = 0-based first occurrence
-ordering  ``ord(31725,73125)=`` -> ``20134``  2-5 distinct digits; for each element of
-                                         the reordered string, its index in the original
-========  ============================  ===========================================
+========  ==============  ==================================  ===============================
+task      format          input -> answer                     lengths
+========  ==============  ==================================  ===============================
+addition  infix           ``123+456=`` -> ``579``              operands of 1-4 digits without
+                                                              leading zeros, input <= 9 chars
+reversal  rev             ``rev(1234)=`` -> ``4321``           1-16 digits (``max_digits``)
+indexing  string_first    ``wherex(134504392,4)=`` -> ``2``    1-9 digits, the queried digit
+          query_first     ``4,134504392=`` -> ``2``            occurs; answer = 0-based first
+                                                              occurrence
+ordering  original_first  ``ord(31725,73125)=`` -> ``20134``   2-5 distinct digits; for each
+          reordered_first ``73125,31725=`` -> ``20134``        element of the reordered string,
+                                                              its index in the original
+========  ==============  ==================================  ===============================
+
+Every format of a task draws the same random choices in the same order, so one seed gives
+the same strings (and answers) in each format, only laid out differently. The query-first
+layouts exist because the 4-layer NoPE model of ``posinterp reproduce zuo2024 --quick``
+does not learn the default indexing layout in 4,000 steps and learns the query-first one
+in about 2,000 (benchmarks/zuo_task_formats.py).
 
 A sample is ``<bos> input answer <eos>``. The loss and exact-match accuracy use the
 answer tokens and the EOS only.
@@ -67,41 +76,61 @@ def _answer_reversal(inp: str) -> str:
     return inp[4:-2][::-1]
 
 
-def _sample_indexing(rng: random.Random, cfg: TaskConfig) -> str:
+def _draw_indexing(rng: random.Random, cfg: TaskConfig) -> tuple[str, str]:
+    """(string, queried digit)."""
     s = _digits(rng, rng.randint(cfg.min_digits, min(cfg.max_digits, 9)))
-    return f"wherex({s},{rng.choice(s)})="
+    return s, rng.choice(s)
 
 
-def _answer_indexing(inp: str) -> str:
-    s, q = inp[7:-2].split(",")
+def _answer_indexing(s: str, q: str) -> str:
     return str(s.index(q))
 
 
-def _sample_ordering(rng: random.Random, cfg: TaskConfig) -> str:
+def _draw_ordering(rng: random.Random, cfg: TaskConfig) -> tuple[str, str]:
+    """(original, reordered)."""
     n = rng.randint(max(cfg.min_digits, 2), min(cfg.max_digits, 5))
     original = rng.sample("0123456789", n)
-    reordered = rng.sample(original, n)
-    return f"ord({''.join(original)},{''.join(reordered)})="
+    return "".join(original), "".join(rng.sample(original, n))
 
 
-def _answer_ordering(inp: str) -> str:
-    original, reordered = inp[4:-2].split(",")
+def _answer_ordering(original: str, reordered: str) -> str:
     return "".join(str(original.index(c)) for c in reordered)
 
 
 @dataclass(frozen=True)
-class _TaskSpec:
+class _Format:
     sample: Sampler
     answer: Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class _TaskSpec:
+    formats: dict[str, _Format]  # the first is the default
     digit_range: tuple[int, int]  # the allowed (min_digits, max_digits)
     default_digits: tuple[int, int]
 
+    @property
+    def default_format(self) -> str:
+        return next(iter(self.formats))
+
 
 TASKS: dict[str, _TaskSpec] = {
-    "addition": _TaskSpec(_sample_addition, _answer_addition, (1, 4), (1, 4)),
-    "reversal": _TaskSpec(_sample_reversal, _answer_reversal, (1, 16), (1, 16)),
-    "indexing": _TaskSpec(_sample_indexing, _answer_indexing, (1, 9), (1, 9)),
-    "ordering": _TaskSpec(_sample_ordering, _answer_ordering, (2, 5), (2, 5)),
+    "addition": _TaskSpec({"infix": _Format(_sample_addition, _answer_addition)}, (1, 4), (1, 4)),
+    "reversal": _TaskSpec({"rev": _Format(_sample_reversal, _answer_reversal)}, (1, 16), (1, 16)),
+    "indexing": _TaskSpec({
+        "string_first": _Format(lambda rng, c: "wherex({},{})=".format(*_draw_indexing(rng, c)),
+                                lambda inp: _answer_indexing(*inp[7:-2].split(","))),
+        "query_first": _Format(
+            lambda rng, c: "{1},{0}=".format(*_draw_indexing(rng, c)),
+            lambda inp: _answer_indexing(*reversed(inp[:-1].split(",")))),
+    }, (1, 9), (1, 9)),
+    "ordering": _TaskSpec({
+        "original_first": _Format(lambda rng, c: "ord({},{})=".format(*_draw_ordering(rng, c)),
+                                  lambda inp: _answer_ordering(*inp[4:-2].split(","))),
+        "reordered_first": _Format(
+            lambda rng, c: "{1},{0}=".format(*_draw_ordering(rng, c)),
+            lambda inp: _answer_ordering(*reversed(inp[:-1].split(",")))),
+    }, (2, 5), (2, 5)),
 }
 
 
@@ -111,13 +140,23 @@ def _check_task(name: str) -> _TaskSpec:
     return TASKS[name]
 
 
-def task_answer(task: str, inp: str) -> str:
-    """The answer string for input ``inp`` of ``task`` (docs/concepts.md).
+def _check_format(task: str, spec: _TaskSpec, fmt: str | None) -> _Format:
+    fmt = spec.default_format if fmt is None else fmt
+    if fmt not in spec.formats:
+        raise ValueError(f"format for task {task!r} must be one of {list(spec.formats)}, "
+                         f"got {fmt!r}")
+    return spec.formats[fmt]
+
+
+def task_answer(task: str, inp: str, format: str | None = None) -> str:
+    """The answer string for input ``inp`` of ``task`` in ``format`` (None: the task's
+    default; the formats are in this module's docstring and docs/concepts.md).
 
     Raises:
-        ValueError: if ``task`` is unknown.
+        ValueError: if ``task`` or ``format`` is unknown.
     """
-    return _check_task(task).answer(inp)
+    spec = _check_task(task)
+    return _check_format(task, spec, format).answer(inp)
 
 
 @dataclass(frozen=True)
@@ -125,8 +164,14 @@ class TaskConfig:
     """Which task, which lengths, how many samples and which seed.
 
     ``min_digits``/``max_digits`` default to the task's full range (docs/concepts.md): operand
-    digits for addition, string digits otherwise. Train and test sets are disjoint sets
-    of distinct inputs.
+    digits for addition, string digits otherwise. ``format`` is the input layout (this
+    module's table: ``string_first`` or ``query_first`` for indexing, ``original_first`` or
+    ``reordered_first`` for ordering); it defaults to the task's first. Train and test sets
+    are disjoint sets of distinct inputs.
+
+    Raises:
+        ValueError: for an unknown task or format, digits outside the task's range, or
+            fewer than one sample.
     """
 
     task: str = "reversal"
@@ -135,6 +180,7 @@ class TaskConfig:
     n_train: int = 20_000
     n_test: int = 20_000
     seed: int = 0
+    format: str | None = None
 
     def __post_init__(self) -> None:
         spec = _check_task(self.task)
@@ -142,6 +188,8 @@ class TaskConfig:
         # follow the task through dataclasses.replace unless set (posinterp._validate.Derived)
         derive(self, "min_digits", lambda: spec.default_digits[0])
         derive(self, "max_digits", lambda: spec.default_digits[1])
+        derive(self, "format", lambda: spec.default_format)
+        _check_format(self.task, spec, self.format)
         if not lo <= self.min_digits <= self.max_digits <= hi:
             raise ValueError(
                 f"for task {self.task!r}, need {lo} <= min_digits <= max_digits <= {hi}, "
@@ -153,6 +201,15 @@ class TaskConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def key_dict(self) -> dict:
+        """:meth:`to_dict` without ``format`` where it is the task's default: the settings as
+        they were keyed before tasks had formats, so results keyed then stay valid (their
+        one layout was the default)."""
+        d = self.to_dict()
+        if self.format == _check_task(self.task).default_format:
+            del d["format"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> TaskConfig:
@@ -222,7 +279,7 @@ def make_task_data(config: TaskConfig, vocab: CharVocab = CHAR_VOCAB,
         ValueError: if the configured lengths do not hold enough distinct inputs (e.g.
             reversal needs a range of at least 5 digits for 40,000 samples).
     """
-    spec = _check_task(config.task)
+    fmt = _check_format(config.task, _check_task(config.task), config.format)
     rng = random.Random(f"posinterp-task-{config.task}-{config.seed}")
     need = config.n_train + config.n_test
     seen: dict[str, None] = {}
@@ -235,9 +292,9 @@ def make_task_data(config: TaskConfig, vocab: CharVocab = CHAR_VOCAB,
                 f"yielded only {len(seen)} distinct inputs in {tries - 1} draws; "
                 f"n_train + n_test = {need} needs a wider digit range or fewer samples"
             )
-        seen.setdefault(spec.sample(rng, config), None)
+        seen.setdefault(fmt.sample(rng, config), None)
     inputs = list(seen)
-    answers = [spec.answer(i) for i in inputs]
+    answers = [fmt.answer(i) for i in inputs]
     n = config.n_train
     return TaskData(
         config,

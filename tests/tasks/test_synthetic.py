@@ -91,3 +91,52 @@ def test_too_few_distinct_inputs_is_a_clear_error():
     # 1-4 digit reversal has only 11,110 distinct inputs (docs/concepts.md).
     with pytest.raises(ValueError, match="distinct inputs"):
         make_task_data(TaskConfig("reversal", max_digits=4), max_tries_factor=3)
+
+
+# The alternative layouts, parsed independently: each regex rebuilds the default input.
+_LAYOUTS = {
+    ("indexing", "query_first"): (r"(\d),(\d{1,9})=", lambda q, s: f"wherex({s},{q})="),
+    ("ordering", "reordered_first"): (r"(\d{2,5}),(\d{2,5})=", lambda r, o: f"ord({o},{r})="),
+}
+
+
+@pytest.mark.parametrize("task, fmt", sorted(_LAYOUTS))
+def test_a_layout_holds_the_default_samples_rearranged(task, fmt):
+    """Same seed, same random draws: the other layout is the default's samples laid out
+    anew, each answered as the default answers its rearrangement."""
+    from posinterp.tasks import task_answer
+
+    pattern, as_default = _LAYOUTS[(task, fmt)]
+    default = tiny_task(task, n=200)
+    other = make_task_data(TaskConfig(task, format=fmt, n_train=200, n_test=200))
+    assert other.config.format == fmt and default.config.format == TASKS[task].default_format
+    for d_split, o_split in ((default.train, other.train), (default.test, other.test)):
+        rebuilt = [as_default(*re.fullmatch(pattern, i).groups()) for i in o_split.inputs]
+        assert rebuilt == d_split.inputs
+        assert o_split.answers == d_split.answers
+        assert [task_answer(task, i, fmt) for i in o_split.inputs] == o_split.answers
+
+
+def test_known_examples_in_the_other_layouts():
+    from posinterp.tasks import task_answer
+
+    assert task_answer("indexing", "4,134504392=", "query_first") == "2"
+    assert task_answer("ordering", "73125,31725=", "reordered_first") == "20134"
+
+
+def test_format_is_checked_derived_and_keyed_as_before():
+    import dataclasses
+
+    with pytest.raises(ValueError, match=r"format for task 'indexing' must be one of "
+                                         r"\['string_first', 'query_first'\], got 'rev'"):
+        TaskConfig("indexing", format="rev")
+    # the default follows the task through replace; a format set by hand is kept
+    assert dataclasses.replace(TaskConfig("indexing"), task="ordering").format == "original_first"
+    with pytest.raises(ValueError, match="format for task 'ordering'"):
+        dataclasses.replace(TaskConfig("indexing", format="query_first"), task="ordering")
+    # a config from before formats existed reads back as the default layout, and the key
+    # of a default-layout config is the key it had then
+    old = {k: v for k, v in TaskConfig("indexing").to_dict().items() if k != "format"}
+    assert TaskConfig.from_dict(old) == TaskConfig("indexing", format="string_first")
+    assert TaskConfig("indexing").key_dict() == old
+    assert TaskConfig("indexing", format="query_first").key_dict()["format"] == "query_first"
