@@ -121,7 +121,7 @@ CHOICES_AFTER_RESULTS = (
            "reached 0.903 at 1,700 steps (seed 0) and 0.935 at 1,800 (seed 1). Exploratory "
            "800-step runs on 1-5 digits (seed 0, not committed) had also tried the string "
            "first without the prefix (0.36) and the query first with it (0.39)",
-           "TASKFMT", "2026-12-05",
+           "dcc1d9b", "2026-12-05",
            applies=lambda cfg: cfg.get("task_formats", {}).get("indexing") == "query_first"),
 )
 FIXED_BEFORE = ("Fixed before any result of this reproduction: the thresholds (chance 0.5 ± "
