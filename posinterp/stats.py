@@ -10,7 +10,9 @@
   reach (exact enumeration or sampled relabellings).
 * Equivalence: :func:`ratio_equivalence` (TOST on paired log ratios).
 * Power: :func:`t_detectable_shift` (noncentral t), :func:`permutation_power` and
-  :func:`permutation_detectable_shift` (the exact permutation test, simulated).
+  :func:`permutation_detectable_shift` (the exact permutation test, simulated),
+  :func:`mannwhitney_power` and :func:`mannwhitney_detectable_ratio` (a slowdown ratio of
+  rounded, capped run times, simulated) and :func:`tost_power` (equivalence, simulated).
 
 A foundation: numpy, scipy and pandas only, no other posinterp module, so every layer may
 import it. Each function reproduces, operation for operation, the copy it replaced
@@ -27,8 +29,9 @@ import pandas as pd
 from scipy import stats as _sps
 
 __all__ = ["bh_qvalues", "bootstrap_percentile_ci", "mean_t_interval", "percentile_interval",
-           "permutation_detectable_shift", "permutation_p_floor", "permutation_power",
-           "ratio_equivalence", "stratified_bootstrap_means", "t_critical", "t_detectable_shift"]
+           "mannwhitney_detectable_ratio", "mannwhitney_power", "permutation_detectable_shift",
+           "permutation_p_floor", "permutation_power", "ratio_equivalence",
+           "stratified_bootstrap_means", "t_critical", "t_detectable_shift", "tost_power"]
 
 
 # --- Student-t ------------------------------------------------------------------------------
@@ -380,3 +383,110 @@ def ratio_equivalence(a, b, claimed: float, margin: float, level: float = 0.05) 
     return {"ratio": math.exp(m), "ci_low": math.exp(ci[0]), "ci_high": math.exp(ci[1]),
             "p_tost": p_tost, "p_outside": min(1 - p_low, 1 - p_high), "n": n,
             "verdict": verdict}
+
+
+def mannwhitney_power(control, n_slow: int, ratio: float, level: float = 0.05,
+                      resolution: float | None = None, cap: float | None = None,
+                      n_sims: int = 2000, seed: int = 0) -> float:
+    """Power of the one-sided Mann-Whitney test "the slow group takes longer" (scipy's
+    ``mannwhitneyu(slow, control, alternative="greater")``) when the slow group's times are
+    the control's multiplied by ``ratio``: the share of ``n_sims`` seeded simulated designs
+    with p ≤ ``level``.
+
+    Times are drawn lognormal with the log-mean and log-sd of ``control`` (one value per
+    independent run, e.g. steps to target); as in the runs, each draw is rounded up to a
+    multiple of ``resolution`` (the evaluation interval) and clipped at ``cap`` (the step cap:
+    a censored run counts at the cap). ``len(control)`` controls and ``n_slow`` slow runs per
+    design. Monte Carlo error about sqrt(P (1 − P) / n_sims).
+
+    Raises:
+        ValueError: for fewer than 2 controls or slow runs, non-positive times, ``ratio <= 0``,
+            ``level`` outside (0, 1) or ``n_sims < 1``.
+
+    Source: Mann & Whitney (1947), Ann. Math. Statist. 18(1); power by simulation under a
+    scale shift of a lognormal fitted to the control (e.g. Lehmann 1975, "Nonparametrics",
+    §2.3 on the test's power against shifts).
+    """
+    control = np.asarray(control, float)
+    if control.ndim != 1 or len(control) < 2 or n_slow < 2:
+        raise ValueError(f"need >= 2 controls and n_slow >= 2, got {control.shape} and {n_slow}")
+    if not np.all(control > 0) or not ratio > 0:
+        raise ValueError(f"control times and ratio must be > 0, got ratio={ratio}")
+    if not 0 < level < 1 or n_sims < 1:
+        raise ValueError(f"level must be in (0, 1) and n_sims >= 1, got {level} and {n_sims}")
+    logs = np.log(control)
+    mu, sd = float(logs.mean()), float(logs.std(ddof=1))
+    rng = np.random.default_rng(seed)
+    n_c = len(control)
+    z = rng.standard_normal((n_sims, n_c + n_slow))
+    t = np.exp(mu + sd * z)
+    t[:, n_c:] *= ratio
+    if resolution is not None:
+        t = np.ceil(t / resolution - 1e-9) * resolution
+    if cap is not None:
+        t = np.minimum(t, cap)
+    slow, ctrl = t[:, n_c:], t[:, :n_c]
+    # a design whose every value ties has no test (scipy returns NaN): it cannot reject
+    p = _sps.mannwhitneyu(slow, ctrl, alternative="greater", axis=1).pvalue
+    return float(np.mean(np.nan_to_num(p, nan=1.0) <= level))
+
+
+def mannwhitney_detectable_ratio(control, n_slow: int, power: float = 0.8, level: float = 0.05,
+                                 resolution: float | None = None, cap: float | None = None,
+                                 n_sims: int = 2000, seed: int = 0) -> float:
+    """The smallest slowdown ratio (≥ 1, dimensionless) that :func:`mannwhitney_power`
+    detects with probability ≥ ``power``, to 1% by bisection on the log ratio with the same
+    seeded draws at every ratio; inf if even the ratio that puts every slow run at ``cap``
+    (or 1,000x without a cap) falls short (a design whose p floor is above ``level``).
+
+    Raises:
+        ValueError: as :func:`mannwhitney_power`, and for ``power`` outside (0, 1).
+    """
+    if not 0 < power < 1:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    control = np.asarray(control, float)
+
+    def pw(r):
+        return mannwhitney_power(control, n_slow, r, level, resolution, cap, n_sims, seed)
+
+    top = 1000.0 if cap is None else max(cap / float(np.min(control)), 1.0) * 1.01
+    if pw(top) < power:
+        return math.inf
+    lo, hi = 0.0, math.log(top)
+    if pw(1.0) >= power:
+        return 1.0
+    while hi - lo > 0.01:
+        mid = (lo + hi) / 2
+        if pw(math.exp(mid)) >= power:
+            hi = mid
+        else:
+            lo = mid
+    return float(math.exp(hi))
+
+
+def tost_power(n: int, sd_log: float, margin: float, log_offset: float = 0.0,
+               level: float = 0.05, n_sims: int = 20_000, seed: int = 0) -> float:
+    """Power of :func:`ratio_equivalence`'s TOST (``n`` pairs, margin ×/÷ ``margin``) to show
+    equivalence when the true paired log ratio sits ``log_offset`` from the claimed one's log
+    (0: the claim is exactly true) and the paired log ratios have sd ``sd_log`` (natural-log
+    units): the share of ``n_sims`` seeded simulated designs with p_tost ≤ ``level``.
+
+    Raises:
+        ValueError: for ``n < 2``, ``sd_log < 0``, ``margin <= 1``, ``level`` outside (0, 1) or
+            ``n_sims < 1``.
+
+    Source: Schuirmann (1987), J. Pharmacokinet. Biopharm. 15(6), §3 (the TOST's power);
+    computed by simulation of the t statistics.
+    """
+    if n < 2 or not sd_log >= 0 or not margin > 1 or not 0 < level < 1 or n_sims < 1:
+        raise ValueError(f"need n >= 2, sd_log >= 0, margin > 1, level in (0, 1), n_sims >= 1; "
+                         f"got n={n}, sd_log={sd_log}, margin={margin}, level={level}, "
+                         f"n_sims={n_sims}")
+    edge = math.log(margin)
+    if sd_log == 0:
+        return float(abs(log_offset) < edge)
+    rng = np.random.default_rng(seed)
+    d = log_offset + sd_log * rng.standard_normal((n_sims, n))
+    m, se = d.mean(1), d.std(1, ddof=1) / math.sqrt(n)
+    crit = float(_sps.t.ppf(1 - level, n - 1))
+    return float(np.mean((m - crit * se > -edge) & (m + crit * se < edge)))

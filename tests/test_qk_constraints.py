@@ -184,6 +184,9 @@ def test_claims_verdicts_follow_the_definitions():
     # and refutes it only once it exceeds 2.9
     lower = summary.iloc[[0]].assign(censored=5, ratio=2.9, ci_low=2.4, ci_high=4.4)
     assert claims_table(lower, grid).verdict.iloc[0] == "undetermined"
+    # a bound is printed as one, without the bootstrap interval of a capped median
+    measured = claims_table(lower, grid).measured.iloc[0]
+    assert measured.startswith(">= 2.90x (bound set by the cap)") and "[2.40" not in measured
     assert claims_table(lower.assign(ci_low=3.5), grid).verdict.iloc[0] == "fails"
     upper = summary.iloc[[0]].assign(control_censored=5, ratio=1.5, ci_low=1.0, ci_high=2.0)
     assert claims_table(upper, grid).verdict.iloc[0] == "fails"

@@ -183,3 +183,56 @@ def test_ratio_equivalence_is_tost_on_paired_log_ratios():
     assert noisy["verdict"] == "inconclusive"  # too noisy to show either
     with pytest.raises(ValueError, match="positive"):
         ratio_equivalence([1.0, -1.0], [1.0, 1.0], 2.9, 1.25)
+
+
+def test_mannwhitney_power_is_scipys_test_on_the_rounded_capped_draws():
+    """Each simulated design's decision equals a per-design scipy call on lognormal draws fitted
+    to the control, rounded up to the resolution and capped; at ratio 1 the rejection rate is
+    near the level, and power grows with the ratio."""
+    from posinterp.stats import mannwhitney_power
+
+    control = np.array([110., 120, 110, 130, 120, 110, 150, 120, 110, 140])
+    mu, sd = np.log(control).mean(), np.log(control).std(ddof=1)
+    rng = np.random.default_rng(3)
+    t = np.exp(mu + sd * rng.standard_normal((50, 18)))
+    t[:, 10:] *= 1.2
+    t = np.minimum(np.ceil(t / 10 - 1e-9) * 10, 200)
+    want = np.mean([stats.mannwhitneyu(row[10:], row[:10], alternative="greater").pvalue <= 0.05
+                    for row in t])
+    assert mannwhitney_power(control, 8, 1.2, resolution=10, cap=200, n_sims=50, seed=3) == want
+    size = mannwhitney_power(control, 10, 1.0, n_sims=4000)
+    assert size <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 4000)
+    powers = [mannwhitney_power(control, 10, r, n_sims=1000) for r in (1.05, 1.15, 1.4)]
+    assert powers == sorted(powers) and powers[-1] > 0.8
+    with pytest.raises(ValueError, match="ratio"):
+        mannwhitney_power(control, 10, 0.0)
+
+
+def test_mannwhitney_detectable_ratio_is_where_the_power_crosses():
+    from posinterp.stats import mannwhitney_detectable_ratio, mannwhitney_power
+
+    control = np.array([150., 160, 130, 170, 140, 150, 160, 180, 150, 140])
+    r = mannwhitney_detectable_ratio(control, 10, n_sims=1000)
+    assert mannwhitney_power(control, 10, r, n_sims=1000) >= 0.8
+    assert mannwhitney_power(control, 10, r / 1.02, n_sims=1000) < 0.8
+    # two runs a side: the smallest one-sided p is 1/6 > 0.05, whatever the slowdown
+    assert mannwhitney_detectable_ratio(control[:2], 2, n_sims=200, cap=3000) == np.inf
+    # a stricter level needs a larger slowdown
+    assert mannwhitney_detectable_ratio(control, 10, level=0.002, n_sims=1000) > r
+
+
+def test_tost_power_is_ratio_equivalence_on_simulated_pairs():
+    """The share of simulated designs that ratio_equivalence calls equivalent (an independent
+    route: its own t statistics), at and beside the claim; 0 beyond the margin as sd -> 0."""
+    from posinterp.stats import ratio_equivalence, tost_power
+
+    n, sd, margin = 6, 0.15, 1.25
+    rng = np.random.default_rng(0)
+    d = 0.05 + sd * rng.standard_normal((300, n))
+    want = np.mean([ratio_equivalence(np.exp(row) * 2.9, np.ones(n), 2.9, margin)["verdict"]
+                    == "equivalent" for row in d])
+    assert tost_power(n, sd, margin, log_offset=0.05, n_sims=300, seed=0) == pytest.approx(want)
+    assert tost_power(n, 0.0, margin) == 1.0 and tost_power(n, 0.0, margin, 0.3) == 0.0
+    assert tost_power(10, 0.1, margin) > tost_power(10, 0.3, margin)
+    with pytest.raises(ValueError, match="margin"):
+        tost_power(n, sd, 1.0)

@@ -102,9 +102,11 @@ from ..models.toy import PE_SCHEMES, ToyModelConfig, build_model
 from ..stats import (
     bh_qvalues,
     bootstrap_percentile_ci,
+    mannwhitney_detectable_ratio,
     mean_t_interval,
     permutation_p_floor,
     ratio_equivalence,
+    tost_power,
 )
 from ..training import TrainConfig, fit
 from ._disclosure import Choice, disclosure_section
@@ -780,6 +782,9 @@ def equivalence_to_claim(runs: pd.DataFrame, pe: str, constraint: str, control: 
         return None
     a, b = a.loc[seeds], b.loc[seeds]
     out = ratio_equivalence(a.steps.to_numpy(float), b.steps.to_numpy(float), claimed, margin)
+    sd_log = float(np.std(np.log(a.steps.to_numpy(float) / b.steps.to_numpy(float)), ddof=1))
+    # how often this design shows equivalence were the claim exactly true (issue 37 item 5)
+    out["power_at_claim"] = tost_power(len(seeds), sd_log, margin)
     cens_a, cens_b = int(a.censored.astype(bool).sum()), int(b.censored.astype(bool).sum())
     out.update(censored=cens_a, control_censored=cens_b)
     if cens_a or cens_b:
@@ -796,7 +801,8 @@ def _equivalence_text(e: dict) -> str:
     return (f"paired geometric mean {e['ratio']:.2f}x [90% CI {e['ci_low']:.2f}, {e['ci_high']:.2f}]"
             f", TOST p = {e['p_tost']:.3g} for {CLAIMED_SLOWDOWN / EQUIVALENCE_MARGIN:.2f}-"
             f"{CLAIMED_SLOWDOWN * EQUIVALENCE_MARGIN:.2f}x, n = {e['n']} pairs, censored "
-            f"{e['censored']} vs {e['control_censored']}")
+            f"{e['censored']} vs {e['control_censored']}; TOST power "
+            f"{e['power_at_claim']:.2f} were the ratio exactly {CLAIMED_SLOWDOWN}")
 
 
 def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
@@ -839,7 +845,7 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
     sym = summary[(summary.pe == "absolute") & (summary.constraint == "symmetric")]
     for _, r in sym.iterrows():
         verdict, bound = _ratio_verdict(r, CLAIMED_SLOWDOWN)
-        measured = (f"{bound}{r.ratio:.2f}x [{r.ci_low:.2f}, {r.ci_high:.2f}], "
+        measured = (f"{_fmt_ratio(r, 'x')}, "
                     f"censored {r.censored}/{r.n} vs {int(r.control_censored)}/{r.n}")
         e = (equivalence_to_claim(runs, r.pe, r.constraint, r.control)
              if runs is not None else None)
@@ -877,12 +883,11 @@ def claims_table(summary: pd.DataFrame, grid: ConstraintGrid,
     for _, r in matched.iterrows():
         # both sides at the cap: the order of the two is unknown
         both = r.censored == r.n and r.control_censored == r.n
-        _, bound = _ratio_verdict(r, CLAIMED_SLOWDOWN)
         what = ("the same rank" if r.control.startswith("rank_matched_")
                 else "the ban's current rank, as it changes")
         rows.append(dict(claim=f"{r.pe}: {r.constraint} slows learning more than removing a "
                                f"random subspace of {what} (q <= 0.05 vs {r.control})",
-                         measured=f"{bound}{r.ratio:.2f}x [{r.ci_low:.2f}, {r.ci_high:.2f}], "
+                         measured=f"{_fmt_ratio(r, 'x')}, "
                                   f"q = {r.q_bh:.3g}, censored {int(r.censored)}/{r.n} vs "
                                   f"{int(r.control_censored)}/{r.n}",
                          verdict="undetermined" if both else
@@ -1451,6 +1456,7 @@ def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
                      "paired GM [90% CI]": (f"{e['ratio']:.2f} [{e['ci_low']:.2f}, "
                                             f"{e['ci_high']:.2f}]" if e else ""),
                      "TOST p": f"{e['p_tost']:.3g}" if e else "",
+                     "TOST power at 2.9x": f"{e['power_at_claim']:.2f}" if e else "",
                      "~2.9x": verdict, "sensitivity": name != "default"})
     table = pd.DataFrame(rows)
     extra = table.sensitivity.to_numpy()
@@ -1461,7 +1467,8 @@ def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
     table["smallest possible p"] = table.floor.map("{:.3g}".format)
     table["q (BH)"] = [f"{v:.3g}" if np.isfinite(v) else "(main table)" for v in q]
     table = table[["setting", "reached", "median steps", "ratio [95% CI]", "log-rank p (permutation)",
-                   "smallest possible p", "q (BH)", "paired GM [90% CI]", "TOST p", "~2.9x"]]
+                   "smallest possible p", "q (BH)", "paired GM [90% CI]", "TOST p",
+                   "TOST power at 2.9x", "~2.9x"]]
     ran = [c for _, _, _, _, run in parts[1:] for c in run["calls"] if c.get("cells_run")]
     pending = [n for n in SENSITIVITY if n not in shown]
     words = [w for w in command.split() if w != "--tables-only"]
@@ -1486,7 +1493,10 @@ def _sensitivity_section(out: Path, g: dict, command: str = "") -> list[str]:
         "*fails* when the interval lies wholly outside that range, else *inconclusive*; "
         "with a censored run in a pair, *undetermined* (a bound) unless already too slow. "
         "(Earlier versions of this page said *holds* whenever the ratio's CI covered 2.9, "
-        "which is no test of equivalence.)\n",
+        "which is no test of equivalence.) TOST power at 2.9x: how often the row's design "
+        "(its pairs and the sd of their log ratios) shows equivalence were the ratio exactly "
+        "2.9 (`posinterp.stats.tost_power`, 20,000 seeded simulations); an *inconclusive* "
+        "row of low power says little either way.\n",
         _md_table(table) + "\n",
         f"The sensitivity grids took {sum(c['seconds'] for c in ran) / 60:.1f} min of wall time "
         f"({sum(c['cells_run'] for c in ran)} cells run, "
@@ -1572,14 +1582,77 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+POWER = 0.8
+
+
+def detectable_slowdowns(runs: pd.DataFrame, summary: pd.DataFrame, grid: dict,
+                         power: float = POWER, level: float = 0.05) -> pd.DataFrame:
+    """Per comparison of ``summary``: the slowdown its one-sided Mann-Whitney test detects
+    with probability ``power`` (issue 37 item 5), at p <= ``level`` and at the Bonferroni
+    level ``level`` / m over the m tests (BH's q <= ``level`` lies between the two).
+
+    Returns ``summary``'s ``pe``, ``constraint``, ``control`` with ``detectable_ratio`` and
+    ``detectable_ratio_bonferroni`` (dimensionless: constrained / control steps; NaN for a
+    row without a control or a control of fewer than 2 runs). The model:
+    :func:`posinterp.stats.mannwhitney_detectable_ratio`, lognormal steps with the control
+    runs' log-mean and log-sd, rounded up to ``grid["eval_every"]`` and capped at
+    ``grid["max_steps"]`` as the runs are, the constrained group the control times the ratio,
+    2,000 seeded designs per ratio.
+
+    Raises:
+        KeyError: if ``runs`` or ``grid`` lacks the columns and fields named.
+
+    Source: Mann & Whitney (1947); power by simulation (posinterp.stats).
+    """
+    m = int(summary.p_one_sided.notna().sum())
+    rows = []
+    for r in summary.itertuples():
+        c = runs[(runs.pe == r.pe) & (runs.constraint == r.control)].steps.to_numpy(float)
+        n = int(r.n)
+        ok = isinstance(r.control, str) and r.control and len(c) >= 2 and n >= 2
+        rows.append({"pe": r.pe, "constraint": r.constraint, "control": r.control, **{
+            col: (mannwhitney_detectable_ratio(c, n, power, lvl, grid["eval_every"],
+                                               grid["max_steps"]) if ok else np.nan)
+            for col, lvl in (("detectable_ratio", level),
+                             ("detectable_ratio_bonferroni", level / max(m, 1)))}})
+    return pd.DataFrame(rows)
+
+
+def _detectable_columns(runs, summary, g) -> dict:
+    d = detectable_slowdowns(runs, summary, g)
+    m = int(summary.p_one_sided.notna().sum())
+    return {f"80%-power ratio (p <= 0.05 / 0.05/{m})": [
+        "" if not np.isfinite(a) else f"{a:.2f} / {b:.2f}"
+        for a, b in zip(d.detectable_ratio, d.detectable_ratio_bonferroni, strict=True)]}
+
+
+def _power_sentences(runs, summary, g) -> list[str]:
+    """The rows without a detected slowdown, read with their power: no slowdown larger
+    than the detectable ratio, not "no slowdown"."""
+    d = detectable_slowdowns(runs, summary, g)
+    quiet = [(r, b) for r, b in zip(summary.itertuples(), d.detectable_ratio_bonferroni,
+                                    strict=True)
+             if np.isfinite(r.q_bh) and r.q_bh > 0.05]
+    if not quiet:
+        return []
+    rows = "; ".join(f"{r.pe} {r.constraint} vs {r.control} ({_fmt_ratio(r, 'x')}, detects "
+                     f"{b:.2f}x at 80% power)" for r, b in quiet)
+    return [f"**Power of the rows without a slowdown** (q > 0.05): {rows}. Each rules out, "
+            "with 80% power, a slowdown as large as its 80%-power ratio (Bonferroni level), "
+            "not a smaller one. The log-rank tests below use the same runs; their power is "
+            "not computed separately.\n"]
+
+
 def _fmt_ratio(r, unit: str = "") -> str:
     if not np.isfinite(r.ratio):
         return ""
     _, bound = _ratio_verdict(r, CLAIMED_SLOWDOWN)
     if bound == "? ":
         return "no information (both sides censored)"
+    if bound:  # a capped median: the bootstrap interval of a bound is no interval of the ratio
+        return f"{bound.strip()} {r.ratio:.2f}{unit} (bound set by the cap)"
     ci = f" [{r.ci_low:.2f}, {r.ci_high:.2f}]" if np.isfinite(r.ci_low) else ""
-    return f"{bound.strip()} {r.ratio:.2f}{unit}{ci}".strip()
+    return f"{r.ratio:.2f}{unit}{ci}"
 
 
 def _ceiling_with_repeats(n_ctx: int, d_vocab: int, n: int = 256) -> float:
@@ -1887,13 +1960,21 @@ def render_markdown(out_dir) -> str:
              "(slower than the control). Bans are compared with the untied model (`none`) "
              "and, where the grid has it, with their rank-matched control "
              "(`rank_matched_<channel>`, itself compared with `none`); the tied family with "
-             "`tied` and with `none`.\n")
+             "`tied` and with `none`. *80%-power ratio*: the slowdown the row's test "
+             "detects with 80% probability, at p <= 0.05 and at the Bonferroni level "
+             "0.05 / m (BH's q <= 0.05 lies between the two), simulated "
+             "(`posinterp.stats.mannwhitney_detectable_ratio`: lognormal steps with the "
+             f"control runs' log-mean and log-sd, rounded up to the {g['eval_every']}-step "
+             "evaluation interval and capped as the runs are, 2,000 seeded designs per "
+             "ratio).\n")
     p.append(_md_table(pd.DataFrame({
         "pe": summary.pe, "constraint": summary.constraint, "control": summary.control.fillna(""),
         "censored": [f"{int(r.censored)}/{int(r.n)}" for r in summary.itertuples()],
         "median steps": summary.median_steps.map("{:.0f}".format),
         "ratio [95% CI]": [_fmt_ratio(r) for r in summary.itertuples()],
-        "q (BH)": summary.q_bh.map(lambda v: "" if not np.isfinite(v) else f"{v:.3g}")})) + "\n")
+        "q (BH)": summary.q_bh.map(lambda v: "" if not np.isfinite(v) else f"{v:.3g}"),
+        **_detectable_columns(runs, summary, g)})) + "\n")
+    p.extend(_power_sentences(runs, summary, g))
     p.append("## Steps to target as survival data\n")
     surv = survival_table(runs, summary)
 

@@ -34,6 +34,7 @@ from ..specs import parse_zoo_spec, zoo_home, zoo_model_dir
 from ..stats import permutation_detectable_shift, permutation_p_floor, permutation_power
 from ..viz import Report, dynamics_plot, eigenvalue_planes, fingerprint_plot
 from ..viz.report import fingerprint_summary
+from ._disclosure import Choice, disclosure_section
 from ._null_shift import null_shift_section
 from .dynamics import dynamics_section
 from .weights_only import run_weights_only  # noqa: F401  (its home before the series)
@@ -261,6 +262,105 @@ def _name(spec: str) -> str:
     return Path(spec).name if ("/" in spec and not spec.startswith("zoo:")) else spec
 
 
+#: Settings of this page chosen or changed after some results of the fingerprint claim had
+#: been seen (the first, withdrawn page of 9805262 included): the page's "Choices made
+#: after seeing results" (issue 37 item 3), from the git history of this module, zoo.py,
+#: analysis/fingerprint.py, analysis/onset.py and dynamics.py.
+CHOICES_AFTER_RESULTS = (
+    Choice("The previous-token threshold 0.3 that decides whether a model has a "
+           "previous-token head (units below it are left out)",
+           "the first page (9805262): the zoo's strongest RoPE heads scored 0.58, 0.57 and "
+           "0.53 and stories260K's best only 0.10 on random tokens (\"it has no strong "
+           "previous-token head\"); with the threshold stories260K left the test",
+           "2897f91", "2026-11-30"),
+    Choice("Units: zoo models differing only in seed pooled into one unit, later one model "
+           "per family x scheme with its own seed",
+           "the first page's test counting 3 zoo seeds per scheme as independent models "
+           "(4 RoPE vs 6 other, floor 0.0048, no separation)", "2897f91", "2026-11-30"),
+    Choice("Spectra of the effective weights (norm gain folded in, LayerNorm centred); the "
+           "stored weights became a sensitivity row",
+           "the first page's numbers, from raw unfolded weights (withdrawn in bf87fe3); "
+           "folding moves R by > 0.1 in 19 of 40 stories260K heads", "a84cb03", "2026-11-30"),
+    Choice("2,500 null heads per shape (was 1,000), percentiles with their Monte Carlo SE",
+           "the first page's null percentiles (given without SE)", "040ef9d", "2026-11-30"),
+    Choice("The zoo families (base, heads8, deep, wide, halfdata-lr; 2 layers, d_model 64, "
+           "n_ctx 32, 800 steps, one seed each) instead of the 3-seed 4-layer zoo",
+           "the withdrawn 3-seed zoo page (no fingerprint) and a pilot of base rotary at "
+           "n_ctx 64 (best head 0.49 on held-out text after 600 steps); fixed before any "
+           "family model trained", "6f00520", "2026-12-01"),
+    Choice("Heads ranked on 16 windows of held-out standard-library text (before: random "
+           "tokens); the threshold 0.3 kept",
+           "the pilot's best head scored 0.49 on held-out text but 0.26 on random bytes, "
+           "below the threshold; the first page ranked on random tokens", "6f00520",
+           "2026-12-01"),
+    Choice("One primary k = 2 (mean over the top-2 heads reaching the threshold) with k = 1 "
+           "and k = 3 as sensitivity rows (before: k = 1..5, Benjamini-Hochberg across k)",
+           "the first page's k table (raw p 0.033 at k = 5, 0.100 at k = 2; every q 0.138); "
+           "whether it informed k = 2 is not recorded", "6f00520", "2026-12-01"),
+    Choice("The measure is R's null percentile, R itself a sensitivity row (before: mean R "
+           "was the test statistic)",
+           "the first page: R higher for RoPE at every k but overlapping, and \"most trained "
+           "heads of every scheme are less rotational than random heads of their shape\"",
+           "6f00520", "2026-12-01"),
+    Choice("The real models (stories260K, MiniLM, later SmolLM2-135M) shown as an "
+           "observational section, not tested; the families' rule applied to them for "
+           "observation; SmolLM2 added",
+           "bf87fe3: no test possible (stories260K below 0.3, MiniLM bidirectional); "
+           "SmolLM2 was added after design 1's p = 0.357 (99cefed)", "6f00520", "2026-12-01"),
+    Choice("Design 2: the same families with 3x the steps (max_steps 800 -> 2400), its p "
+           "also given doubled (Bonferroni over two designs), with a target of at least 4 "
+           "units per group",
+           "design 1: 7 of the 10 absolute and ALiBi units had no previous-token head, "
+           "5 vs 3 units, p = 0.357 (99cefed, 06390f5)", "273bc09", "2026-12-01"),
+    Choice("Design 2's reading says no verdict while the p floor is above 0.05, calls an "
+           "incomplete run interim, and says 'separated' when p sits at the floor",
+           "design 2 at 7 of 20 models (7c35276): 2 vs 4 units, p = 0.0667 at the floor, "
+           "separated", "579ff1a", "2026-12-01"),
+    Choice("Design 2's reading names each sensitivity row with p <= 0.05 (uncorrected)",
+           "design 2 at 14 of 20 models (eca23e0, 15 s earlier): the stored-weights row at "
+           "p = 0.00866, the primary at 0.208", "78cb6f5", "2026-12-01"),
+    Choice("Power beside each primary test (a 20-point shift, the groups' pooled sd, 2,000 "
+           "simulations) and 'inconclusive' instead of 'not supported' where power is under "
+           "80%",
+           "both designs' final tests (p = 0.357 and 0.208), read as 'not supported' until "
+           "then; power 0.28 and 0.25 computed from their units' sd (issue 37 item 5)",
+           "b6ab662", "2026-12-02"),
+    Choice("Dynamics by onset times (behaviour vs signature onset, lag, never-forming "
+           "control heads, run-level bootstrap) instead of the within-head Spearman "
+           "correlation, which was dropped",
+           "the first page's Spearman correlations (negative in every RoPE and absolute zoo "
+           "model) and R falling while the behaviour formed", "7d1dab0", "2026-12-01"),
+    Choice("Dynamics runs: rotary base, wide and heads8 (not deep or halfdata-lr), 4 seeds "
+           "each, snapshots every 5 steps, null band [5, 95], 50-step persistence window",
+           "one pilot run (base, seed 99; grid and window, as the design's note says) and "
+           "design 1's results; why these three families is not recorded", "7d1dab0",
+           "2026-12-01"),
+    Choice("The dynamics summary's statistics and verdict rule: shares below the band and "
+           "with a rotational onset, each run's strongest head, the to-the-end rule in the "
+           "reading; 'supported' needs a rotational-onset share >= 0.5 above the controls' "
+           "(before: a share >= 0.5 leaving above the band)",
+           "the pilot (R leaving the band early) and, likely, the dynamics run's first "
+           "invocation (e398b02, 2 min later: 'training happens in the first'); the verdict "
+           "('do not support': the lag's CI lies below 0) is the same under either rule",
+           "d2da00f", "2026-12-01"),
+    Choice("The committed percentiles stay those of null version 1; a section re-derives "
+           "them and every test against version 2",
+           "every committed percentile and test (the new draw was made for its cost, "
+           "issue 36, not for a result)", "5cc058b", "2026-12-03"),
+)
+FIXED_BEFORE = ("Fixed before any result of this experiment: the claim's object (the rotational "
+                "mass R of M = W_Q W_K^T at offset 0, the unrotated form for RoPE heads, placed "
+                "in a product-Ginibre null of the head's shape) and the test (one-sided exact "
+                "permutation test of RoPE against absolute and ALiBi, NoPE and bidirectional "
+                "models apart: a9f4720, before the first page, 9805262). Fixed before the zoo "
+                "families were trained, but after the withdrawn first page and a pilot: design "
+                "1 as listed above (6f00520), unchanged in every committed run.json since "
+                "(99cefed, 06390f5, design 2's ee16ad8); design 2 changes only max_steps. The "
+                "dynamics design (families, seeds, snapshot grid, band, window, bootstrap) was "
+                "fixed before its runs (7d1dab0; a rerun with another design is refused) and is "
+                "unchanged since; its summary statistics were not part of it.")
+
+
 def render_markdown(out_dir) -> str:
     """The fingerprint reproduction page of a finished ``posinterp spectrum`` run.
 
@@ -404,6 +504,7 @@ def render_markdown(out_dir) -> str:
         p.append("## Dynamics\n")
         p.append("Not run: the dynamics need training snapshots (`posinterp zoo dynamics`).\n")
     p.extend(null_shift_section(out))
+    p.extend(disclosure_section(CHOICES_AFTER_RESULTS, FIXED_BEFORE))
     zoo = [s for s in run["models"] if s.startswith("zoo:")]
     if not zoo and not (out / "families" / "run.json").exists():
         rope = table[(table.group == "rope")].drop_duplicates("model")
