@@ -559,3 +559,28 @@ def test_verify_reruns_committed_cells_and_reports_the_ones_that_differ(tmp_path
     assert "0 of 1 cells reproduce" in capsys.readouterr().out
     with pytest.raises(ValueError, match="k must be in"):
         verify_cells(data, 99, progress=False)
+
+
+def test_rerun_comparison_finds_the_changed_cells(tmp_path):
+    """Against the committed runs with one cell's steps and another's accuracy moved, the
+    comparison flags exactly those two, and the page section lists the moved steps."""
+    from posinterp.experiments.qk_constraints import (
+        PREVIOUS_RUN, _rerun_section, rerun_comparison)
+
+    from pathlib import Path
+
+    runs = pd.read_csv(Path(__file__).parents[1] / "docs/reproductions/data/qk-constraints/runs.csv")
+    prev = runs.copy()
+    prev.loc[0, "steps"] += 10
+    prev.loc[1, "final_accuracy"] -= 0.01
+    table = rerun_comparison(prev, runs)
+    per = table.groupby("cell", sort=False).within.all()
+    cell = lambda i: f"{runs.pe[i]}-{runs.constraint[i]}-seed{runs.seed[i]}"  # noqa: E731
+    assert set(per.index[~per]) == {cell(0), cell(1)}
+    assert table.attrs["summary"].startswith(f"{len(runs) - 2} of {len(runs)} cells")
+    (tmp_path / PREVIOUS_RUN).mkdir()
+    prev.to_csv(tmp_path / PREVIOUS_RUN / "runs.csv", index=False)
+    text = "\n".join(_rerun_section(tmp_path, runs))
+    assert f"Steps changed in 1 of {len(runs)} cells" in text and cell(0) in text
+    assert f"another field beyond the precision: {cell(1)}" in text
+    assert _rerun_section(tmp_path / "none", runs) == []

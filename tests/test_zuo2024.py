@@ -268,10 +268,14 @@ def test_a_choice_is_listed_only_on_pages_of_runs_that_have_it():
     from posinterp.experiments.zuo2024 import CHOICES_AFTER_RESULTS
 
     budget = [c for c in CHOICES_AFTER_RESULTS if c.what.startswith("Addition's --quick budget")]
-    assert len(budget) == 1
+    assert len(budget) == 2  # 5,000 steps, then 8,000
     now = json.loads(json.dumps(asdict(ReproConfig())))
     before = {**now, "task_steps": {}}
-    assert any("Addition's --quick budget" in line for line in disclosure_section(budget, "", now))
+    listed = [line for line in disclosure_section(budget, "", now)
+              if "Addition's --quick budget" in line]
+    assert len(listed) == 1 and "8,000 steps (was 5,000)" in listed[0]
+    at_5000 = {**now, "task_steps": {**now["task_steps"], "addition": 5000}}
+    assert any("budget is 5,000 steps" in line for line in disclosure_section(budget, "", at_5000))
     assert not any("Addition's --quick budget" in line
                    for line in disclosure_section(budget, "", before))
 

@@ -112,7 +112,14 @@ CHOICES_AFTER_RESULTS = (
            "4,000 steps: addition reached 0.933 exact match at 3,500 steps, indexing stayed "
            "at 0.30 and ordering near 0.03 (data: benchmarks/results/zuo_task_budgets)",
            "b7a0fe2", "2026-12-04",
-           applies=lambda cfg: cfg.get("task_steps", {}).get("addition") == QUICK_ADDITION_STEPS),
+           applies=lambda cfg: cfg.get("task_steps", {}).get("addition") == 5000),
+    Choice("Addition's --quick budget is 8,000 steps (was 5,000), at every depth",
+           "the 5,000-step rerun at 599bb16-a2cf8bc (one thread): at depth 4 seeds 0 and 1 "
+           "reached 0.905 and 0.902 at 3,200 and 4,100 steps and seed 2 ended at 0.859 "
+           "(still rising: 0.876 at 4,900); at depth 6 seed 2 and at depth 12 seed 1 stopped "
+           "on the 1,000-sample evaluation and scored 0.897 and 0.898 on the full test set",
+           "(this commit)", "2026-12-06",
+           applies=lambda cfg: cfg.get("task_steps", {}).get("addition") == 8000),
     Choice("Indexing trains in the query-first layout (`4,134504392=`: the queried digit, "
            "then the string, no prefix; posinterp's default is `wherex(134504392,4)=`), "
            "with at most 4,000 steps in --quick, and at depths 6 and 12 too",
@@ -146,7 +153,7 @@ PRIMARY_PROBE = "variance_matched"
 PROBE_WINDOW = 8
 #: --quick's step budgets for addition (1-3 digits) and reversal (4-8 digits): chosen
 #: after seeing the budget exploration (CHOICES_AFTER_RESULTS)
-QUICK_ADDITION_STEPS = 5000
+QUICK_ADDITION_STEPS = 8000
 QUICK_REVERSAL_STEPS = 3000
 #: --quick's budget for indexing in the query-first format (benchmarks/zuo_task_formats.py,
 #: 4,000 steps: seeds 0 and 1 reached 0.903 and 0.935 at 1,700 and 1,800 steps)
