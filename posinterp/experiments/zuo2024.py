@@ -118,7 +118,7 @@ CHOICES_AFTER_RESULTS = (
            "reached 0.905 and 0.902 at 3,200 and 4,100 steps and seed 2 ended at 0.859 "
            "(still rising: 0.876 at 4,900); at depth 6 seed 2 and at depth 12 seed 1 stopped "
            "on the 1,000-sample evaluation and scored 0.897 and 0.898 on the full test set",
-           "(this commit)", "2026-12-06",
+           "28c9407", "2026-12-06",
            applies=lambda cfg: cfg.get("task_steps", {}).get("addition") == 8000),
     Choice("Indexing trains in the query-first layout (`4,134504392=`: the queried digit, "
            "then the string, no prefix; posinterp's default is `wherex(134504392,4)=`), "
