@@ -139,7 +139,7 @@ CHOICES_AFTER_RESULTS = (
            "for 4,000 steps (seed 0); benchmarks/zuo_task_formats.py: the reordered-first "
            "layout reached 0.905 at 5,700 steps of 8,000 (seed 0). An exploratory 3,000-step "
            "run of that layout (seed 0, not committed) had ended at 0.31",
-           "HEAD", "2026-12-06",
+           "5de9c71", "2026-12-06",
            applies=lambda cfg: cfg.get("task_formats", {}).get("ordering") == "reordered_first"),
 )
 FIXED_BEFORE = ("Fixed before any result of this reproduction: the thresholds (chance 0.5 ± "
