@@ -132,9 +132,8 @@ CHOICES_AFTER_RESULTS = (
            applies=lambda cfg: cfg.get("task_formats", {}).get("indexing") == "query_first"),
     Choice("Ordering trains in the reordered-first layout (`73125,31725=`: the reordered "
            "string, then the original, no prefix; posinterp's default is "
-           "`ord(31725,73125)=`), with at most 8,000 steps in --quick, at depth 4 only (not "
-           "at depths 6 and 12, for the compute: one seed took 30 minutes on one thread at "
-           "depth 4)",
+           "`ord(31725,73125)=`), with at most 8,000 steps in --quick, and at depths 6 and 12 "
+           "too",
            "benchmarks/zuo_task_budgets.py: the default layout stayed near 0.03 exact match "
            "for 4,000 steps (seed 0); benchmarks/zuo_task_formats.py: the reordered-first "
            "layout reached 0.905 at 5,700 steps of 8,000 (seed 0). An exploratory 3,000-step "
@@ -219,9 +218,10 @@ class ReproConfig:
     depth_train_steps: int = 800
     # addition trains to the target in --quick's model within QUICK_ADDITION_STEPS steps
     # (seed 0 of benchmarks/zuo_task_budgets.py: 0.933 at 3,500), indexing in the
-    # query-first layout within QUICK_INDEXING_STEPS. Ordering is not trained at depth:
-    # ~5,700 steps at depth 4 would be ~3x the cost per step at depth 12 (CHOICES_AFTER_RESULTS)
-    depth_tasks: tuple[str, ...] = ("reversal", "addition", "indexing")
+    # query-first layout within QUICK_INDEXING_STEPS, ordering in the reordered-first one
+    # within QUICK_ORDERING_STEPS (issue 37: C2/C3 after training at depths 6/12 on all four
+    # tasks); ordering last, the costliest per cell
+    depth_tasks: tuple[str, ...] = ("reversal", "addition", "indexing", "ordering")
     depth_task_steps: dict = field(default_factory=lambda: dict(QUICK_STEPS))
     # A longer run (first training seed) of tasks the step budget may not train: it tests
     # whether "untrained at this budget" is only a budget limit, instead of saying so.
