@@ -412,3 +412,51 @@ def test_a_checkpoint_from_before_task_layouts_compares_as_the_default_layout():
     assert _comparable(old) == _comparable(new)
     other = {"task": TaskConfig("indexing", format="query_first").to_dict()}
     assert _comparable(old) != _comparable(other)
+
+
+def test_n_confirm_stops_only_where_the_target_holds_on_the_confirmation_samples(monkeypatch):
+    """The 1,000-sample estimate can pass 0.9 where the whole test set does not: with
+    n_confirm a run goes on past such an evaluation and stops at the first one confirmed;
+    the steps before it are the unconfirmed run's, bitwise, and a config without
+    n_confirm keeps the dict (and so the cell keys) it had before the field existed."""
+    import posinterp.training as training
+
+    data = tiny_task("reversal", n=40)
+    full = iter([0.85, 0.89, 0.93, 0.99])
+    calls = []
+
+    def fake(model, split, n=None, batch_size=500):
+        calls.append(n)
+        acc = 0.95 if n == 8 else next(full)
+        return {"test_accuracy": acc, "test_loss": 0.1}
+
+    monkeypatch.setattr(training, "evaluate", fake)
+    base = _cfg(max_steps=40, eval_every=2, n_eval=8, target_accuracy=0.9)
+    plain = train(preset("tiny"), data, base, progress=False)
+    confirmed = train(preset("tiny"), data, dataclasses.replace(base, n_confirm=40),
+                      progress=False)
+    assert plain.steps == 2 and plain.reached_target
+    assert confirmed.steps == 6 and confirmed.reached_target  # 0.85, 0.89, then 0.93
+    h = confirmed.history
+    conf = h[h.metric == "confirm_accuracy"]
+    assert conf.step.tolist() == [2, 4, 6] and conf.value.tolist() == [0.85, 0.89, 0.93]
+    assert calls.count(40) == 3
+    loss = lambda r: r.history[(r.history.metric == "train_loss") & (r.history.step <= 2)]
+    assert loss(plain).value.tolist() == loss(confirmed).value.tolist()
+    assert "n_confirm" not in TrainConfig().to_dict()
+    assert dataclasses.replace(base, n_confirm=40).to_dict()["n_confirm"] == 40
+    with pytest.raises(ValueError, match="n_confirm"):
+        TrainConfig(n_confirm=0)
+
+
+def test_n_confirm_that_never_holds_runs_to_the_cap(monkeypatch):
+    """An estimate above the target that the confirmation never matches does not stop the
+    run, and the result says the target was not reached."""
+    import posinterp.training as training
+
+    monkeypatch.setattr(training, "evaluate", lambda m, s, n=None, batch_size=500: {
+        "test_accuracy": 0.95 if n == 8 else 0.5, "test_loss": 0.1})
+    res = train(preset("tiny"), tiny_task("reversal", n=40),
+                _cfg(max_steps=6, eval_every=2, n_eval=8, target_accuracy=0.9, n_confirm=40),
+                progress=False)
+    assert res.steps == 6 and not res.reached_target
