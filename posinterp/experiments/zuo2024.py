@@ -145,7 +145,7 @@ CHOICES_AFTER_RESULTS = (
            "evaluation alone stopped it, and the page's \"trained\" is scored on all of them)",
            "the reruns of 2026-12-05/06: addition at depth 4 seed 0 stopped at 3,400 steps "
            "(of 8,000) at 0.8993 on the full test set, at depth 6 seed 2 at 0.897 and at "
-           "depth 12 seed 1 at 0.898 (5,000-step budget), each not at the target", "HEAD",
+           "depth 12 seed 1 at 0.898 (5,000-step budget), each not at the target", "8a7bc1f",
            "2026-12-06", applies=lambda cfg: cfg.get("confirm_target", False)),
 )
 FIXED_BEFORE = ("Fixed before any result of this reproduction: the thresholds (chance 0.5 ± "
