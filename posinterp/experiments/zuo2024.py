@@ -1156,6 +1156,49 @@ def _seed_list(seeds) -> str:
     return "[" + ", ".join(str(int(s)) for s in seeds) + "]"
 
 
+def _changes_section(cfg: dict, primary_probe: str) -> list[str]:
+    """Markdown lines of "What changed since the previous version of this page": the
+    2026-12-06 rerun's list for runs that confirm the target (``confirm_target``), else the
+    list of the version before it (a page rendered from that run's data says what it had)."""
+    head = ["## What changed since the previous version of this page\n"]
+    if cfg.get("confirm_target"):
+        return head + [
+            "- **Every trained cell retrained on the current code**, each on one torch "
+            "thread, with the thread count, CPU and library versions recorded "
+            "(`run.json`); none of the earlier page's trained rows is kept.\n"
+            f"- **Every task trained with a budget meant to reach the target** "
+            f"({', '.join(cfg['task_lengths'])}; at depths {cfg['train_depths']} too: "
+            f"{', '.join(_depth_tasks(cfg))}): reversal on variable-length strings (4-8 "
+            "digits) again, addition with a longer budget, indexing and ordering in other "
+            "input layouts (the trainings table, and above which reached it; each change is "
+            "listed among the choices made after seeing results).\n"
+            "- **Early stopping confirmed** on all held-out samples, the set \"trained\" "
+            "is scored on (it was the 1,000-sample evaluation alone).\n"
+            "- **C1 on task strings** (10 init seeds per task), beside random tokens, where "
+            "0.5 is exact in expectation and the control cannot fail.\n"
+            "- **Power** (δ80) beside every verdict row, and **per-seed tables** "
+            "(`*_per_seed.csv`) for every summary.\n"
+            "- **Choices made after seeing results** listed with their commits.\n"]
+    return head + [
+        "- **Depth x width grid recomputed.** Before commit 3a18090, "
+        "`preset(name, d_model=w)` kept the preset's `d_head` 32 and `d_mlp` 768 at every "
+        "width, so that grid did not run the architectures it named. Now `d_head` = w / "
+        "n_heads = 64 and `d_mlp` = 4w (the `d_head` and `d_mlp` columns below are read "
+        "from the models). Every cell now stores a key with the resolved architectures "
+        "and settings it was computed from, and a cell whose key differs is recomputed, "
+        "not read back (`posinterp.executors.Cell.key`).\n"
+        f"- **Depth after training**: {', '.join(_depth_tasks(cfg))} "
+        f"{'is' if len(_depth_tasks(cfg)) == 1 else 'are'} trained at depths "
+        f"{cfg['train_depths']} too (width 192), since at init depth cannot change layer 0.\n"
+        "- **Three measurement points** side by side, one named primary (below).\n"
+        f"- **Init mean x std grid in {cfg.get('grid_dtype', 'float32')}** (it was float32).\n"
+        f"- **Probe comparison**: `{primary_probe}` (the variance probe with exactly the "
+        "cosine probe's feature count) is the primary comparison, read by two probe "
+        f"families ({', '.join(f'`{f}`' for f in PROBE_FAMILIES)}).\n"
+        "- **Controls that warn**: each probe table says whether its controls already "
+        "predict position; a Benjamini-Hochberg statement covers every verdict row.\n"]
+
+
 def render_markdown(out_dir) -> str:
     """The Zuo et al. reproduction page of a finished run, from its CSVs and ``run.json``.
 
@@ -1251,24 +1294,8 @@ def render_markdown(out_dir) -> str:
                  and not g.reached_target.any()]
     if untrained:
         p.append(_why_untrained(untrained, training, cfg, mode, th))
-    p += ["## What changed since the previous version of this page\n",
-          "- **Depth x width grid recomputed.** Before commit 3a18090, "
-          "`preset(name, d_model=w)` kept the preset's `d_head` 32 and `d_mlp` 768 at every "
-          "width, so that grid did not run the architectures it named. Now `d_head` = w / "
-          "n_heads = 64 and `d_mlp` = 4w (the `d_head` and `d_mlp` columns below are read "
-          "from the models). Every cell now stores a key with the resolved architectures "
-          "and settings it was computed from, and a cell whose key differs is recomputed, "
-          "not read back (`posinterp.executors.Cell.key`).\n"
-          f"- **Depth after training**: {', '.join(_depth_tasks(cfg))} "
-          f"{'is' if len(_depth_tasks(cfg)) == 1 else 'are'} trained at depths "
-          f"{cfg['train_depths']} too (width 192), since at init depth cannot change layer 0.\n"
-          "- **Three measurement points** side by side, one named primary (below).\n"
-          f"- **Init mean x std grid in {cfg.get('grid_dtype', 'float32')}** (it was float32).\n"
-          f"- **Probe comparison**: `{primary_probe}` (the variance probe with exactly the "
-          "cosine probe's feature count) is the primary comparison, read by two probe "
-          f"families ({', '.join(f'`{f}`' for f in PROBE_FAMILIES)}).\n"
-          "- **Controls that warn**: each probe table says whether its controls already "
-          "predict position; a Benjamini-Hochberg statement covers every verdict row.\n",
+    p += _changes_section(cfg, primary_probe)
+    p += [
           "**Figures and verdicts.** Every figure is the mean over seeds with a 95% "
           "t-interval `[low, high]` and the number of seeds n. A verdict is *yes* or *no* "
           "only when the whole interval is on one side of its threshold, else *CI spans*. "
