@@ -584,3 +584,29 @@ def test_rerun_comparison_finds_the_changed_cells(tmp_path):
     assert f"Steps changed in 1 of {len(runs)} cells" in text and cell(0) in text
     assert f"another field beyond the precision: {cell(1)}" in text
     assert _rerun_section(tmp_path / "none", runs) == []
+
+
+def test_the_complex_ban_is_compared_with_the_full_rank_real_spectrum_control():
+    """The complex ban leaves a real spectrum of reduced rank; the symmetric constraint is
+    real at full rank. The summary compares the two (and only for the complex ban), and the
+    claim's verdict follows q and the censoring like the rank controls' claims."""
+    from posinterp.experiments.qk_constraints import REAL_SPECTRUM_CONTROL, _summarize
+
+    rng = np.random.default_rng(0)
+    runs = pd.DataFrame([dict(pe="absolute", constraint=c, seed=s, censored=False,
+                              steps=float(base + rng.integers(0, 20)))
+                         for c, base in (("none", 100), ("ban_complex", 900),
+                                         ("ban_positive_real", 130), ("symmetric", 250),
+                                         ("tied", 140))
+                         for s in range(6)])
+    summary = _summarize(runs)
+    pairs = set(zip(summary.constraint, summary.control))
+    assert ("ban_complex", REAL_SPECTRUM_CONTROL) in pairs
+    assert ("ban_positive_real", REAL_SPECTRUM_CONTROL) not in pairs
+    claim = ("absolute: ban_complex slows learning more than a full-rank QK with an all-real "
+             "spectrum (q <= 0.05 vs symmetric: a symmetric M(0))")
+    verdicts = claims_table(summary, ConstraintGrid()).set_index("claim").verdict
+    assert verdicts[claim] == "holds"
+    # both sides at the cap: the order is unknown
+    capped = summary.assign(censored=6, control_censored=6)
+    assert claims_table(capped, ConstraintGrid()).set_index("claim").verdict[claim] == "undetermined"
