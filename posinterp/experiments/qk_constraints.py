@@ -703,7 +703,7 @@ CHOICES_AFTER_RESULTS = (
            "real eigenvalues at full rank), the full-rank all-real-spectrum control",
            "the pages' ratios of both against the untied model (symmetric 2.45x absolute, "
            "1.68x rotary; the complex ban >= 27x and >= 19x); issue 37 item 6 asked for the "
-           "control", "HEAD", "2026-12-06"),
+           "control", "b483b41", "2026-12-06"),
 )
 FIXED_BEFORE = ("Fixed before any result: the claimed figures (q <= 0.016 per ban, ~2.9x for "
                 "symmetrization: the study's summary), q <= 0.05 as the test level, the target "
