@@ -1487,7 +1487,12 @@ def _rank_matched_section(runs: pd.DataFrame, g: dict) -> list[str]:
            "rank at the end was recorded") + ":\n",
         _md_table(table) + "\n",
         "Their log-rank comparisons (ban vs control, control vs `none`) are in the tables "
-        "below.\n"]
+        "below. The complex ban leaves a real spectrum of reduced rank, so it is also "
+        f"compared with `{REAL_SPECTRUM_CONTROL}` (a symmetric M(0): real eigenvalues at full "
+        "rank). That control differs in more than the rank: it ties W_K to W_Q, a "
+        "parametrization the ban (on untied weights) does not have, so a ban slower than it "
+        "says that an all-real spectrum at full rank does not cost as much, not which of "
+        "the lost rank or the ban's dynamics does.\n"]
 
 
 def _sensitivity_runs(out: Path) -> dict[str, Path]:
