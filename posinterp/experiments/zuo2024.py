@@ -145,7 +145,7 @@ CHOICES_AFTER_RESULTS = (
            "by step 1,000 and stayed at 0.72-0.73 to the end (0.763 on the full test set; seeds "
            "0 and 1 reached the target at 1,700 and 1,800); benchmarks/zuo_task_formats.py "
            "with 8,000 steps (a slower learning-rate decay): seed 2 reached 0.912 at 2,100",
-           "HEAD", "2026-12-06",
+           "a9e9a6e", "2026-12-06",
            applies=lambda cfg: cfg.get("task_steps", {}).get("indexing") == 8000),
     Choice("A training stops early only when its 1,000-sample evaluation's 0.9 holds on all "
            "held-out samples too (`TrainConfig.n_confirm`; before, the 1,000-sample "
