@@ -122,7 +122,7 @@ def test_stale_cells_are_recomputed_and_unfinished_ones_pending(tmp_path, monkey
     monkeypatch.setattr(z, "ProbeConfig", lambda: ProbeConfig(hidden=8, max_epochs=3))
     cfg = replace(SMOKE, train_seeds=(0,), task_lengths={"reversal": (5, 6),
                                                          "addition": (1, 2)},
-                  task_formats={}, long_train_tasks=(), train_depths=())
+                  long_train_tasks=(), train_depths=())
     run_zuo2024(cfg, tmp_path / "run", progress=False)
     cells = tmp_path / "run" / "cells"
     # the depth x width cell as the old preset() made it: d_head 32 at every width
@@ -305,3 +305,16 @@ def test_task_layouts_enter_the_keys_of_the_cells_they_change():
     with pytest.raises(ValueError, match="format for task 'ordering' must be one of"):
         run_zuo2024(replace(SMOKE, task_formats={"ordering": "query_first"}), "unused",
                     progress=False)
+
+
+def test_per_task_defaults_follow_task_lengths_and_hand_set_ones_are_checked(tmp_path):
+    only = ReproConfig(task_lengths={"reversal": (4, 8)})
+    assert only.depth_tasks == ("reversal",)
+    assert set(only.task_steps) == set(only.depth_task_steps) == {"reversal"}
+    assert only.task_formats == {}
+    assert ReproConfig().depth_tasks == ("reversal", "addition", "indexing", "ordering")
+    by_hand = ReproConfig(task_lengths={"reversal": (4, 8)},
+                          task_formats={"ordering": "reordered_first"})
+    with pytest.raises(ValueError, match="task_formats names tasks not in task_lengths"):
+        run_zuo2024(by_hand, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
