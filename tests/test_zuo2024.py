@@ -59,12 +59,12 @@ def test_reproduction_pipeline_writes_claims_page_and_resumes(tmp_path, monkeypa
     strings = pd.read_csv(tmp_path / "run" / "init_task_strings.csv")
     assert set(strings.task) == set(SMOKE.task_lengths) and (strings.layer == -1).all()
     # per-seed rows behind the summaries: the init claim's mean is their mean
-    init = pd.read_csv(tmp_path / "run" / "init_per_seed.csv")
+    init = pd.read_csv(tmp_path / "run" / "init_per_seed.csv.gz")
     emb = init[init.hook == "blocks.0.hook_resid_pre"].value
     row = claims[claims.claim.str.startswith("embedding score ~0.5 (chance), random tokens")]
     assert len(emb) == len(SMOKE.init_seeds) and abs(emb.mean() - row["mean"].iloc[0]) < 1e-12
     for name in ("init_grid", "depth_width", "probes"):
-        assert len(pd.read_csv(tmp_path / "run" / f"{name}_per_seed.csv"))
+        assert len(pd.read_csv(tmp_path / "run" / f"{name}_per_seed.csv.gz"))
     # every cell says where it ran (threads, CPU, versions)
     env = json.loads((tmp_path / "run" / "run.json").read_text())["cell_environments"]
     assert env["environments"] and all(v is not None for v in env["cells"].values())
