@@ -24,14 +24,19 @@ How, and why this way (numba; no compiler needed at install time):
 
 The compiled code is cached on disk (numba's cache) where a place can be written, and
 that cache can never stop a run (:func:`_jit`): a cache file truncated by an interrupted
-first run is recompiled over, and where no cache folder is writable (a read-only install
-with an unwritable HOME) the kernels compile in memory on each run.
+first run is recompiled over, and where no cache folder is writable (an unwritable HOME
+and no ``NUMBA_CACHE_DIR``) the kernels compile in memory on each run. The cache is never
+written inside the installed package (numba's default, ``__pycache__`` beside this file):
+pip does not know those files, so after ``pip uninstall`` or a switch to an editable
+install they keep a ``posinterp`` folder without ``__init__.py`` in site-packages, which
+Python then imports as an empty namespace package in place of the real one.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.core import caching
 
 __all__ = ["batch_counts", "row_counts"]
 
@@ -80,19 +85,34 @@ class _SafeCache:
         return None
 
 
+class _OutOfTreeCacheImpl(caching.CompileResultCacheImpl):
+    """numba's cache without its in-tree locator: ``NUMBA_CACHE_DIR`` where set, else the
+    user-wide cache folder (keyed by this file's path, so two installs never share one).
+    ``NUMBA_CACHE_LOCATOR_CLASSES`` still overrides the list, as numba documents."""
+
+    _locator_classes = [c for c in caching.CompileResultCacheImpl._locator_classes
+                        if c.__name__.lstrip("_") != "InTreeCacheLocator"]
+
+
+class _OutOfTreeCache(caching.FunctionCache):
+    _impl_class = _OutOfTreeCacheImpl
+
+
 def _jit(fn=None, **options):
-    """``numba.njit(nogil=True, **options)`` with a cache that cannot fail a run
-    (:class:`_SafeCache`), or none where numba finds no writable cache folder (it raises
-    "cannot cache function" at decoration then). ``@_jit`` or ``@_jit(fastmath=...)``."""
+    """``numba.njit(nogil=True, **options)`` with an on-disk cache outside the package
+    (:class:`_OutOfTreeCacheImpl`) that cannot fail a run (:class:`_SafeCache`), or none
+    where numba finds no writable cache folder (it raises "cannot cache function" then).
+    ``@_jit`` or ``@_jit(fastmath=...)``."""
     if fn is None:
         return lambda f: _jit(f, **options)
+    disp = njit(nogil=True, **options)(fn)
     try:
-        disp = njit(cache=True, nogil=True, **options)(fn)
-    except RuntimeError as e:  # no writable __pycache__, user cache or NUMBA_CACHE_DIR
+        cache = _OutOfTreeCache(fn)  # what Dispatcher.enable_caching does, out of tree
+    except RuntimeError as e:  # no writable user cache or NUMBA_CACHE_DIR
         if "cannot cache" not in str(e):
             raise
-        return njit(nogil=True, **options)(fn)
-    disp._cache = _SafeCache(disp._cache)
+        return disp
+    disp._cache = _SafeCache(cache)
     return disp
 
 

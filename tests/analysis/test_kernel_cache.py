@@ -76,3 +76,17 @@ def test_no_writable_cache_folder_compiles_in_memory(tmp_path):
 
 def test_pair_counts_match_the_loop_in_process():
     assert kernel.row_counts(np.array(VALUES)) == _pairs()
+
+
+def test_the_cache_is_never_written_inside_the_installed_package():
+    """numba's default caches beside the source; pip leaves such files behind, and the
+    folder they keep becomes an empty namespace package that hides a later install."""
+    from posinterp.analysis import _rotary_kernel
+
+    package = Path(kernel.__file__).resolve().parent.parent
+    jitted = [f for m in (kernel, _rotary_kernel) for f in vars(m).values()
+              if hasattr(f, "_cache") and hasattr(f, "py_func")]
+    assert jitted
+    for f in jitted:
+        path = Path(f._cache.cache_path).resolve()
+        assert not path.is_relative_to(package), (f.py_func.__name__, path)
