@@ -41,9 +41,11 @@ def test_sampled_and_text_are_exclusive_and_bad_kinds_named(checkpoint, tmp_path
     assert not (tmp_path / "o").exists()
 
 
-def test_bos_id_comes_from_the_tokenizer_or_llama2c():
+def test_bos_id_comes_from_the_tokenizer_or_the_loader():
+    from posinterp.models.backend.surface import BOS_ATTRIBUTE
+
     tok = SimpleNamespace(bos_token_id=7)
-    assert _bos_id(SimpleNamespace(tokenizer=tok), SimpleNamespace(source="local-hf")) == 7
-    assert _bos_id(SimpleNamespace(tokenizer=None), SimpleNamespace(source="llama2c")) == 1
+    assert _bos_id(SimpleNamespace(tokenizer=tok, **{BOS_ATTRIBUTE: 1})) == 7
+    assert _bos_id(SimpleNamespace(tokenizer=None, **{BOS_ATTRIBUTE: 1})) == 1
     with pytest.raises(ValueError, match="needs a BOS token id"):
-        _bos_id(SimpleNamespace(tokenizer=None), SimpleNamespace(source="local-hf"))
+        _bos_id(SimpleNamespace(tokenizer=None))

@@ -172,7 +172,8 @@ def repeated_random_tokens(model, batch: int, n: int, seed: int = 0, bos: bool =
 
         bos_id = bos_token_id(model)
         if bos_id is None:
-            raise ValueError("bos=True but the model has no tokenizer with a bos_token_id; "
+            raise ValueError("bos=True but the model has no BOS id (no tokenizer with a "
+                             "bos_token_id, none recorded by its loader); "
                              "pass bos=False")
     pos = 2 * n + (bos_id is not None)
     if pos > model.cfg.n_ctx:
@@ -213,7 +214,8 @@ def random_tokens(model, batch: int, pos: int, seed: int = 0, bos: bool = True,
 
         bos_id = bos_token_id(model)
         if bos_id is None:
-            raise ValueError("bos=True but the model has no tokenizer with a bos_token_id; "
+            raise ValueError("bos=True but the model has no BOS id (no tokenizer with a "
+                             "bos_token_id, none recorded by its loader); "
                              "pass bos=False")
         toks[:, 0] = bos_id
     return toks

@@ -101,7 +101,7 @@ def run_compare(spec_a: str, spec_b: str, out_dir: str | Path, *, text: str | Pa
             raise ValueError(f"--tokens must be <= both models' n_ctx ({n_ctx}), got {n_tokens}")
         mask, notes = None, []
         if input_kind == "sampled":
-            bos = _bos_id(ma, ia)
+            bos = _bos_id(ma)
             log(f"[posinterp] sampling {batch} x {n_tokens} tokens from A (seed {seed})")
             tokens = sampled_tokens(ma, batch, n_tokens, bos, seed=seed)
             source = (f"{batch} samples of {n_tokens} tokens from A ({spec_a}) itself (from BOS id "

@@ -99,19 +99,16 @@ def _added_special(tok, text: str, ids: list[int]) -> str:
     return " and ".join(parts)
 
 
-def _bos_id(model, info) -> int:
-    """The BOS id sampling starts from: the tokenizer's, else llama2.c's (run.c uses 1)."""
+def _bos_id(model) -> int:
+    """The BOS id sampling starts from (the tokenizer's, or the one a loader recorded:
+    llama2.c's 1, as run.c uses)."""
     from ..models.backend import bos_token_id
 
     bos = bos_token_id(model)
-    if bos is not None:
-        return bos
-    if info.source == "llama2c":
-        from ..models.sources.llama2c import BOS_ID
-
-        return BOS_ID
-    raise ValueError("--input sampled needs a BOS token id, and this model has no tokenizer with "
-                     "a bos_token_id; use --input random or --text")
+    if bos is None:
+        raise ValueError("--input sampled needs a BOS token id, and this model has no "
+                         "tokenizer with a bos_token_id; use --input random or --text")
+    return bos
 
 
 def check_input_args(n_tokens: int, batch: int, max_pattern_tokens: int, input_kind: str,
@@ -229,7 +226,7 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             raise ValueError(f"--tokens must be <= the model's n_ctx = {model.cfg.n_ctx}, got {n_tokens}")
         mask, notes = None, []
         if input_kind == "sampled":
-            bos = _bos_id(model, info)
+            bos = _bos_id(model)
             log(f"[posinterp] sampling {batch} x {n_tokens} tokens from the model (seed {seed})")
             tokens = sampled_tokens(model, batch, n_tokens, bos, seed=seed)
             source = (f"{batch} samples of {n_tokens} tokens from the model itself (from BOS id "

@@ -126,3 +126,50 @@ def test_missing_and_garbage_files(tmp_path):
     junk.write_bytes(b"\x00" * 64)
     with pytest.raises(ValueError, match="not a valid llama2.c"):
         load_model(junk)
+
+
+def _tiny_llama2c(path, seed=0):
+    """A random llama2.c (version 0) file: header, then every array run.c reads."""
+    import struct
+
+    from posinterp.models.sources.llama2c import Llama2cHeader, _sizes
+
+    header = Llama2cHeader(dim=16, hidden_dim=32, n_layers=1, n_heads=2, n_kv_heads=2,
+                           vocab_size=32, seq_len=16)
+    n = sum(int(np.prod(shape)) for _, shape in _sizes(header))
+    floats = np.random.default_rng(seed).normal(0, 0.1, n).astype("<f4")
+    path.write_bytes(struct.pack("<7i", *vars(header).values()) + floats.tobytes())
+    return path
+
+
+def test_random_inputs_start_with_llama2cs_bos_like_sampled_ones(tmp_path):
+    """run.c starts every sequence with token 1 and the .bin has no tokenizer: the loaded
+    model says so, so "BOS first" inputs (random, repeated, sampled) agree."""
+    import json
+
+    from posinterp.analysis.heads import random_tokens, repeated_random_tokens
+    from posinterp.experiments.inspect import run_inspect
+    from posinterp.models.backend import bos_token_id
+    from posinterp.models.sources.llama2c import BOS_ID
+
+    path = _tiny_llama2c(tmp_path / "tiny.bin")
+    model, info = load_model(path)
+    assert getattr(model, "tokenizer", None) is None
+    assert bos_token_id(model) == BOS_ID == 1
+    assert (random_tokens(model, 3, 8)[:, 0] == BOS_ID).all()
+    rep = repeated_random_tokens(model, 2, 5)
+    assert rep.shape == (2, 11) and (rep[:, 0] == BOS_ID).all() and (rep[:, 1:] != BOS_ID).all()
+    run_inspect(str(path), tmp_path / "out", n_tokens=8, batch=2, progress=False)
+    assert "BOS first" in json.loads((tmp_path / "out" / "run.json").read_text())["input"]
+
+
+def test_a_model_without_grouped_query_heads_matches_the_reference(tmp_path):
+    """n_kv_heads == n_heads (stories260K has 4 of 8): TL 3.9 names such heads W_K/W_V."""
+    path = _tiny_llama2c(tmp_path / "mha.bin", seed=1)
+    model, info = load_model(path)
+    assert info.n_kv_heads == info.n_heads == 2
+    cfg, weights = ref.read(path)
+    toks = [1, *np.random.default_rng(0).integers(2, 32, 12).tolist()]
+    with torch.no_grad():
+        got = model(torch.tensor([toks]))[0].double().numpy()
+    assert np.abs(got - ref.forward_tokens(cfg, weights, toks)).max() < 1e-4

@@ -89,6 +89,7 @@ from .surface import (
     is_post_ln,
     n_kv_heads,
     positional_type,
+    set_bos_token_id,
 )
 from .version import TL_MAJOR, TL_VERSION, by_line, hub_repo_for, major_of, unhonoured_settings
 from .weights import (
@@ -106,11 +107,11 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "by_line", "check_tl_major", "load_weights"
            "capture_block_inputs", "check_chunked_pass", "chunked_pass", "final_logits",
            "run_blocks_from", "suffix_replay_matches",
            "attention_input_norm_module", "attention_weights", "attn_scale", "attn_soft_cap",
-           "check_no_soft_cap", "check_not_mla", "check_not_wrapped", "compiled_kind",
+           "bos_token_id", "check_no_soft_cap", "check_not_mla", "check_not_wrapped", "compiled_kind",
            "content_qk_from", "content_qk_hooks", "convert_tl3_weights", "eager", "eval_mode",
            "guard_kv_cache", "has_kv_cache", "hook_meaning", "hooks_at_sites", "hub_repo_for",
            "install_output_edit", "is_bridge", "is_post_ln", "mark_folded", "mla_settings",
            "n_kv_heads", "norm_gain_folded", "pattern_edit", "position_limit", "positional_type",
            "process_weights", "qk_norm", "qk_slots", "refuse_qk_norm", "query_hooks",
            "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "run_reduced", "scores_hook",
-           "site_module", "unhonoured_settings", "unwrap", "verify_pattern_hook", "z_hook"]
+           "set_bos_token_id", "site_module", "unhonoured_settings", "unwrap", "verify_pattern_hook", "z_hook"]

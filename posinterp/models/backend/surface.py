@@ -181,10 +181,22 @@ def attention_weights(model, layer: int, names=_ATTENTION_WEIGHTS) -> dict[str, 
     return out
 
 
-def bos_token_id(model) -> int | None:
-    """The model's BOS token id, or None where it has none (or no tokenizer).
+#: Where a loader records the BOS id of a model that comes without a tokenizer (llama2.c:
+#: run.c starts every sequence with token 1, and its tokenizer is not in the .bin).
+BOS_ATTRIBUTE = "posinterp_bos_token_id"
 
-    The tokenizer's ``bos_token_id``, unless it is the tokenizer's unknown token: TL 4's
+
+def set_bos_token_id(model, bos: int) -> None:
+    """Record ``bos`` as the BOS id of ``model``, which has no tokenizer to say it
+    (:func:`bos_token_id` reads it). Used by loaders of tokenizer-less formats."""
+    object.__setattr__(unwrap(model), BOS_ATTRIBUTE, int(bos))
+
+
+def bos_token_id(model) -> int | None:
+    """The model's BOS token id, or None where it has none.
+
+    Without a tokenizer: the id its loader recorded (:func:`set_bos_token_id`; llama2.c's
+    1), else None. Otherwise the tokenizer's ``bos_token_id``, unless it is the tokenizer's unknown token: TL 4's
     bridge gives a tokenizer without a BOS (BERT's) the stand-in ``<|endoftext|>``, which
     such a vocabulary maps to ``[UNK]``, where TL 3.9 leaves it None. An unknown token is
     never a real BOS, so inputs built from this id are the same on both lines. Nor is an id
@@ -192,7 +204,10 @@ def bos_token_id(model) -> int | None:
     vocabulary), which would only crash the embedding.
     """
     tok = getattr(unwrap(model), "tokenizer", None)
-    bos = getattr(tok, "bos_token_id", None) if tok is not None else None
+    if tok is None:
+        recorded = getattr(unwrap(model), BOS_ATTRIBUTE, None)
+        return None if recorded is None else int(recorded)
+    bos = getattr(tok, "bos_token_id", None)
     if bos is None or bos == getattr(tok, "unk_token_id", None):
         return None
     d_vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)

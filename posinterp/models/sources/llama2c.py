@@ -180,6 +180,10 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
     attention ``blocks[l].attn._W_K`` is ``[n_kv_heads, d_model, d_head]`` (TL 3.9; TL 4's
     ``attn.W_K`` has the same shape).
 
+    The model records llama2.c's BOS id (1, :data:`BOS_ID`) where TransformerLens would
+    read a tokenizer's: :func:`posinterp.models.backend.bos_token_id` gives it, so inputs
+    built "BOS first" start with it.
+
     Returns:
         ``(model, info_fields)``: the model and a dict with ``weights`` provenance
         (path, sha256) and the header.
@@ -190,6 +194,7 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
     """
     from ..._rng import preserved_rng
     from ...devices import move_model, resolve_device
+    from ..backend import set_bos_token_id
     from ..backend.version import by_line
 
     device = resolve_device(device)
@@ -200,6 +205,7 @@ def load_llama2c(path: str | Path, *, fold_ln: bool = False, center_writing_weig
         model = by_line(tl3=_load_hooked, tl4=_load_bridge)(header, arrays, Path(path).stem,
                                                              processing)
     move_model(model.eval(), device, dtype)
+    set_bos_token_id(model, BOS_ID)  # no tokenizer in the .bin to say so
     digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
     return model, {"weights": {"path": str(Path(path).resolve()), "sha256": digest},
                    "header": header}
@@ -221,7 +227,10 @@ def _load_hooked(header: Llama2cHeader, arrays: dict[str, torch.Tensor], name: s
         tokenizer_name=None, default_prepend_bos=False, device="cpu",
     )
     model = HookedTransformer(cfg, move_to_device=False)
-    model.load_and_process_state_dict(_state_dict(header, arrays), **processing)
+    sd = _state_dict(header, arrays)
+    if cfg.n_key_value_heads is None:  # without grouped-query heads TL 3.9 names them W_K/W_V
+        sd = {k.replace("attn._W_", "attn.W_"): v for k, v in sd.items()}
+    model.load_and_process_state_dict(sd, **processing)
     return model
 
 
