@@ -5,7 +5,7 @@ Run from the repository root (one torch thread; Debian's chromium for the screen
     OMP_NUM_THREADS=1 python benchmarks/inspect_figures.py [CASE ...] [--out docs/img/inspect]
 
 Cases (default: all): ``stories260K`` (the shared llama2.c file, 8 random-token
-sequences of 64 tokens, ``--ablate``), ``toy-nope``, ``toy-absolute``, ``toy-rotary``,
+sequences of 64 tokens, BOS first, ``--ablate``), ``toy-nope``, ``toy-absolute``, ``toy-rotary``,
 ``toy-alibi`` (``small`` preset trained 200 steps on 6-digit reversal, seed 0, then six
 reversal strings with ``--text``, ``--ablate``) and ``bloom-12-heads`` (a BLOOM folder, 2
 layers x 12 heads, d_model 48, seeded random weights with queries and keys scaled 20x,
