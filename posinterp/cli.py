@@ -96,7 +96,7 @@ def _executor(args: argparse.Namespace, default: str = "local", workers: int | N
 def _executor_options(p, workers_help: str, default: str = "local") -> None:
     p.add_argument("--executor", choices=["local", "process", "ray"], default=None,
                    help=f"where the cells run (default {default}): in this process, a pool of "
-                   "--workers processes, or Ray tasks (pip install 'posinterp[ray]'); every "
+                   "--workers processes, or Ray tasks (pip install 'ray>=2.9'); every "
                    "cell runs with its own seed and thread count, so the results are the same "
                    "under each (docs/scale.md)")
     p.add_argument("--workers", type=_int_at_least(1), default=None, help=workers_help)
@@ -820,7 +820,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"posinterp: error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     except ImportError as err:
-        if not any(f"posinterp[{x}]" in str(err) for x in ("ray", "gguf")):
+        # an optional package posinterp asked for, with the command that installs it
+        if "needs" not in str(err) or "pip install" not in str(err):
             raise
         print(f"posinterp: error: {err}", file=sys.stderr)
         return 2

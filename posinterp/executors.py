@@ -15,7 +15,7 @@ and thread count, never on the executor or on how many cells run beside it.
 
 Executors: ``local`` (in this process, one cell after another; the default, no extra
 dependency), ``process`` (a pool of ``workers`` spawned processes) and ``ray`` (each
-cell a Ray task asking for its ``num_cpus``/``num_gpus``; ``pip install posinterp[ray]``).
+cell a Ray task asking for its ``num_cpus``/``num_gpus``; ``pip install 'ray>=2.9'``).
 
 Source: DESIGN.md §4 ("Experiments are grids of independent cells"); issue 17
 ("Beyond one CPU").
@@ -279,7 +279,7 @@ class RayExecutor(Executor):
     down); an instance already initialized in this process is reused as is.
 
     Raises:
-        ImportError: naming ``pip install posinterp[ray]`` when Ray is not installed.
+        ImportError: naming how to install Ray when it is not installed.
         ValueError: naming the address when no Ray cluster answers there.
     """
 
@@ -289,8 +289,8 @@ class RayExecutor(Executor):
         try:
             import ray
         except ImportError as err:
-            raise ImportError("the ray executor needs Ray: pip install 'posinterp[ray]' "
-                              "(or pip install 'ray>=2.9')") from err
+            raise ImportError("the ray executor needs Ray: pip install 'ray>=2.9' (in a clone "
+                              "of posinterp: pip install '.[ray]')") from err
         self._ray = ray
         self._started = False
         if not ray.is_initialized():

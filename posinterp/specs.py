@@ -229,12 +229,14 @@ def read_text_file(path: str | os.PathLike, flag: str = "--text") -> str:
 
     Raises:
         FileNotFoundError: no such file (naming ``flag``).
-        ValueError: the file is not UTF-8 (naming ``flag``, the file, the first bad byte
+        ValueError: not a regular file (a folder or a device), the file is not UTF-8 (naming ``flag``, the file, the first bad byte
             and its offset) or holds no text (empty or only whitespace).
     """
     file = Path(path)
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"{flag}: no such file: {path}")
+    if not file.is_file():  # a folder, or a device such as /dev/null
+        raise ValueError(f"{flag} {path}: not a regular file")
     data = file.read_bytes()
     try:
         text = data.decode("utf-8")

@@ -155,6 +155,14 @@ def test_an_empty_or_latin1_text_file_is_refused_first_naming_the_flag_and_file(
     assert line.startswith(f"posinterp: error: --text {text}: ") and said in line
 
 
+def test_a_text_that_is_not_a_regular_file_is_named_so(tmp_path):
+    res, err = _cli(["inspect", str(_gpt2_config_only(tmp_path / "gpt2")), "--text",
+                     os.devnull], tmp_path)
+    assert res == {"rc": 2, "torch": False}
+    (line,) = err.strip().splitlines()
+    assert line == f"posinterp: error: --text {os.devnull}: not a regular file"
+
+
 def _never_loaded(monkeypatch):
     import posinterp.models
 

@@ -25,7 +25,7 @@ from posinterp.executors import (
     run_cells,
 )
 
-RAY_MISSING = "Ray is not installed (pip install 'posinterp[ray]'); its executor tests are skipped"
+RAY_MISSING = "Ray is not installed (pip install 'ray>=2.9'); its executor tests are skipped"
 
 
 def square(x: int, calls: str, delay: float = 0.0) -> dict:
@@ -176,10 +176,17 @@ def test_repeated_names_and_unknown_formats_are_refused(tmp_path):
         run_cells(cells[:1], tmp_path, fmt="xml", progress=False)
 
 
-def test_ray_missing_names_the_extra(monkeypatch):
+def test_ray_missing_names_how_to_install_it(monkeypatch, tmp_path, capsys):
+    from posinterp.cli import main
+
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'posinterp\[ray\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'ray>=2.9' \(in a clone of posinterp: "
+                                          r"pip install '\.\[ray\]'\)"):
         make_executor("ray")
+    # the CLI says it in one line, status 2, as for any missing optional package
+    assert main(["experiment", "qk-constraints", "--quick", "--executor", "ray",
+                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert "needs Ray: pip install 'ray>=2.9'" in capsys.readouterr().err
 
 
 def _tiny_grid():

@@ -97,7 +97,7 @@ def test_executors_write_the_same_bytes(series_cache, tmp_path, kind):
     from posinterp.executors import ProcessExecutor, RayExecutor
 
     if kind == "ray":
-        ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'posinterp[ray]')")
+        ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'ray>=2.9')")
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         ex = ProcessExecutor(2) if kind == "process" else RayExecutor()

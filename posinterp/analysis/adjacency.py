@@ -193,7 +193,8 @@ def adjacency_by_layer(
         per_position: also add rows ``metric="adjacency_row"`` with P_k per position k
             (mean over the sequences that have it).
         sites: hook suffixes per layer, among ``("attn_out", "resid_mid", "mlp_out",
-            "resid_post")`` (all by default; a model's missing hooks are skipped).
+            "resid_post")``, or one of them as a string (all by default; a model's missing
+            hooks are skipped).
         query_block: run the forward pass this many positions at a time through the
             model's KV cache, so no layer's ``[pos, pos]`` attention is made (each hook is
             scored once its last block ran); ``"auto"`` (default): blocks of 512 past

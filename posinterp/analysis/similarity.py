@@ -170,6 +170,8 @@ def site_hooks(model, sites=SITES) -> list[tuple[str, int]]:
     Raises:
         ValueError: for a site not in :data:`SITES`.
     """
+    if isinstance(sites, str):  # one site, as TL's names_filter takes one hook name
+        sites = (sites,)
     bad = [s for s in sites if s not in SITES]
     if bad:
         raise ValueError(f"sites must be among {SITES}, got {bad}")

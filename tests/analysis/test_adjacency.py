@@ -2,6 +2,7 @@ import itertools
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hypothesis import given, settings
@@ -133,6 +134,8 @@ def test_by_layer_table_shape_and_labels():
     sims = similarity_by_layer(model, random_tokens(model, 2, 10),
                                hooks=[("blocks.1.hook_attn_out", 1)])
     assert only.value.iloc[-1] == adjacency_score(sims["blocks.1.hook_attn_out"]).score
+    one = adjacency_by_layer(model, random_tokens(model, 2, 10), sites="attn_out")
+    pd.testing.assert_frame_equal(one, only)  # one site as a string, as TL's names_filter
     with pytest.raises(ValueError, match="sites must be among"):
         adjacency_by_layer(model, random_tokens(model, 2, 10), sites=("attn",))
     assert df.value.between(0, 1).all() and (df.n_sequences == 2).all()

@@ -33,7 +33,9 @@ from .common import _offline, _quiet_handled
 
 __all__ = ["GGUF_INSTALL_HINT", "gguf_cache_home", "gguf_folder", "load_gguf", "read_gguf_header"]
 
-GGUF_INSTALL_HINT = 'pip install "posinterp[gguf]"'
+# posinterp is installed from its repository, not the package index: the extra works in a
+# clone only, the package itself anywhere
+GGUF_INSTALL_HINT = 'pip install "gguf>=0.10" (in a clone of posinterp: pip install ".[gguf]")'
 _SIDECAR = "posinterp-gguf.json"  # what the cache folder was made from
 _FORMAT = 1  # bump when the cached folder's layout changes
 
@@ -199,7 +201,7 @@ def gguf_folder(path: str | os.PathLike, cache: str | os.PathLike | None = None
         ``architecture``, ``hf_architecture``, ``file_type``, ``tensor_types``, ...).
 
     Raises:
-        ImportError: without the ``gguf`` package (naming ``posinterp[gguf]``).
+        ImportError: without the ``gguf`` package (naming how to install it).
         FileNotFoundError: a missing file.
         ValueError: a truncated or corrupt file, or an unsupported architecture (named).
         IncompleteCheckpointError: (a ``ValueError``) the file lacks a tensor the

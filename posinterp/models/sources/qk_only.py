@@ -443,7 +443,7 @@ def read_qk_weights(spec: str | os.PathLike) -> QKWeights:
         FileNotFoundError: a missing path, or a folder without safetensors files.
         ValueError: an architecture outside :data:`QK_ONLY_ARCHITECTURES` (named), a
             truncated/corrupt file, or a missing tensor.
-        ImportError: a GGUF file without the ``gguf`` package (naming ``posinterp[gguf]``).
+        ImportError: a GGUF file without the ``gguf`` package (naming how to install it).
         posinterp.models.hf_config.UnsupportedConfigError: a RoPE setting posinterp does
             not reproduce.
     """
