@@ -308,8 +308,8 @@ def _spectrum(args: argparse.Namespace) -> int:
         for line in bad:
             print(line)
         print(f"tables: {out} (series.parquet, series.html, heads.csv, run.json)")
-        # a damaged revision is an incomplete series: say so in the exit status
-        return 1 if any(": damaged" in line for line in bad) else 0
+        # a missing or damaged revision is an incomplete series: say so in the exit status
+        return 1 if any(": damaged" in line or ": missing" in line for line in bad) else 0
     if args.revisions is not None:
         raise ValueError("--revisions needs --weights-only (a series is read from the weights "
                          "alone)")

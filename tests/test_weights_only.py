@@ -120,6 +120,12 @@ def test_cli_series_exit_status_and_refusals(series_cache, tmp_path, capsys):
     assert main(["spectrum", REPO, "--weights-only", "--revisions", "all", "--out",
                  str(tmp_path / "cli2"), "--no-progress"]) == 1  # step3000 is damaged
     assert "damaged" in capsys.readouterr().out
+    # a revision the cache does not hold is missing, not damaged, and also exits 1
+    assert main(["spectrum", REPO, "--weights-only", "--revisions", "step0,step9999", "--out",
+                 str(tmp_path / "cli3"), "--no-progress"]) == 1
+    said = capsys.readouterr().out
+    assert f"{REPO}@step9999: missing: " in said and "damaged" not in said
+    assert said.count("step9999: missing") == 1
     assert main(["spectrum", REPO, "--revisions", "all", "--out", str(tmp_path / "x")]) == 2
     assert "--revisions needs --weights-only" in capsys.readouterr().err
     _llama(tmp_path / "local", 0)

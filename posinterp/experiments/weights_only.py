@@ -155,7 +155,8 @@ def _file_key(path: Path) -> list:
 
 def _resolve(specs, revisions, log) -> tuple[list[dict], dict]:
     """One entry per checkpoint to run, and the report of every revision (its commit,
-    q/k digest and status: ``ok``, ``duplicate of <revision>``, or ``damaged: <why>``)."""
+    q/k digest and status: ``ok``, ``duplicate of <revision>``, ``missing: <why>`` (not in
+    the Hugging Face cache) or ``damaged: <why>`` (there, but its q/k cannot be read))."""
     from ..models.sources.hub import snapshot_folder
     from ..models.sources.qk_only import read_qk_weights
 
@@ -172,6 +173,10 @@ def _resolve(specs, revisions, log) -> tuple[list[dict], dict]:
             entry = report[spec][rev] = {"step": _step(rev)}
             try:
                 folder = snapshot_folder(spec, rev)
+            except (FileNotFoundError, ValueError, OSError) as err:  # not in the cache
+                entry["status"] = f"missing: {err}"
+                continue
+            try:
                 entry["commit"] = folder.name
                 log(f"[posinterp] {spec}@{rev}: hashing its q/k")
                 digest = qk_digest(read_qk_weights(folder))

@@ -89,6 +89,7 @@ def series_page(data: dict) -> str:
         rows.append({"model": model, "heads": len(heads), "revisions analysed": len(m["revisions"]),
                      "duplicates left out": sum(s["status"].startswith("duplicate")
                                                 for s in status.values()),
+                     "missing": sum(s["status"].startswith("missing") for s in status.values()),
                      "damaged": sum(s["status"].startswith("damaged") for s in status.values()),
                      "last revision": m["revisions"][-1] if m["revisions"] else "",
                      "mean R": pd.Series(last["rotational_mass"]).mean(),
