@@ -235,7 +235,9 @@ def run_inspect(spec: str, out_dir: str | Path, *, text: str | Path | None = Non
             tokens = random_tokens(model, batch, n_tokens, seed=seed, bos=_has_bos(model))
             source = (f"{batch} random-token sequences of {n_tokens} tokens (seed {seed}"
                       f"{', BOS first' if _has_bos(model) else ''})")
-    log(f"[posinterp] inspecting {model.cfg.n_layers} layers x {model.cfg.n_heads} heads on {source}"
+    n_l = model.cfg.n_layers if layers is None else len(layers)
+    n_h = model.cfg.n_heads if heads is None else len(heads)
+    log(f"[posinterp] inspecting {n_l} layers x {n_h} heads on {source}"
         + ((" with approximate ablations" if ablate == "attribution" else " with ablations")
            if ablate else ""))
     try:
