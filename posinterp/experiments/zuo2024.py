@@ -996,9 +996,12 @@ def _claims(init, tables, grid, probe, pending: pd.DataFrame | None = None) -> p
                                         f"no seed reached {T['target_accuracy']} accuracy "
                                         f"(accuracies {acc}){wait}"))
             else:
-                rows.append(_row(claim, point, ok_seeds[f"trained:{hook}"], high,
-                                 f"seeds at target: {len(ok_seeds)}/{len(g)} (accuracies {acc})"
-                                 + wait))
+                row = _row(claim, point, ok_seeds[f"trained:{hook}"], high,
+                           f"seeds at target: {len(ok_seeds)}/{len(g)} (accuracies {acc})"
+                           + wait)
+                if waiting:  # the finished seeds' figure, no verdict (nor p) until all are in
+                    row.update(holds="pending", p=float("nan"))
+                rows.append(row)
     dw = tables["depth_width"]
     paper = dw[dw.width >= 192]
     dwc = _depth_cells(dw)
