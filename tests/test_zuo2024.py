@@ -318,3 +318,43 @@ def test_per_task_defaults_follow_task_lengths_and_hand_set_ones_are_checked(tmp
     with pytest.raises(ValueError, match="task_formats names tasks not in task_lengths"):
         run_zuo2024(by_hand, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_task_with_seeds_pending_shows_its_finished_seeds_without_a_verdict(
+        tmp_path, monkeypatch):
+    """While some of a task's seeds are pending, its claims give the finished seeds' figure
+    but verdict *pending*, no p and no q (outside the BH family); once every seed is in, the
+    same rows get a verdict and a p over all seeds."""
+    import numpy as np
+
+    import posinterp.experiments.zuo2024 as z
+
+    monkeypatch.setattr(z, "ProbeConfig", lambda: ProbeConfig(hidden=8, max_epochs=3))
+    cfg = replace(SMOKE, train_seeds=(0, 1), task_lengths={"reversal": (5, 6),
+                                                            "addition": (1, 2)},
+                  long_train_tasks=(), train_depths=())
+    run = tmp_path / "run"
+    run_zuo2024(cfg, run, progress=False)
+    # every stored training marked at target (3 steps reach nothing), so that the rule under
+    # test, not the accuracy gate, decides the rows; the cells are read back as stored
+    for cell in (run / "cells").glob("train_*.csv"):
+        pd.read_csv(cell).assign(reached_target=True).to_csv(cell, index=False)
+    full = run_zuo2024(cfg, run, progress=False, compute=False)
+    training = pd.read_csv(run / "training.csv")
+    claim = "after the first attention >= 0.8 after training: addition"
+    done = full[full.claim == claim]
+    assert len(done) == 3 and not (done.holds == "pending").any()
+    assert done.p.notna().all() and done.q.notna().all() and (done.n == 2).all()
+    (run / "cells" / "train_addition_seed1.csv").unlink()
+    part = run_zuo2024(cfg, run, progress=False, compute=False)
+    rows = part[part.claim == claim]
+    assert len(rows) == 3 and (rows.holds == "pending").all()
+    assert rows.p.isna().all() and rows.q.isna().all()
+    assert rows.detail.str.contains(r"pending \(not computed yet\): seeds \[1\]").all()
+    seed0 = training[(training.task == "addition") & (training.seed == 0)].iloc[0]
+    for _, r in rows.iterrows():
+        assert r.n == 1
+        assert np.isclose(r["mean"], seed0[f"trained:{z.POINTS[r.point]}"])
+    # the rows left out of BH do not change the other rows' q-values' family size
+    others = part[part.p.notna()]
+    assert np.allclose(others.q, z.bh_qvalues(others.p), equal_nan=True)
