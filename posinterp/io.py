@@ -290,13 +290,14 @@ def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool =
     Called before any work, so a bad path fails at once, and after every other argument
     has been validated, so a bad argument never leaves an empty folder behind.
     ``writable`` also checks that the folder, or the nearest existing folder above it,
-    can be written (``os.access``), so a read-only ``--out`` fails before the work runs,
-    not when the results are written.
+    can be written (``os.access``, then creating and removing a file there), so a read-only
+    ``--out`` fails before the work runs, not when the results are written.
 
     Raises:
         ValueError: naming ``name``, if ``path`` or one of its parents is an existing file
             (or anything else that is not a folder), ``path`` is empty, or (``writable``)
-            it cannot be written (a read-only file system or no permission).
+            it cannot be written (a read-only file system, no permission, or a folder
+            such as /proc where creating a file fails even for root).
     """
     if not str(path).strip():
         raise ValueError(f"{name} must be a folder path, got an empty string")
@@ -307,15 +308,24 @@ def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool =
             raise ValueError(f"{name} {path} {what}; give a folder path")
     if writable:
         base = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+        where = "" if base == path else f" ({base} is the nearest existing folder)"
         if not os.access(base, os.W_OK | os.X_OK):
             try:
                 cause = ("a read-only file system" if os.statvfs(base).f_flag & os.ST_RDONLY
                          else "no write permission")
             except OSError:
                 cause = "no write permission"
-            where = "" if base == path else f" ({base} is the nearest existing folder)"
             raise ValueError(f"{name} {path} cannot be written: {cause}{where}; give a folder "
                              "you can write")
+        # os.access answers yes to root everywhere, /proc and /sys included: only creating
+        # a file there tells
+        try:
+            fd, probe = tempfile.mkstemp(dir=base, prefix=".posinterp-write-check-")
+        except OSError as err:
+            raise ValueError(f"{name} {path} cannot be written: creating a file there failed "
+                             f"({err.strerror}){where}; give a folder you can write") from None
+        os.close(fd)
+        os.unlink(probe)
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path

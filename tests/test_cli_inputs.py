@@ -207,6 +207,27 @@ def test_a_read_only_out_is_refused_at_parse_time_naming_the_flag(tmp_path, monk
         main(["inspect", spec, "--out", str(tmp_path / "ok"), "--no-progress"])
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_an_out_where_no_file_can_be_created_is_refused_even_for_root(tmp_path, monkeypatch,
+                                                                       capsys):
+    """os.access says yes to root for /proc (and every folder): the check creates a file,
+    so ``--out /proc/new`` fails at parse time naming the flag, not after the model loads."""
+    from posinterp.cli import main
+    from posinterp.io import check_out_dir
+
+    _never_loaded(monkeypatch)
+    spec = str(_gpt2_config_only(tmp_path / "gpt2"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["inspect", spec, "--out", "/proc/posinterp-new"])
+    assert exit_.value.code == 2
+    assert "argument --out: /proc/posinterp-new cannot be written" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="out_dir /proc/posinterp-new cannot be written"):
+        check_out_dir("/proc/posinterp-new", writable=True)
+    # a writable folder passes and keeps nothing of the check
+    check_out_dir(tmp_path / "ok", create=False, writable=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["gpt2"]
+
+
 def test_the_python_entry_points_check_before_loading_too(tmp_path, monkeypatch):
     from posinterp.experiments.compare import run_compare
     from posinterp.experiments.inspect import run_inspect
