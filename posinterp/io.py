@@ -283,6 +283,10 @@ def describe_os_error(err: OSError) -> str:
     return text if err.filename is None else f"{err.filename}: {text}"
 
 
+#: Prefix of the empty file :func:`check_out_dir` creates and removes to test a folder.
+WRITE_CHECK_PREFIX = ".posinterp-write-check-"
+
+
 def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool = True,
                   writable: bool = False) -> Path:
     """Check that ``path`` can be an output folder, then create it (unless ``create`` is False).
@@ -320,7 +324,7 @@ def check_out_dir(path: str | os.PathLike, name: str = "out_dir", create: bool =
         # os.access answers yes to root everywhere, /proc and /sys included: only creating
         # a file there tells
         try:
-            fd, probe = tempfile.mkstemp(dir=base, prefix=".posinterp-write-check-")
+            fd, probe = tempfile.mkstemp(dir=base, prefix=WRITE_CHECK_PREFIX)
         except OSError as err:
             raise ValueError(f"{name} {path} cannot be written: creating a file there failed "
                              f"({err.strerror}){where}; give a folder you can write") from None
