@@ -1292,6 +1292,9 @@ def render_markdown(out_dir) -> str:
          "cells: "
          + (f"{run['cell_seconds'] / 60:.1f} min" if run.get("cell_seconds") is not None
             else "not recorded")
+         + (", a lower bound: a training resumed from its checkpoint after an interruption "
+            "counts only the invocation that finished it"
+            if run.get("cell_seconds") is not None else "")
          + f" (the invocation that wrote this page took {run['seconds'] / 60:.1f} min of wall "
          "time" + (", reading back cells that earlier invocations computed"
                    if (run.get("cell_seconds") or 0) > run["seconds"] + 60 else "")
