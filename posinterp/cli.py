@@ -414,6 +414,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _experiment(args: argparse.Namespace) -> int:
     from .experiments.qk_constraints import (
         ConstraintGrid,
+        display_summary,
         restore_run,
         run_qk_constraints,
         run_sensitivity,
@@ -459,7 +460,8 @@ def _experiment(args: argparse.Namespace) -> int:
                             only_finished=args.tables_only)
     if args.sensitivity and args.markdown:
         write_page(args.out, args.markdown)
-    print(_table(summary))
+    # capped medians and the ratios they bound print as bounds, as on the page
+    print(_table(display_summary(summary)))
     run = json.loads((Path(args.out) / "run.json").read_text())
     print(f"task ceiling (plain induction on the scored tokens): {run['induction_ceiling']:.3f}; "
           f"target {grid.target}")

@@ -229,8 +229,9 @@ def read_text_file(path: str | os.PathLike, flag: str = "--text") -> str:
 
     Raises:
         FileNotFoundError: no such file (naming ``flag``).
-        ValueError: not a regular file (a folder or a device), the file is not UTF-8 (naming ``flag``, the file, the first bad byte
-            and its offset) or holds no text (empty or only whitespace).
+        ValueError: not a regular file (a folder or a device), the file is not UTF-8 (naming
+            ``flag``, the file, the first bad byte and its offset) or holds no text (empty or
+            only whitespace).
     """
     file = Path(path)
     if not file.exists():

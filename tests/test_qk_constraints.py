@@ -564,10 +564,9 @@ def test_verify_reruns_committed_cells_and_reports_the_ones_that_differ(tmp_path
 def test_rerun_comparison_finds_the_changed_cells(tmp_path):
     """Against the committed runs with one cell's steps and another's accuracy moved, the
     comparison flags exactly those two, and the page section lists the moved steps."""
-    from posinterp.experiments.qk_constraints import (
-        PREVIOUS_RUN, _rerun_section, rerun_comparison)
-
     from pathlib import Path
+
+    from posinterp.experiments.qk_constraints import PREVIOUS_RUN, _rerun_section, rerun_comparison
 
     runs = pd.read_csv(Path(__file__).parents[1] / "docs/reproductions/data/qk-constraints/runs.csv")
     prev = runs.copy()
@@ -600,7 +599,7 @@ def test_the_complex_ban_is_compared_with_the_full_rank_real_spectrum_control():
                                          ("tied", 140))
                          for s in range(6)])
     summary = _summarize(runs)
-    pairs = set(zip(summary.constraint, summary.control))
+    pairs = set(zip(summary.constraint, summary.control, strict=True))
     assert ("ban_complex", REAL_SPECTRUM_CONTROL) in pairs
     assert ("ban_positive_real", REAL_SPECTRUM_CONTROL) not in pairs
     claim = ("absolute: ban_complex slows learning more than a full-rank QK with an all-real "
@@ -610,3 +609,40 @@ def test_the_complex_ban_is_compared_with_the_full_rank_real_spectrum_control():
     # both sides at the cap: the order is unknown
     capped = summary.assign(censored=6, control_censored=6)
     assert claims_table(capped, ConstraintGrid()).set_index("claim").verdict[claim] == "undetermined"
+
+
+def test_capped_medians_and_their_ratios_print_as_bounds_on_the_page_and_the_cli(
+        tmp_path, monkeypatch, capsys):
+    """More than half a side's runs at the cap makes its median the cap and the ratio of
+    medians a bound: both print with >= (a censored control: <=), never as an estimate
+    with an interval, in the page's table and in the CLI's."""
+    import posinterp.experiments.qk_constraints as q
+    from posinterp.cli import main
+
+    row = dict(pe="absolute", n=10, median_steps=3000.0, ratio=20.0, ci_low=18.0,
+               ci_high=22.0, p_one_sided=1e-4, q_bh=2e-4)
+    summary = pd.DataFrame([
+        {**row, "constraint": "ban_complex", "control": "none", "censored": 6,
+         "control_censored": 0},
+        {**row, "constraint": "ban_complex", "control": "tied", "censored": 5,
+         "control_censored": 0},  # half: the median is not the cap
+        {**row, "constraint": "none", "control": "tied", "censored": 0, "median_steps": 100.0,
+         "ratio": 0.05, "ci_low": 0.04, "ci_high": 0.06, "control_censored": 6}])
+    shown = q.display_summary(summary)
+    assert shown["median steps"].tolist() == [">= 3000 (cap)", "3000", "100"]
+    assert shown["ratio [95% CI]"].tolist() == [">= 20.00 (bound set by the cap)",
+                                                "20.00 [18.00, 22.00]",
+                                                "<= 0.05 (bound set by the cap)"]
+    assert shown.censored.tolist() == ["6/10", "5/10", "0/10"]
+
+    def fake_run(grid, out, **kwargs):  # the CLI's table, without training a grid
+        (tmp_path / "out").mkdir(exist_ok=True)
+        (tmp_path / "out" / "run.json").write_text(json.dumps({"induction_ceiling": 1.0}))
+        return summary
+
+    monkeypatch.setattr(q, "run_qk_constraints", fake_run)
+    assert main(["experiment", "qk-constraints", "--quick", "--out", str(tmp_path / "out"),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert ">= 3000 (cap)" in out and ">= 20.00 (bound set by the cap)" in out
+    assert "20.00 [18.00, 22.00]" in out and "<= 0.05" in out

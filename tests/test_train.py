@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from posinterp.models import preset
+from posinterp.tasks import TaskConfig
 from posinterp.training import (
     TrainConfig,
     answer_loss,
@@ -12,7 +13,6 @@ from posinterp.training import (
     load_checkpoint,
     train,
 )
-from posinterp.tasks import TaskConfig
 from tests.helpers import tiny_task
 
 
@@ -441,7 +441,9 @@ def test_n_confirm_stops_only_where_the_target_holds_on_the_confirmation_samples
     conf = h[h.metric == "confirm_accuracy"]
     assert conf.step.tolist() == [2, 4, 6] and conf.value.tolist() == [0.85, 0.89, 0.93]
     assert calls.count(40) == 3
-    loss = lambda r: r.history[(r.history.metric == "train_loss") & (r.history.step <= 2)]
+    def loss(r):
+        return r.history[(r.history.metric == "train_loss") & (r.history.step <= 2)]
+
     assert loss(plain).value.tolist() == loss(confirmed).value.tolist()
     assert "n_confirm" not in TrainConfig().to_dict()
     assert dataclasses.replace(base, n_confirm=40).to_dict()["n_confirm"] == 40

@@ -1741,6 +1741,32 @@ def _power_sentences(runs, summary, g) -> list[str]:
             "not computed separately.\n"]
 
 
+def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary table as the page and the CLI print it: the censoring count, a median
+    that is the cap (more than half the runs censored) as ``>= cap``, and each ratio with
+    its 95% bootstrap CI, or as a bound (``>=`` / ``<=``) where a side's median is capped.
+
+    Args:
+        summary: :func:`run_qk_constraints`' table (``pe, constraint, n, censored,
+            median_steps, control, control_censored, ratio, ci_low, ci_high, q_bh``).
+
+    Returns:
+        One row per summary row, columns ``pe, constraint, control, censored,
+        median steps, ratio [95% CI], q (BH)``, all text.
+
+    Source: issue 37 item 6 (censored ratios printed as bounds everywhere).
+    """
+    def median(r) -> str:
+        return f">= {r.median_steps:.0f} (cap)" if 2 * r.censored > r.n else f"{r.median_steps:.0f}"
+
+    return pd.DataFrame({
+        "pe": summary.pe, "constraint": summary.constraint, "control": summary.control.fillna(""),
+        "censored": [f"{int(r.censored)}/{int(r.n)}" for r in summary.itertuples()],
+        "median steps": [median(r) for r in summary.itertuples()],
+        "ratio [95% CI]": [_fmt_ratio(r) for r in summary.itertuples()],
+        "q (BH)": summary.q_bh.map(lambda v: "" if not np.isfinite(v) else f"{v:.3g}")})
+
+
 def _fmt_ratio(r, unit: str = "") -> str:
     if not np.isfinite(r.ratio):
         return ""
@@ -2066,13 +2092,8 @@ def render_markdown(out_dir) -> str:
              f"control runs' log-mean and log-sd, rounded up to the {g['eval_every']}-step "
              "evaluation interval and capped as the runs are, 2,000 seeded designs per "
              "ratio).\n")
-    p.append(_md_table(pd.DataFrame({
-        "pe": summary.pe, "constraint": summary.constraint, "control": summary.control.fillna(""),
-        "censored": [f"{int(r.censored)}/{int(r.n)}" for r in summary.itertuples()],
-        "median steps": summary.median_steps.map("{:.0f}".format),
-        "ratio [95% CI]": [_fmt_ratio(r) for r in summary.itertuples()],
-        "q (BH)": summary.q_bh.map(lambda v: "" if not np.isfinite(v) else f"{v:.3g}"),
-        **_detectable_columns(runs, summary, g)})) + "\n")
+    p.append(_md_table(display_summary(summary).assign(
+        **_detectable_columns(runs, summary, g))) + "\n")
     p.extend(_power_sentences(runs, summary, g))
     p.append("## Steps to target as survival data\n")
     surv = survival_table(runs, summary)

@@ -240,7 +240,8 @@ def test_missing_gguf_package_names_the_extra(tmp_path, monkeypatch, capsys):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF" + bytes(100))
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf raises ImportError
-    with pytest.raises(ImportError, match=r'pip install "gguf>=0.10" \(in a clone of posinterp: pip install "\.\[gguf\]"\)'):
+    hint = r'pip install "gguf>=0.10" \(in a clone of posinterp: pip install "\.\[gguf\]"\)'
+    with pytest.raises(ImportError, match=hint):
         load_model(path, device="cpu")
     assert main(["inspect", str(path), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err

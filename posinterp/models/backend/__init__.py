@@ -113,5 +113,6 @@ __all__ = ["TL_MAJOR", "TL_VERSION", "by_line", "check_tl_major", "load_weights"
            "install_output_edit", "is_bridge", "is_post_ln", "mark_folded", "mla_settings",
            "n_kv_heads", "norm_gain_folded", "pattern_edit", "position_limit", "positional_type",
            "process_weights", "qk_norm", "qk_slots", "refuse_qk_norm", "query_hooks",
-           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "run_reduced", "scores_hook",
-           "set_bos_token_id", "site_module", "unhonoured_settings", "unwrap", "verify_pattern_hook", "z_hook"]
+           "rope_rotate", "rotary_spec", "rotated_qk_hooks", "run_cached", "run_reduced",
+           "scores_hook", "set_bos_token_id", "site_module", "unhonoured_settings", "unwrap",
+           "verify_pattern_hook", "z_hook"]

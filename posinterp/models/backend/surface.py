@@ -196,12 +196,12 @@ def bos_token_id(model) -> int | None:
     """The model's BOS token id, or None where it has none.
 
     Without a tokenizer: the id its loader recorded (:func:`set_bos_token_id`; llama2.c's
-    1), else None. Otherwise the tokenizer's ``bos_token_id``, unless it is the tokenizer's unknown token: TL 4's
-    bridge gives a tokenizer without a BOS (BERT's) the stand-in ``<|endoftext|>``, which
-    such a vocabulary maps to ``[UNK]``, where TL 3.9 leaves it None. An unknown token is
-    never a real BOS, so inputs built from this id are the same on both lines. Nor is an id
-    the model cannot embed (``>= d_vocab``: a tokenizer attached to another model's
-    vocabulary), which would only crash the embedding.
+    1), else None. Otherwise the tokenizer's ``bos_token_id``, unless it is the tokenizer's
+    unknown token: TL 4's bridge gives a tokenizer without a BOS (BERT's) the stand-in
+    ``<|endoftext|>``, which such a vocabulary maps to ``[UNK]``, where TL 3.9 leaves it
+    None. An unknown token is never a real BOS, so inputs built from this id are the same
+    on both lines. Nor is an id the model cannot embed (``>= d_vocab``: a tokenizer
+    attached to another model's vocabulary), which would only crash the embedding.
     """
     tok = getattr(unwrap(model), "tokenizer", None)
     if tok is None:
