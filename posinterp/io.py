@@ -22,10 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["POSINTERP_VERSION", "cpu_facts", "FolderInUse", "atomic_dir", "atomic_path", "atomic_write_json",
-           "atomic_write_text", "check_out_dir", "clean_temporaries", "describe_os_error", "dumps_json",
-           "folder_lock", "json_ready", "json_value", "locks_output", "output_lock", "read_json_record",
-           "set_aside", "sha256_file", "versions"]
+__all__ = ["POSINTERP_VERSION", "cpu_facts", "FolderInUse", "atomic_dir", "atomic_path",
+           "atomic_write_csv_gz", "atomic_write_json", "atomic_write_text", "check_out_dir",
+           "clean_temporaries", "describe_os_error", "dumps_json", "folder_lock", "json_ready",
+           "json_value", "locks_output", "output_lock", "read_json_record", "set_aside",
+           "sha256_file", "versions"]
 
 #: posinterp's version (``posinterp.__version__`` is this name): here, in a foundation, so
 #: the files that record it (``inspection.json``) need not import the top-level package.
@@ -74,6 +75,21 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically and return the path."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def atomic_write_csv_gz(path: str | os.PathLike, df) -> Path:
+    """Write the DataFrame ``df`` (no index) to ``path`` as gzipped CSV, atomically.
+
+    The gzip header holds no file name and mtime 0, so the same rows always give the same
+    bytes (committed data is compared byte for byte; pandas' own gzip writes the
+    temporary file's name into the header). Returns the path.
+    """
+    import gzip
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw, \
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        gz.write(df.to_csv(index=False).encode("utf-8"))
     return Path(path)
 
 

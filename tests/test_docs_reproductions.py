@@ -60,7 +60,7 @@ def test_committed_qk_run_is_the_grid_the_page_claims():
         untied = runs[(runs.pe == g.pe.iloc[0]) & (runs.seed == g.seed.iloc[0])
                       & (runs.constraint == "none")].init_norm_M.iloc[0]
         assert (g.init_norm_M - untied).abs().max() <= 1e-5 * untied
-    assert (runs[~alive].constraint.str.startswith(("ban_", "rank_matched_"))).all()
+    assert (runs[~alive].constraint.str.startswith(("ban_", "rank_matched_", "rank_tracked_"))).all()
     # a rank-matched control removed the rank its ban removes at init (recounted here from
     # the seed's untied model), and its subspace stayed empty
     from posinterp.experiments.qk_constraints import ConstraintGrid

@@ -351,7 +351,7 @@ def test_rank_matched_controls_remove_the_bans_rank_and_are_compared(tmp_path):
     assert page == render_markdown(tmp_path) and "## Rank-matched controls of the bans" in page
     # the removed rank through training (issue 37 item 6): per head at init and at each
     # change (ranks.csv); its totals bound the row's and end at the final rank
-    ranks = pd.read_csv(tmp_path / "ranks.csv")
+    ranks = pd.read_csv(tmp_path / "ranks.csv.gz")
     assert set(ranks.constraint) == {"ban_complex", "rank_matched_complex"}
     for (c, seed), g in ranks.groupby(["constraint", "seed"]):
         row = runs[(runs.constraint == c) & (runs.seed == seed)].iloc[0]
@@ -380,17 +380,17 @@ def test_committed_outputs_are_restored_as_finished_cells(tmp_path):
 
     grid = ConstraintGrid(**{**TINY, "constraints": ("none", "ban_complex", "symmetric")}, workers=1)
     run_qk_constraints(grid, tmp_path / "first", progress=False)
-    assert len(pd.read_csv(tmp_path / "first" / "ranks.csv"))  # the ban's trace comes back too
+    assert len(pd.read_csv(tmp_path / "first" / "ranks.csv.gz"))  # the ban's trace comes back too
     data = tmp_path / "data"
     data.mkdir()
-    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "run.json", "ranks.csv"):
+    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "run.json", "ranks.csv.gz"):
         shutil.copyfile(tmp_path / "first" / name, data / name)
     assert len(restore_run(data, tmp_path / "again")) == 6
     run_qk_constraints(grid, tmp_path / "again", progress=False)
     first_env = json.loads((tmp_path / "first" / "run.json").read_text())["cell_environments"]
     again_env = json.loads((tmp_path / "again" / "run.json").read_text())["cell_environments"]
     assert again_env == first_env  # restored with the cells
-    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "ranks.csv"):
+    for name in ("runs.csv", "summary.csv", "heads.csv", "claims.csv", "ranks.csv.gz"):
         assert (tmp_path / "again" / name).read_bytes() == (tmp_path / "first" / name).read_bytes()
     run = json.loads((tmp_path / "again" / "run.json").read_text())
     assert [c["cells_run"] for c in run["calls"]] == [6, 0]
@@ -479,7 +479,7 @@ def test_rank_tracked_controls_follow_their_bans_rank(tmp_path):
         "none", "ban_complex", "rank_matched_complex", "rank_tracked_complex")}, workers=1)
     summary = run_qk_constraints(grid, tmp_path, progress=False)
     runs = pd.read_csv(tmp_path / "runs.csv").set_index(["constraint", "seed"])
-    ranks = pd.read_csv(tmp_path / "ranks.csv")
+    ranks = pd.read_csv(tmp_path / "ranks.csv.gz")
     for seed in range(grid.seeds):
         ban = ranks[(ranks.constraint == "ban_complex") & (ranks.seed == seed)]
         ctrl = ranks[(ranks.constraint == "rank_tracked_complex") & (ranks.seed == seed)]

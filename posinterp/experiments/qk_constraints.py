@@ -89,6 +89,7 @@ from ..interventions.constraints import (
 )
 from ..io import (
     atomic_path,
+    atomic_write_csv_gz,
     atomic_write_json,
     check_out_dir,
     folder_lock,
@@ -134,7 +135,7 @@ def band_of(constraint: str) -> tuple[int, ...] | None:
 
 #: Controls that remove a random subspace of the rank the paired ban (same pe and seed)
 #: removes at each evaluation (issue 37 item 6): at init the rank-matched control, then
-#: resized (nested) whenever the ban's rank changed (ranks.csv of the ban's cell).
+#: resized (nested) whenever the ban's rank changed (ranks.csv.gz of the ban's cell).
 RANK_TRACKED = tuple(f"rank_tracked_{b.removeprefix('ban_')}" for b in BANS)
 
 
@@ -454,7 +455,7 @@ def _rank_trace(history: pd.DataFrame, init_ranks: torch.Tensor) -> dict:
     """The removed rank through training (issue 37 item 6), from the evaluations' metrics:
     ``removed_rank_min``/``_max``/``_mean`` of the model's total over init and every
     evaluation, and ``removed_rank_trace``: ``[[step, layer, head, rank], ...]`` at init
-    (step 0) and wherever a head's rank changed (ranks.csv)."""
+    (step 0) and wherever a head's rank changed (ranks.csv.gz)."""
     ranks = history[history.metric.str.startswith(RANK_METRIC)]
     trace = [[0, layer, head, int(r)] for (layer, head), r in np.ndenumerate(init_ranks.numpy())]
     last = {(layer, head): r for _, layer, head, r in trace}
@@ -499,7 +500,7 @@ def _ranks_at(trace: list, step: int, shape) -> torch.Tensor:
 
 
 def ranks_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """``ranks.csv``: ``pe, constraint, seed, step, layer, head, removed_rank``, one row per
+    """``ranks.csv.gz``: ``pe, constraint, seed, step, layer, head, removed_rank``, one row per
     head at init and one wherever its removed rank changed (the rank at a step is that of
     the head's last row at or before it), for every cell whose constraint removes rank and
     that logged its trace."""
@@ -1078,7 +1079,7 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
     untracked = [n for n in names if n not in done]  # a ban without a trace: cannot run
     if untracked:
         raise ValueError(f"cells {untracked} track a ban whose cell holds no removed-rank trace "
-                         "(restored from outputs without ranks.csv); rerun those bans into a new "
+                         "(restored from outputs without ranks.csv.gz); rerun those bans into a new "
                          "out_dir")
     results = [done[n] for n in names]
     runs = pd.DataFrame(results)
@@ -1094,9 +1095,12 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
     heads = heads_table(runs)
     claims = claims_table(summary, grid, heads, runs)
     for name, df in (("runs.csv", runs), ("summary.csv", summary), ("heads.csv", heads),
-                     ("claims.csv", claims), ("ranks.csv", ranks)):
+                     ("claims.csv", claims)):
         with atomic_path(out / name) as tmp:
             df.to_csv(tmp, index=False)
+    # gzip with a fixed mtime: the same rows give the same bytes; as text the traces of a
+    # 10-seed grid are ~660 kB, more than the rest of the committed data together
+    atomic_write_csv_gz(out / RANKS_FILE, ranks)
     run_file = out / "run.json"
     calls = (read_json_record(run_file) or {}).get("calls", [])
     calls.append({"seconds": round(time.time() - t0, 1), "cells_run": len(todo),
@@ -1187,6 +1191,9 @@ def verify_cells(data_dir, k: int, seed: int = 0, device=None, progress: bool = 
     return verify_table(rows, "cells")
 
 
+#: The removed-rank traces of every ban and control cell (gzipped CSV).
+RANKS_FILE = "ranks.csv.gz"
+
 #: Where committed data keeps the rows a full rerun replaced (issue 37 item 1): its
 #: ``runs.csv`` is the earlier committed one, so the page can show the between-run spread.
 PREVIOUS_RUN = "previous_run"
@@ -1241,6 +1248,18 @@ def _rerun_section(out: Path, runs: pd.DataFrame) -> list[str]:
              f"variance source), against a median between-seed sd of log steps of "
              f"{within.median():.3f} within a (pe, constraint) cell family.\n"]
     if len(moved):
+        family = {f"{r.pe}-{r.constraint}-seed{int(r.seed)}": f"{r.pe} {r.constraint}"
+                  for r in runs.itertuples(index=False)}
+        hit = list(dict.fromkeys(family[c] for c in moved.index))
+        still = [f for f in dict.fromkeys(family[c] for c in steps.index) if f not in hit]
+        lines.append(f"The cells whose steps moved belong to {len(hit)} (pe, constraint) "
+                     f"families: {', '.join(hit)}; in the other {len(still)} ("
+                     f"{', '.join(still)}) every cell kept its steps. A family-wide pattern "
+                     "points to a change of code on that family's path between the two runs "
+                     "rather than to run-to-run noise (the earlier rows predate changes to "
+                     "the ban cells' code; which one moved them is not established here); "
+                     "`posinterp experiment qk-constraints --verify K --restore-from DATA` "
+                     "reruns K cells of this data on the same code.\n")
         cens = table[table.field == "censored"].set_index("cell")
         lines.append(_md_table(pd.DataFrame({
             "cell": moved.index,
@@ -1263,7 +1282,7 @@ def restore_run(data_dir, out_dir) -> list[str]:
     docs/reproductions/data/qk-constraints, which keeps no ``cells/``). Every row of
     runs.csv becomes ``out_dir/cells/<pe>-<constraint>-seed<s>.json`` (its non-empty
     fields: a cell's row is its result), its compute seconds (a ``cell_seconds`` column,
-    or none) go to ``cells/_seconds.json``, the removed-rank traces of ``ranks.csv`` back
+    or none) go to ``cells/_seconds.json``, the removed-rank traces of ``ranks.csv.gz`` back
     into their cells, the cells' environments (run.json's ``cell_environments``) to
     ``cells/_environment.json``, the budget to ``grid.json``, and run.json and
     phase.csv are copied, so :func:`run_qk_constraints` into ``out_dir`` runs only the
@@ -1302,8 +1321,9 @@ def restore_run(data_dir, out_dir) -> list[str]:
     for name, t in (run.get("cell_seconds_each") or {}).items():
         seconds.setdefault(name, t)
     traces = {}
-    if (data / "ranks.csv").exists():
-        ranks = pd.read_csv(data / "ranks.csv")
+    rank_file = next((f for f in (data / RANKS_FILE, data / "ranks.csv") if f.exists()), None)
+    if rank_file is not None:  # ranks.csv: data written before the traces were gzipped
+        ranks = pd.read_csv(rank_file)
         for (pe, c, seed), g in ranks.groupby(["pe", "constraint", "seed"], sort=False):
             traces[f"{pe}-{c}-seed{int(seed)}"] = g[["step", "layer", "head", "removed_rank"]
                                                    ].astype(int).values.tolist()

@@ -53,7 +53,7 @@ from ..executors import (
     gpus_for,
     run_cells,
 )
-from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, versions
+from ..io import atomic_path, atomic_write_csv_gz, atomic_write_json, check_out_dir, locks_output, versions
 from ..models import build_model, preset
 from ..stats import bh_qvalues, t_critical, t_detectable_shift
 from ..stats import mean_t_interval as mean_ci  # mean over seeds (docs/concepts.md: >= 3)
@@ -666,8 +666,7 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     # gzip with a fixed mtime: the same rows give the same bytes, and the committed
     # data stays small (the depth x width rows alone are ~170 kB as text)
     for name, df in per_seed.items():
-        with atomic_path(out / f"{name}.csv.gz") as tmp:
-            df.to_csv(tmp, index=False, compression={"method": "gzip", "mtime": 0})
+        atomic_write_csv_gz(out / f"{name}.csv.gz", df)
     atomic_write_json(out / "run.json", {"config": json.loads(json.dumps(asdict(config))),
                                          "command": command, "device": where,
                                          "versions": versions(),
