@@ -84,6 +84,13 @@ def atomic_write_csv_gz(path: str | os.PathLike, df) -> Path:
     The gzip header holds no file name and mtime 0, so the same rows always give the same
     bytes (committed data is compared byte for byte; pandas' own gzip writes the
     temporary file's name into the header). Returns the path.
+
+    Raises:
+        OSError: if the file cannot be written; ``path`` is then left as it was
+            (:func:`atomic_path`).
+
+    Source: DESIGN.md §4 (results are written atomically); issue 37 item 1 (committed
+    per-seed tables).
     """
     import gzip
 

@@ -582,6 +582,16 @@ def test_rerun_comparison_finds_the_changed_cells(tmp_path):
     text = "\n".join(_rerun_section(tmp_path, runs))
     assert f"Steps changed in 1 of {len(runs)} cells" in text and cell(0) in text
     assert f"another field beyond the precision: {cell(1)}" in text
+    # the moved cell's family is named, and every other family counted as unmoved
+    families = runs.groupby(["pe", "constraint"]).ngroups
+    assert f"belong to 1 (pe, constraint) families: {runs.pe[0]} {runs.constraint[0]}; " \
+        f"in the other {families - 1} (" in text
+    # every family moved: no claim that the others kept their steps
+    everywhere = runs.drop_duplicates(["pe", "constraint"]).index
+    prev.loc[everywhere, "steps"] += 10
+    prev.to_csv(tmp_path / PREVIOUS_RUN / "runs.csv", index=False)
+    text = "\n".join(_rerun_section(tmp_path, runs))
+    assert f"belong to {families} (pe, constraint) families" in text and "in the other" not in text
     assert _rerun_section(tmp_path / "none", runs) == []
 
 

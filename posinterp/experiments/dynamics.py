@@ -36,7 +36,15 @@ from ..analysis.fingerprint import MIN_PREV_SCORE, head_table
 from ..analysis.onset import NULL_BAND, check_distinct_snapshots, head_onsets, onset_summary
 from ..analysis.spectral import GINIBRE_NULL_VERSION
 from ..executors import Cell, Executor, run_cells
-from ..io import atomic_path, atomic_write_json, check_out_dir, locks_output, read_json_record, versions
+from ..io import (
+    atomic_path,
+    atomic_write_csv_gz,
+    atomic_write_json,
+    check_out_dir,
+    locks_output,
+    read_json_record,
+    versions,
+)
 from ..specs import zoo_model_dir
 from .fingerprint_families import N_RANK_WINDOWS, RANK_SEED, ranking_tokens
 from .zoo import ZooConfig, load_zoo_model, train_zoo, zoo_family
@@ -277,9 +285,8 @@ def run_dynamics(out_dir: str | Path, root: str | Path, design: DynamicsDesign =
     _write_csv(onsets_df.drop(columns=["val_loss"], errors="ignore"), out / "onsets.csv")
     _write_csv(summary, out / "summary.csv")
     _write_csv(runs, out / "runs.csv")
-    with atomic_path(out / "trajectories.csv.gz") as tmp:
-        traj.drop(columns=["val_loss", "run", "sha256"]).to_csv(
-            tmp, index=False, compression={"method": "gzip", "mtime": 0})
+    atomic_write_csv_gz(out / "trajectories.csv.gz",
+                        traj.drop(columns=["val_loss", "run", "sha256"]))
     atomic_write_json(out / "run.json", {
         "design": fixed, "status": "done", "command": command,
         "runs": sorted(set(traj.run), key=list(pd.unique(traj.run)).index),

@@ -1098,8 +1098,8 @@ def _run_locked(grid, out, progress, markdown, command, executor, device, only_f
                      ("claims.csv", claims)):
         with atomic_path(out / name) as tmp:
             df.to_csv(tmp, index=False)
-    # gzip with a fixed mtime: the same rows give the same bytes; as text the traces of a
-    # 10-seed grid are ~660 kB, more than the rest of the committed data together
+    # gzipped: as text the traces of a 10-seed grid are ~660 kB, more than the rest of the
+    # committed data together
     atomic_write_csv_gz(out / RANKS_FILE, ranks)
     run_file = out / "run.json"
     calls = (read_json_record(run_file) or {}).get("calls", [])
@@ -1252,12 +1252,11 @@ def _rerun_section(out: Path, runs: pd.DataFrame) -> list[str]:
                   for r in runs.itertuples(index=False)}
         hit = list(dict.fromkeys(family[c] for c in moved.index))
         still = [f for f in dict.fromkeys(family[c] for c in steps.index) if f not in hit]
+        kept = (f"; in the other {len(still)} ({', '.join(still)}) every cell kept its steps, "
+                "a pattern that points to a change of code on the moved families' path between "
+                "the two runs rather than to run-to-run noise" if still else "")
         lines.append(f"The cells whose steps moved belong to {len(hit)} (pe, constraint) "
-                     f"families: {', '.join(hit)}; in the other {len(still)} ("
-                     f"{', '.join(still)}) every cell kept its steps. A family-wide pattern "
-                     "points to a change of code on that family's path between the two runs "
-                     "rather than to run-to-run noise (the earlier rows predate changes to "
-                     "the ban cells' code; which one moved them is not established here); "
+                     f"families: {', '.join(hit)}{kept}. "
                      "`posinterp experiment qk-constraints --verify K --restore-from DATA` "
                      "reruns K cells of this data on the same code.\n")
         cens = table[table.field == "censored"].set_index("cell")
@@ -1773,6 +1772,9 @@ def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
     Returns:
         One row per summary row, columns ``pe, constraint, control, censored,
         median steps, ratio [95% CI], q (BH)``, all text.
+
+    Raises:
+        AttributeError: if ``summary`` lacks one of those columns.
 
     Source: issue 37 item 6 (censored ratios printed as bounds everywhere).
     """

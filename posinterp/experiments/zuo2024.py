@@ -663,8 +663,8 @@ def run_zuo2024(config: ReproConfig = ReproConfig(), out_dir: str | Path = "posi
     for name, df in {**tables, "claims": claims}.items():
         with atomic_path(out / f"{name}.csv") as tmp:
             df.to_csv(tmp, index=False)
-    # gzip with a fixed mtime: the same rows give the same bytes, and the committed
-    # data stays small (the depth x width rows alone are ~170 kB as text)
+    # gzipped, so the committed data stays small (the depth x width rows alone are ~170 kB
+    # as text)
     for name, df in per_seed.items():
         atomic_write_csv_gz(out / f"{name}.csv.gz", df)
     atomic_write_json(out / "run.json", {"config": json.loads(json.dumps(asdict(config))),
